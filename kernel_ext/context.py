@@ -1,0 +1,112 @@
+"""The active tool call, held in a contextvar: the convergence path of decision T2.
+
+While a tool's code runs under the instrumented runtime (or inside
+:func:`use_tool_call`), :func:`current_tool_call` returns that call and
+:func:`current_call_id` its call id, the span id of its ``execute_tool`` span.
+
+Guarantees:
+
+* Each asyncio task and each thread started through ``contextvars.copy_context()`` or
+  ``asyncio.to_thread`` sees the call that was active where it was created; concurrent
+  calls of the same tool each see their own.
+* A nested tool call shadows the enclosing one for its duration; the enclosing one is
+  back afterwards (:attr:`ToolCall.parent` links them).
+* :func:`use_tool_call` always restores what was there before, also on exceptions and
+  cancellation.
+* :func:`current_call_id` is one ``ContextVar.get()``: it is the bound ``get`` of a
+  dedicated contextvar, so it costs what a bare ``get`` costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import NamedTuple
+
+__all__ = [
+    "ToolCall",
+    "ToolCallToken",
+    "current_call_id",
+    "current_tool_call",
+    "reset_tool_call",
+    "set_tool_call",
+    "use_tool_call",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One running tool call, as tool code sees it.
+
+    ``call_id`` is the span id of the call's ``execute_tool`` span as 16 lower-case hex
+    digits (the callId of its blocks); ``llm_call_id`` is the model's tool-call id
+    (``gen_ai.tool.call.id``), a different thing; ``parent`` is the enclosing call when
+    tools nest.
+    """
+
+    call_id: str
+    tool_name: str
+    conversation_id: str | None = None
+    llm_call_id: str | None = None
+    parent: ToolCall | None = None
+
+
+_CURRENT_CALL: ContextVar[ToolCall | None] = ContextVar(
+    "kernel_ext.current_tool_call", default=None
+)
+_CURRENT_CALL_ID: ContextVar[str | None] = ContextVar("kernel_ext.current_call_id", default=None)
+
+
+def current_tool_call() -> ToolCall | None:
+    """The tool call whose code is running in this context, or ``None`` outside any."""
+    return _CURRENT_CALL.get()
+
+
+current_call_id = _CURRENT_CALL_ID.get
+"""``current_call_id() -> str | None``: the call id of :func:`current_tool_call`, or ``None``.
+
+Bound directly to ``ContextVar.get`` so that the hot path costs a single lookup.
+"""
+
+
+class ToolCallToken(NamedTuple):
+    """What :func:`set_tool_call` returns; hand it to :func:`reset_tool_call`."""
+
+    call: Token[ToolCall | None]
+    call_id: Token[str | None]
+
+
+def set_tool_call(call: ToolCall | None) -> ToolCallToken:
+    """Make ``call`` the active tool call in this context; return the token to undo it.
+
+    Prefer :func:`use_tool_call`; this pair is for runtimes whose enter and exit happen
+    in different places (hooks). Reset in the same context, in reverse order.
+    """
+    return ToolCallToken(
+        _CURRENT_CALL.set(call),
+        _CURRENT_CALL_ID.set(call.call_id if call is not None else None),
+    )
+
+
+def reset_tool_call(token: ToolCallToken) -> None:
+    """Restore the tool call that was active before the matching :func:`set_tool_call`."""
+    _CURRENT_CALL_ID.reset(token.call_id)
+    _CURRENT_CALL.reset(token.call)
+
+
+@contextmanager
+def use_tool_call(call: ToolCall | None) -> Iterator[ToolCall | None]:
+    """Run a block with ``call`` as the active tool call; always restores in ``finally``.
+
+    For runtimes that cannot be wrapped by the instrumentor::
+
+        with use_tool_call(ToolCall(call_id=span_id_hex, tool_name="ask_colleague")):
+            await ask_colleague(...)
+    """
+    token = set_tool_call(call)
+    try:
+        yield call
+    finally:
+        reset_tool_call(token)

@@ -1,0 +1,34 @@
+"""The one exception family of kernel_ext.
+
+Every error this package raises on purpose derives from :class:`KernelExtError`.
+Errors are raised at construction or at the edges (decoding, configuration), never
+from the tool's hot path: ``publish()`` and friends swallow and count instead.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BlockTooLargeError", "ConfigError", "DecodeError", "KernelExtError"]
+
+
+class KernelExtError(Exception):
+    """Base class of every error raised by kernel_ext."""
+
+
+class ConfigError(KernelExtError, ValueError):
+    """An argument or environment variable has a value kernel_ext cannot use."""
+
+
+class DecodeError(KernelExtError, ValueError):
+    """A block or envelope could not be decoded.
+
+    ``field`` names the offending field as a dotted wire path (``envelope.seq``),
+    or is ``None`` when the input as a whole is bad (not JSON, not an object).
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class BlockTooLargeError(DecodeError):
+    """An encoded block stays over the size bound even after truncation."""
