@@ -1,0 +1,37 @@
+"""OpenTelemetry metrics of kernel_ext (opentelemetry-api only; a no-op without an SDK).
+
+Instruments (names are stable; they are what operators chart):
+
+* ``kernel_ext.blocks`` (counter): blocks by ``outcome`` (``sent`` | ``dropped``) and
+  ``reason`` (``throttled``, ``closed``, ``duplicate_terminal``, ``unattributed``,
+  ``no_sender``, ``disconnected``, ``invalid``, ``too_large``, ``queue_full`` …).
+* ``kernel_ext.resolutions`` (counter): callId resolutions by ``path``
+  (``context`` | ``near_match`` | ``ambiguous`` | ``none``).
+* ``kernel_ext.tap.evictions`` (counter): live calls evicted from a full tap.
+* ``kernel_ext.relay.frames`` (counter): frames seen by the relay by ``outcome``.
+
+Record through the helpers below; they never raise.
+"""
+
+from __future__ import annotations
+
+from opentelemetry import metrics
+
+__all__ = ["METER_NAME", "blocks", "evictions", "relay_frames", "resolutions"]
+
+METER_NAME = "kernel_ext"
+
+_meter = metrics.get_meter(METER_NAME)
+
+blocks = _meter.create_counter(
+    "kernel_ext.blocks", unit="{block}", description="tool_event_stream blocks by outcome and reason"
+)
+resolutions = _meter.create_counter(
+    "kernel_ext.resolutions", unit="{resolution}", description="callId resolutions by path"
+)
+evictions = _meter.create_counter(
+    "kernel_ext.tap.evictions", unit="{call}", description="live tool calls evicted from a full tap"
+)
+relay_frames = _meter.create_counter(
+    "kernel_ext.relay.frames", unit="{frame}", description="frames seen by the relay by outcome"
+)
