@@ -24,7 +24,9 @@ METER_NAME = "kernel_ext"
 _meter = metrics.get_meter(METER_NAME)
 
 blocks = _meter.create_counter(
-    "kernel_ext.blocks", unit="{block}", description="tool_event_stream blocks by outcome and reason"
+    "kernel_ext.blocks",
+    unit="{block}",
+    description="tool_event_stream blocks by outcome and reason",
 )
 resolutions = _meter.create_counter(
     "kernel_ext.resolutions", unit="{resolution}", description="callId resolutions by path"

@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
     BaseModel,
@@ -164,12 +164,14 @@ class Block(_Wire):
     """One ``tool_event_stream`` message: an envelope attributed to a tool call.
 
     Invariants checked at construction: ``done`` carries ``envelope.payload.text`` and
-    ``aborted`` carries ``envelope.payload.message``, each a string.
+    ``aborted`` carries ``envelope.payload.message``, each a string. Every field is
+    required on the wire, ``v`` included (the envelope's ``v`` defaults to 1: it is the
+    peer's object and is read leniently).
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    v: Literal[1] = PROTOCOL_VERSION
+    v: Literal[1]
     call_id: Annotated[StrictStr, Field(pattern=CALL_ID_PATTERN)] | None
     task_id: StrictStr = Field(min_length=1, max_length=512)
     state: BlockState
@@ -180,9 +182,7 @@ class Block(_Wire):
     def _terminal_payload(self) -> Block:
         if self.state == "done" and not isinstance(self.envelope.payload.get("text"), str):
             raise ValueError("a done block must carry the final answer in envelope.payload.text")
-        if self.state == "aborted" and not isinstance(
-            self.envelope.payload.get("message"), str
-        ):
+        if self.state == "aborted" and not isinstance(self.envelope.payload.get("message"), str):
             raise ValueError("an aborted block must carry a string envelope.payload.message")
         return self
 
@@ -207,8 +207,13 @@ def pseudo_envelope(task_id: str, seq: int, text: str, *, status: str = "running
     )
 
 
-def terminal_envelope(state: Literal["done", "aborted"], task_id: str, seq: int, text: str) -> Envelope:
-    """The envelope of a terminal block: ``payload.text`` for done, ``payload.message`` for aborted."""
+def terminal_envelope(
+    state: Literal["done", "aborted"], task_id: str, seq: int, text: str
+) -> Envelope:
+    """The envelope of a terminal block.
+
+    ``payload.text`` holds ``text`` for ``done``, ``payload.message`` for ``aborted``.
+    """
     key = "text" if state == "done" else "message"
     return Envelope(
         v=PROTOCOL_VERSION,
@@ -237,11 +242,15 @@ def _decode_error(error: ValidationError, what: str) -> DecodeError:
     return DecodeError(f"invalid {what}: field {field!r}: {msg}{more}", field=field)
 
 
-Wire = Union[str, bytes, bytearray, Mapping[str, Any]]
+Wire: TypeAlias = "str | bytes | bytearray | Mapping[str, Any]"
 
 
 def _check_size(data: str | bytes | bytearray, max_bytes: int) -> None:
-    size = len(data.encode("utf-8")) if isinstance(data, str) and len(data) * 4 > max_bytes else len(data)
+    size = (
+        len(data.encode("utf-8"))
+        if isinstance(data, str) and len(data) * 4 > max_bytes
+        else len(data)
+    )
     if size > max_bytes:
         raise BlockTooLargeError(f"block is {size} bytes, over the bound of {max_bytes} bytes")
 

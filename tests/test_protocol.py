@@ -1,0 +1,385 @@
+"""The wire protocol: every rule of protocol.py, bad inputs, and round-trip properties."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernel_ext import BlockTooLargeError, DecodeError, KernelExtError
+from kernel_ext.protocol import (
+    DEFAULT_MAX_BLOCK_BYTES,
+    KNOWN_KINDS,
+    MAX_PAYLOAD_DEPTH,
+    Block,
+    Envelope,
+    block_json_schema,
+    decode,
+    decode_envelope,
+    encode,
+    pseudo_envelope,
+    terminal_envelope,
+)
+
+CALL_ID = "00f067aa0ba902b7"
+
+
+def wire_block(**overrides: Any) -> dict[str, Any]:
+    envelope = {
+        "v": 1,
+        "kind": "thinking",
+        "streamKey": "task-1",
+        "seq": 1,
+        "status": "running",
+        "payload": {"text": "hmm"},
+    }
+    envelope_override = overrides.pop("envelope", {})
+    if not isinstance(envelope_override, dict):
+        overrides["envelope"] = envelope_override
+    else:
+        envelope.update(envelope_override)
+    block = {
+        "v": 1,
+        "callId": CALL_ID,
+        "taskId": "task-1",
+        "state": "running",
+        "ts": 1789123456789,
+        "envelope": envelope,
+    }
+    block.update(overrides)
+    return block
+
+
+def test_wire_names_are_the_specs_camel_case() -> None:
+    block = decode(wire_block())
+    assert json.loads(encode(block)) == wire_block()
+    assert block.call_id == CALL_ID
+    assert block.envelope.stream_key == "task-1"
+
+
+def test_decode_accepts_text_bytes_and_mappings_alike() -> None:
+    text = json.dumps(wire_block())
+    assert decode(text) == decode(text.encode()) == decode(wire_block())
+
+
+@pytest.mark.parametrize("state", ["running", "done", "aborted"])
+def test_every_state_is_accepted_with_its_payload(state: str) -> None:
+    payload = {"done": {"text": "answer"}, "aborted": {"message": "boom"}}.get(state, {})
+    assert decode(wire_block(state=state, envelope={"payload": payload})).state == state
+
+
+def test_unknown_state_is_rejected_naming_the_field() -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(wire_block(state="finished"))
+    assert info.value.field == "state"
+    assert "'state'" in str(info.value)
+
+
+def test_done_block_must_carry_the_final_answer_as_text() -> None:
+    with pytest.raises(DecodeError, match=r"payload\.text"):
+        decode(wire_block(state="done", envelope={"payload": {"message": "x"}}))
+    with pytest.raises(DecodeError, match=r"payload\.text"):
+        decode(wire_block(state="done", envelope={"payload": {"text": 42}}))
+
+
+def test_aborted_block_must_carry_a_message_string() -> None:
+    with pytest.raises(DecodeError, match=r"payload\.message"):
+        decode(wire_block(state="aborted", envelope={"payload": {"text": "x"}}))
+
+
+def test_call_id_may_be_null() -> None:
+    assert decode(wire_block(callId=None)).call_id is None
+
+
+@pytest.mark.parametrize("call_id", ["00F067AA0BA902B7", "123", "g0f067aa0ba902b7", 12, ""])
+def test_call_id_must_be_sixteen_lower_case_hex_digits(call_id: object) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(wire_block(callId=call_id))
+    assert info.value.field == "callId"
+
+
+@pytest.mark.parametrize("kind", sorted(KNOWN_KINDS))
+def test_known_kinds_are_known(kind: str) -> None:
+    assert decode(wire_block(envelope={"kind": kind})).envelope.is_known_kind
+
+
+def test_unknown_kind_and_unknown_envelope_fields_are_kept() -> None:
+    data = wire_block(envelope={"kind": "hologram", "futureField": {"a": [1, 2]}})
+    block = decode(data)
+    assert block.envelope.kind == "hologram"
+    assert not block.envelope.is_known_kind
+    assert json.loads(encode(block))["envelope"]["futureField"] == {"a": [1, 2]}
+
+
+def test_unknown_block_fields_are_rejected() -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(wire_block(extra="x"))
+    assert info.value.field == "extra"
+
+
+def test_integral_float_seq_is_that_integer() -> None:
+    block = decode(wire_block(envelope={"seq": 7.0}))
+    assert block.envelope.seq == 7
+    assert isinstance(block.envelope.seq, int)
+    assert '"seq":7,' in encode(block)
+
+
+@pytest.mark.parametrize("seq", [1.5, -1, -1.0, True, False, "3", None, math.inf, math.nan])
+def test_bad_seq_is_rejected_naming_envelope_seq(seq: object) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(wire_block(envelope={"seq": seq}))
+    assert info.value.field == "envelope.seq"
+
+
+@pytest.mark.parametrize("field", ["v", "callId", "taskId", "state", "ts", "envelope"])
+def test_missing_block_field_is_named(field: str) -> None:
+    data = wire_block()
+    del data[field]
+    with pytest.raises(DecodeError) as info:
+        decode(data)
+    assert info.value.field == field
+
+
+@pytest.mark.parametrize("field", ["kind", "streamKey", "seq", "status"])
+def test_missing_envelope_field_is_named(field: str) -> None:
+    data = wire_block()
+    del data["envelope"][field]
+    with pytest.raises(DecodeError) as info:
+        decode(data)
+    assert info.value.field == f"envelope.{field}"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("ts", "now"),
+        ("ts", 1.5),
+        ("ts", -1),
+        ("ts", True),
+        ("taskId", 5),
+        ("taskId", ""),
+        ("v", 2),
+        ("envelope", "text"),
+    ],
+)
+def test_wrong_types_are_rejected(field: str, value: object) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(wire_block(**{field: value}))
+    assert info.value.field is not None
+    assert info.value.field.startswith(field)
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_non_finite_numbers_in_payload_are_rejected(literal: str) -> None:
+    text = json.dumps(wire_block()).replace('"hmm"', literal)
+    with pytest.raises(DecodeError, match="non-finite"):
+        decode(text)
+
+
+@pytest.mark.parametrize("data", ["{", "", "null", "[]", '"block"', "42", b"\xff\xfe"])
+def test_non_json_or_non_object_input_is_a_decode_error(data: str | bytes) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(data)
+    assert info.value.field is None
+
+
+def test_non_mapping_python_object_is_a_decode_error() -> None:
+    with pytest.raises(DecodeError, match="expected a JSON object"):
+        decode([wire_block()])  # type: ignore[arg-type]
+
+
+def nested(depth: int) -> Any:
+    value: Any = "leaf"
+    for _ in range(depth):
+        value = {"n": value}
+    return value
+
+
+def test_payload_nested_up_to_the_limit_is_accepted() -> None:
+    # payload itself is the first level
+    block = decode(wire_block(envelope={"payload": nested(MAX_PAYLOAD_DEPTH)}))
+    assert block.envelope.payload["n"]["n"]
+
+
+@pytest.mark.parametrize("depth", [MAX_PAYLOAD_DEPTH + 1, 200, 5000])
+def test_deeply_nested_payload_is_rejected(depth: int) -> None:
+    with pytest.raises(DecodeError, match="nested"):
+        decode(wire_block(envelope={"payload": nested(depth)}))
+    text = "[" * depth + "]" * depth
+    with pytest.raises(DecodeError):
+        decode(
+            '{"v":1,"callId":null,"taskId":"t","state":"running","ts":1,"envelope":' + text + "}"
+        )
+
+
+def test_oversized_input_is_rejected_by_decode_not_truncated() -> None:
+    data = json.dumps(wire_block(envelope={"payload": {"text": "x" * DEFAULT_MAX_BLOCK_BYTES}}))
+    with pytest.raises(BlockTooLargeError):
+        decode(data)
+    assert decode(data, max_bytes=2 * DEFAULT_MAX_BLOCK_BYTES).envelope.payload["text"]
+
+
+def test_huge_payload_text_is_truncated_with_a_visible_marker() -> None:
+    block = decode(
+        wire_block(envelope={"payload": {"text": "é" * 100_000, "note": "keep"}}), max_bytes=10**7
+    )
+    encoded = encode(block)
+    assert len(encoded.encode()) <= DEFAULT_MAX_BLOCK_BYTES
+    payload = json.loads(encoded)["envelope"]["payload"]
+    assert payload["note"] == "keep"
+    assert payload["text"].startswith("éé")
+    assert payload["text"].endswith("chars]")
+    assert "…[truncated " in payload["text"]
+    removed = int(payload["text"].rsplit("…[truncated ", 1)[1].split()[0])
+    assert len(payload["text"]) - len(f"…[truncated {removed} chars]") + removed == 100_000
+    # the truncated form is still a valid block
+    assert decode(encoded).envelope.payload["note"] == "keep"
+
+
+def test_final_answer_is_truncated_the_same_way_and_stays_a_done_block() -> None:
+    block = Block(
+        v=1,
+        call_id=CALL_ID,
+        task_id="t",
+        state="done",
+        ts=1,
+        envelope=terminal_envelope("done", "t", 9, "a" * 200_000),
+    )
+    decoded = decode(encode(block, max_bytes=4096), max_bytes=4096)
+    assert decoded.state == "done"
+    assert decoded.envelope.payload["text"].endswith("chars]")
+
+
+def test_block_whose_bulk_is_not_strings_is_rejected_with_a_clear_error() -> None:
+    block = decode(
+        wire_block(envelope={"payload": {"numbers": list(range(30_000))}}), max_bytes=10**7
+    )
+    with pytest.raises(BlockTooLargeError, match="over the bound"):
+        encode(block)
+
+
+def test_size_bound_is_configurable() -> None:
+    block = decode(wire_block(envelope={"payload": {"text": "y" * 2000}}))
+    assert len(encode(block, max_bytes=1000)) <= 1000
+    assert len(encode(block)) > 2000
+
+
+def test_pseudo_envelope_has_the_designed_shape() -> None:
+    env = pseudo_envelope("task-9", 4, "working on it")
+    assert env.model_dump(by_alias=True) == {
+        "v": 1,
+        "kind": "text",
+        "streamKey": "task-9",
+        "seq": 4,
+        "status": "running",
+        "payload": {"text": "working on it"},
+    }
+
+
+def test_terminal_envelopes_carry_text_or_message() -> None:
+    assert terminal_envelope("done", "t", 1, "ok").payload == {"text": "ok"}
+    assert terminal_envelope("aborted", "t", 1, "bad").payload == {"message": "bad"}
+
+
+def test_decode_envelope_alone() -> None:
+    env = decode_envelope(
+        {"kind": "text", "streamKey": "s", "seq": 2.0, "status": "running", "payload": {}}
+    )
+    assert env.seq == 2
+    assert env.v == 1
+    with pytest.raises(DecodeError) as info:
+        decode_envelope({"kind": "text", "streamKey": "s", "seq": -2, "status": "x"})
+    assert info.value.field == "seq"
+
+
+def test_errors_are_one_family() -> None:
+    assert issubclass(DecodeError, KernelExtError)
+    assert issubclass(BlockTooLargeError, DecodeError)
+
+
+def test_models_are_immutable() -> None:
+    block = decode(wire_block())
+    with pytest.raises(Exception, match="frozen"):
+        block.state = "done"  # type: ignore[misc]
+
+
+def test_schema_describes_the_wire_names() -> None:
+    schema = block_json_schema()
+    assert set(schema["required"]) >= {"callId", "taskId", "state", "ts", "envelope"}
+    assert schema["properties"]["state"]["enum"] == ["running", "done", "aborted"]
+    envelope = schema["$defs"]["Envelope"]
+    assert {"streamKey", "seq", "payload", "kind"} <= set(envelope["properties"])
+
+
+# --- properties -------------------------------------------------------------------------
+
+json_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**53), max_value=2**53)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
+)
+json_values = st.recursive(
+    json_scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=40)
+
+
+@st.composite
+def blocks(draw: st.DrawFn) -> Block:
+    state = draw(st.sampled_from(["running", "done", "aborted"]))
+    payload = draw(st.dictionaries(st.text(max_size=8), json_values, max_size=5))
+    if state == "done":
+        payload["text"] = draw(texts)
+    elif state == "aborted":
+        payload["message"] = draw(texts)
+    envelope = Envelope(
+        v=draw(st.integers(min_value=1, max_value=3)),
+        kind=draw(st.sampled_from([*sorted(KNOWN_KINDS), "future_kind"])),
+        stream_key=draw(texts),
+        seq=draw(st.integers(min_value=0, max_value=2**40)),
+        status=draw(st.sampled_from(["running", "done", "aborted", "x"])),
+        payload=payload,
+    )
+    return Block(
+        v=1,
+        call_id=draw(st.none() | st.from_regex(r"\A[0-9a-f]{16}\Z")),
+        task_id=draw(st.text(st.characters(exclude_categories=("Cs",)), min_size=1, max_size=30)),
+        state=state,
+        ts=draw(st.integers(min_value=0, max_value=2**50)),
+        envelope=envelope,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(blocks())
+def test_decode_inverts_encode_for_any_valid_block(block: Block) -> None:
+    assert decode(encode(block)) == block
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200) | st.text(max_size=200))
+def test_arbitrary_input_either_decodes_or_raises_decode_error(data: bytes | str) -> None:
+    with contextlib.suppress(DecodeError):
+        decode(data)
+
+
+@settings(max_examples=100, deadline=None)
+@given(blocks(), st.integers(min_value=600, max_value=5000))
+def test_encode_never_exceeds_the_bound_or_raises_too_large(block: Block, bound: int) -> None:
+    try:
+        encoded = encode(block, max_bytes=bound)
+    except BlockTooLargeError:
+        return
+    assert len(encoded.encode()) <= bound
+    assert decode(encoded, max_bytes=bound).call_id == block.call_id
