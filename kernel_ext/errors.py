@@ -7,7 +7,13 @@ from the tool's hot path: ``publish()`` and friends swallow and count instead.
 
 from __future__ import annotations
 
-__all__ = ["BlockTooLargeError", "ConfigError", "DecodeError", "KernelExtError"]
+__all__ = [
+    "BlockTooLargeError",
+    "ColleagueError",
+    "ConfigError",
+    "DecodeError",
+    "KernelExtError",
+]
 
 
 class KernelExtError(Exception):
@@ -32,3 +38,27 @@ class DecodeError(KernelExtError, ValueError):
 
 class BlockTooLargeError(DecodeError):
     """An encoded block stays over the size bound even after truncation."""
+
+
+class ColleagueError(KernelExtError):
+    """A colleague asked over A2A gave no answer (``kernel_ext.a2a.ask_colleague``).
+
+    Raised only after the stream's ``aborted`` terminal block was published. ``state``
+    says why: ``failed``, ``canceled``, ``rejected``, ``auth_required`` (the colleague's
+    own terminal state), ``incomplete`` (its stream ended without one), ``error``
+    (transport or protocol error) or ``timeout``; ``task_id`` and ``context_id`` are the
+    A2A ids when the colleague created a task.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        state: str,
+        task_id: str | None = None,
+        context_id: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.state = state
+        self.task_id = task_id
+        self.context_id = context_id
