@@ -1,0 +1,677 @@
+"""A2A stream → ``tool_event_stream`` blocks, and the ready ``ask_colleague`` tool helper.
+
+Needs the ``a2a`` extra (``pip install 'kernel-ext[a2a]'``, a2a-sdk 1.x). How a peer puts
+its envelopes into A2A messages, and how states map to blocks: docs/a2a.md.
+
+:class:`A2AStreamAdapter` turns the events of one ``client.send_message(...)`` stream into
+``publish`` calls (the signature of ``kernel_ext.stream.publish``, docs/contracts.md):
+
+* ``working`` status update whose message holds envelope objects in data parts → one
+  ``running`` block per valid envelope, passed through unchanged except that integral
+  floats (A2A carries every number as a double) come back as integers, recursively;
+* ``working`` update with text only (a third-party peer) → ``running`` with the text,
+  which ``publish`` wraps in a pseudo-envelope with its own per-stream seq;
+* a malformed envelope → degraded to a pseudo-envelope of the message's text if there is
+  any, else dropped and counted (metric ``kernel_ext.blocks`` reason
+  ``invalid_envelope``); logged (WARNING once per task, then DEBUG);
+* ``completed`` → one ``done`` block; its text is the status message's text parts, or,
+  when those are empty, the text of the task's artifacts (in order of first appearance);
+  ``input-required`` → ``done`` with the colleague's question (the answer is a question;
+  follow up with the returned ids); ``failed``, ``canceled``, ``rejected``,
+  ``auth-required`` → one ``aborted`` block with the colleague's message (or a default);
+* a direct ``message`` reply (no task) → one ``done`` block with its text;
+* artifact updates are collected for the final answer; v1 emits no blocks for them;
+* anything for a task after its terminal is ignored (and counted);
+* each A2A task keeps its own taskId, so a follow-up task under the same call is its own
+  stream; a terminal before any task exists (connection refused) goes out with
+  ``task_id=None``, which ``publish`` turns into the callId (a local block).
+
+:func:`ask_colleague` / :func:`stream_colleague` wrap the adapter around a real client
+with timeouts that suit slow colleagues: no read timeout on the SSE stream by default
+(a2a's own 5 s default cuts slow colleagues off), a connect timeout, an optional idle
+timeout and an overall deadline. Whatever happens, each stream gets exactly one terminal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
+
+from kernel_ext import metrics
+from kernel_ext.errors import ColleagueError, ConfigError, DecodeError
+from kernel_ext.protocol import BlockState, Envelope, decode_envelope
+
+try:
+    import httpx
+    from a2a.client import A2AClientTimeoutError, Client, ClientConfig, create_client
+    from a2a.types import (
+        AgentCard,
+        CancelTaskRequest,
+        Message,
+        Part,
+        Role,
+        SendMessageRequest,
+        StreamResponse,
+        Task,
+        TaskState,
+        TaskStatus,
+    )
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "kernel_ext.a2a needs the 'a2a' extra: pip install 'kernel-ext[a2a]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from google.protobuf.struct_pb2 import Value
+
+__all__ = [
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_TIMEOUT",
+    "A2AStreamAdapter",
+    "AdapterStats",
+    "ColleagueReply",
+    "Publisher",
+    "ReplyState",
+    "ask_colleague",
+    "colleague_http_client",
+    "integral_floats_to_ints",
+    "stream_colleague",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 600.0
+"""Overall deadline of one :func:`ask_colleague` call, seconds."""
+DEFAULT_CONNECT_TIMEOUT = 10.0
+"""Connect (and write/pool) timeout of the HTTP client, seconds."""
+_CANCEL_TIMEOUT = 5.0
+
+ReplyState = Literal[
+    "completed",
+    "input_required",
+    "failed",
+    "canceled",
+    "rejected",
+    "auth_required",
+    "incomplete",
+    "error",
+    "timeout",
+]
+"""How a colleague's reply ended: the first four and ``auth_required`` are the
+colleague's own A2A state; ``incomplete`` = its stream ended without a terminal state,
+``error`` = a transport or protocol error, ``timeout`` = a deadline passed."""
+
+_ANSWERED: frozenset[str] = frozenset({"completed", "input_required"})
+
+Item = Union[Envelope, Mapping[str, Any], str]  # noqa: UP007 - a runtime alias on 3.10
+
+
+class Publisher(Protocol):
+    """The signature of ``kernel_ext.stream.publish`` (docs/contracts.md)."""
+
+    def __call__(
+        self,
+        item: Item,
+        *,
+        task_id: str | None = None,
+        state: BlockState = "running",
+        conversation_id: str | None = None,
+        tool_name: str = "ask_colleague",
+    ) -> None: ...
+
+
+def _default_publisher() -> Publisher:
+    from kernel_ext.stream import publish  # late: only when no publisher was passed
+
+    default: Publisher = publish
+    return default
+
+
+def _value_to_python(value: Value) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        number = value.number_value
+        return int(number) if number.is_integer() else number
+    if kind == "string_value":
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "struct_value":
+        return {key: _value_to_python(item) for key, item in value.struct_value.fields.items()}
+    if kind == "list_value":
+        return [_value_to_python(item) for item in value.list_value.values]
+    return None
+
+
+def integral_floats_to_ints(value: Any) -> Any:
+    """``value`` with every integral float turned into an int, recursively (``3.0`` → ``3``).
+
+    Non-integral and non-finite floats, and every other value, are kept as they are;
+    containers are copied (dicts and lists), never changed in place.
+    """
+    if isinstance(value, float):
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {key: integral_floats_to_ints(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [integral_floats_to_ints(item) for item in value]
+    return value
+
+
+def _texts(parts: Any) -> str:
+    return "\n".join(part.text for part in parts if part.HasField("text"))
+
+
+@dataclass
+class AdapterStats:
+    """What one adapter did, for tests and logs (metrics are recorded separately).
+
+    ``envelopes``: running blocks published with the peer's envelope; ``texts``: running
+    blocks published as text (pseudo-envelopes), ``degraded`` of them because the
+    envelope was malformed; ``invalid``: malformed envelopes dropped; ``ignored``: events
+    for a task after its terminal; ``terminals``: terminal blocks published.
+    """
+
+    envelopes: int = 0
+    texts: int = 0
+    degraded: int = 0
+    invalid: int = 0
+    ignored: int = 0
+    terminals: int = 0
+
+
+@dataclass(frozen=True)
+class ColleagueReply:
+    """The end of one colleague stream.
+
+    ``text`` is the final answer (``completed``), the colleague's question
+    (``input_required``) or the reason it gave none (every other state). ``task_id`` and
+    ``context_id`` are the A2A ids to follow up with (``None`` when no task was created);
+    ``task_ids`` lists every task seen, in order.
+    """
+
+    state: ReplyState
+    text: str
+    task_id: str | None = None
+    context_id: str | None = None
+    task_ids: tuple[str, ...] = ()
+    stats: AdapterStats = field(default_factory=AdapterStats)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the colleague answered (``completed`` or ``input_required``)."""
+        return self.state in _ANSWERED
+
+
+_TERMINAL_STATES: dict[int, tuple[BlockState, ReplyState, str]] = {
+    TaskState.TASK_STATE_COMPLETED: ("done", "completed", ""),
+    TaskState.TASK_STATE_INPUT_REQUIRED: (
+        "done",
+        "input_required",
+        "the colleague needs more input",
+    ),
+    TaskState.TASK_STATE_FAILED: ("aborted", "failed", "the colleague failed"),
+    TaskState.TASK_STATE_CANCELED: ("aborted", "canceled", "the colleague's task was cancelled"),
+    TaskState.TASK_STATE_REJECTED: ("aborted", "rejected", "the colleague rejected the task"),
+    TaskState.TASK_STATE_AUTH_REQUIRED: (
+        "aborted",
+        "auth_required",
+        "the colleague requires authentication",
+    ),
+}
+
+
+class _TaskStream:
+    """Bookkeeping of one A2A task: ids, terminal flag, artifacts for the final answer."""
+
+    __slots__ = ("artifacts", "context_id", "task_id", "terminal", "warned")
+
+    def __init__(self, task_id: str, context_id: str | None) -> None:
+        self.task_id = task_id
+        self.context_id = context_id
+        self.terminal = False
+        self.warned = False
+        self.artifacts: dict[str, list[str]] = {}
+
+    def artifact_text(self) -> str:
+        return "\n".join("".join(chunks) for chunks in self.artifacts.values() if any(chunks))
+
+
+class A2AStreamAdapter:
+    """Turns the events of one A2A stream into publish calls (rules: module docstring).
+
+    Guarantees: :meth:`feed` and :meth:`close` never raise (a bug or a failing publisher
+    is logged, never passed on); each task gets at most one terminal publish; after
+    :meth:`close` every task seen has exactly one, and so does a stream that never
+    created a task. Not thread-safe: feed it from one task.
+    """
+
+    def __init__(
+        self,
+        publish: Publisher | None = None,
+        *,
+        conversation_id: str | None = None,
+        tool_name: str = "ask_colleague",
+    ) -> None:
+        self._publish = publish if publish is not None else _default_publisher()
+        self._conversation_id = conversation_id
+        self._tool_name = tool_name
+        self._tasks: dict[str, _TaskStream] = {}
+        self._local_terminal = False
+        self._reply: ColleagueReply | None = None
+        self.stats = AdapterStats()
+
+    # -- state -------------------------------------------------------------------------
+
+    @property
+    def finished(self) -> bool:
+        """Whether a terminal was published and no task seen is still open."""
+        if self._reply is None:
+            return False
+        return all(task.terminal for task in self._tasks.values())
+
+    @property
+    def open_task_ids(self) -> tuple[str, ...]:
+        """Ids of the tasks seen that have no terminal yet."""
+        return tuple(tid for tid, task in self._tasks.items() if not task.terminal)
+
+    @property
+    def reply(self) -> ColleagueReply | None:
+        """The reply so far: set by the latest terminal, ``None`` before any."""
+        return self._reply
+
+    # -- input -------------------------------------------------------------------------
+
+    def feed(self, event: StreamResponse) -> None:
+        """Translate one stream event into zero or more publish calls."""
+        try:
+            kind = event.WhichOneof("payload")
+            if kind == "status_update":
+                update = event.status_update
+                self._on_status(self._task(update.task_id, update.context_id), update.status)
+            elif kind == "task":
+                self._on_task(event.task)
+            elif kind == "artifact_update":
+                self._on_artifact(event.artifact_update)
+            elif kind == "message":
+                self._on_message(event.message)
+        except Exception:
+            logger.exception("a2a adapter: could not translate an event; skipped")
+
+    def close(self, message: str, state: ReplyState = "incomplete") -> ColleagueReply:
+        """End the stream: one ``aborted`` block with ``message`` for every open task.
+
+        When no task was seen and nothing terminal was published, one local ``aborted``
+        block (``task_id=None``) goes out instead. Returns the reply; idempotent.
+        """
+        try:
+            opened = self.open_task_ids
+            for task_id in opened:
+                task = self._tasks[task_id]
+                self._terminal(task, "aborted", message)
+                self._set_reply(state, message, task)
+            if not opened and self._reply is None and not self._local_terminal:
+                self._local_terminal = True
+                self._emit(message, None, "aborted")
+                self.stats.terminals += 1
+                self._set_reply(state, message, None)
+        except Exception:
+            logger.exception("a2a adapter: could not close the stream")
+        if self._reply is None:  # pragma: no cover - only after an internal error
+            self._reply = ColleagueReply(state, message, stats=self.stats)
+        return self._reply
+
+    # -- translation -------------------------------------------------------------------
+
+    def _task(self, task_id: str, context_id: str) -> _TaskStream:
+        task = self._tasks.get(task_id)
+        if task is None:
+            task = self._tasks[task_id] = _TaskStream(task_id, context_id or None)
+        return task
+
+    def _on_task(self, snapshot: Task) -> None:
+        task = self._task(snapshot.id, snapshot.context_id)
+        if task.terminal:
+            self.stats.ignored += 1
+            return
+        for artifact in snapshot.artifacts:
+            task.artifacts[artifact.artifact_id] = [_texts(artifact.parts)]
+        # A snapshot's working message may repeat one already streamed: only act on an end.
+        if snapshot.status.state in _TERMINAL_STATES:
+            self._on_status(task, snapshot.status)
+
+    def _on_artifact(self, update: Any) -> None:
+        task = self._task(update.task_id, update.context_id)
+        if task.terminal:
+            self.stats.ignored += 1
+            return
+        artifact = update.artifact
+        text = _texts(artifact.parts)
+        chunks = task.artifacts.get(artifact.artifact_id)
+        if update.append and chunks is not None:
+            chunks.append(text)
+        else:
+            task.artifacts[artifact.artifact_id] = [text]
+
+    def _on_message(self, message: Message) -> None:
+        # A direct reply: the whole interaction was one message, and it is the answer.
+        if message.task_id:
+            task = self._task(message.task_id, message.context_id)
+            if task.terminal:
+                self.stats.ignored += 1
+                return
+            self._terminal(task, "done", _texts(message.parts))
+            self._set_reply("completed", _texts(message.parts), task)
+        elif self._reply is None:
+            self._local_terminal = True
+            text = _texts(message.parts)
+            self._emit(text, None, "done")
+            self.stats.terminals += 1
+            self._reply = ColleagueReply(
+                "completed", text, None, message.context_id or None, (), self.stats
+            )
+        else:
+            self.stats.ignored += 1
+
+    def _on_status(self, task: _TaskStream, status: TaskStatus) -> None:
+        if task.terminal:
+            self.stats.ignored += 1
+            return
+        state = status.state
+        message = status.message if status.HasField("message") else None
+        if state == TaskState.TASK_STATE_WORKING:
+            if message is not None:
+                self._on_working(task, message)
+            return
+        end = _TERMINAL_STATES.get(state)
+        if end is None:  # submitted, unspecified: nothing to show
+            return
+        block_state, reply_state, default = end
+        text = _texts(message.parts) if message is not None else ""
+        if reply_state == "completed" and not text:
+            text = task.artifact_text()
+        text = text or default
+        self._terminal(task, block_state, text)
+        self._set_reply(reply_state, text, task)
+
+    def _on_working(self, task: _TaskStream, message: Message) -> None:
+        envelopes: list[Envelope] = []
+        problems: list[str] = []
+        for part in message.parts:
+            if not part.HasField("data"):
+                continue
+            data = _value_to_python(part.data)
+            if not isinstance(data, dict):
+                problems.append(f"data part is a {type(data).__name__}, not an envelope object")
+                continue
+            try:
+                envelopes.append(decode_envelope(data))
+            except DecodeError as error:
+                problems.append(str(error))
+        for envelope in envelopes:
+            self._emit(envelope, task.task_id, "running")
+            self.stats.envelopes += 1
+        text = _texts(message.parts)
+        if not envelopes and text:
+            self._emit(text, task.task_id, "running")
+            self.stats.texts += 1
+            if problems:
+                self.stats.degraded += len(problems)
+                self._warn(task, problems, "degraded to its text")
+            return
+        if problems:
+            self.stats.invalid += len(problems)
+            self._count_dropped(len(problems))
+            self._warn(task, problems, "dropped")
+
+    # -- output ------------------------------------------------------------------------
+
+    def _terminal(self, task: _TaskStream, state: BlockState, text: str) -> None:
+        task.terminal = True
+        self._emit(text, task.task_id, state)
+        self.stats.terminals += 1
+
+    def _set_reply(self, state: ReplyState, text: str, task: _TaskStream | None) -> None:
+        self._reply = ColleagueReply(
+            state=state,
+            text=text,
+            task_id=task.task_id if task is not None else None,
+            context_id=task.context_id if task is not None else None,
+            task_ids=tuple(self._tasks),
+            stats=self.stats,
+        )
+
+    def _emit(self, item: Item, task_id: str | None, state: BlockState) -> None:
+        try:
+            self._publish(
+                item,
+                task_id=task_id,
+                state=state,
+                conversation_id=self._conversation_id,
+                tool_name=self._tool_name,
+            )
+        except Exception:  # publish never raises by contract; never let it reach the tool
+            logger.exception("a2a adapter: publish raised; block lost")
+
+    def _warn(self, task: _TaskStream, problems: list[str], outcome: str) -> None:
+        level = logging.DEBUG if task.warned else logging.WARNING
+        task.warned = True
+        logger.log(
+            level,
+            "a2a adapter: malformed envelope from task %s %s: %s",
+            task.task_id,
+            outcome,
+            "; ".join(problems),
+        )
+
+    @staticmethod
+    def _count_dropped(count: int) -> None:
+        try:
+            metrics.blocks.add(count, {"outcome": "dropped", "reason": "invalid_envelope"})
+        except Exception:  # pragma: no cover - the OTel API does not raise
+            logger.debug("a2a adapter: metric not recorded", exc_info=True)
+
+
+# -- the tool helper ----------------------------------------------------------------------
+
+
+def colleague_http_client(
+    *,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    idle_timeout: float | None = None,
+) -> httpx.AsyncClient:
+    """An httpx client suited to A2A streams: ``idle_timeout`` as the read timeout.
+
+    ``idle_timeout=None`` (the default) never cuts a silent stream off; the overall
+    deadline of :func:`ask_colleague` bounds the call instead. The caller owns (closes)
+    the client.
+    """
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            connect=connect_timeout, read=idle_timeout, write=connect_timeout, pool=connect_timeout
+        )
+    )
+
+
+def _check_timeout(name: str, value: float | None) -> None:
+    if value is not None and not (isinstance(value, (int, float)) and value > 0):
+        raise ConfigError(f"{name} must be a positive number of seconds or None, got {value!r}")
+
+
+def _user_message(
+    text: str, context_id: str | None, task_id: str | None, metadata: Mapping[str, Any] | None
+) -> Message:
+    message = Message(
+        role=Role.ROLE_USER,
+        message_id=uuid.uuid4().hex,
+        parts=[Part(text=text)],
+        context_id=context_id or "",
+        task_id=task_id or "",
+    )
+    if metadata:
+        message.metadata.update(dict(metadata))
+    return message
+
+
+async def _aclose(stream: object) -> None:
+    aclose = getattr(stream, "aclose", None)
+    if aclose is not None:
+        await aclose()
+
+
+async def _cancel_remote(client: Client, task_ids: tuple[str, ...]) -> None:
+    """Ask the colleague to stop tasks we gave up on; best effort, bounded, never raises."""
+    for task_id in task_ids:
+        try:
+            await asyncio.wait_for(
+                client.cancel_task(CancelTaskRequest(id=task_id)), _CANCEL_TIMEOUT
+            )
+        except Exception as error:  # the colleague may have finished or be unreachable
+            logger.debug("a2a: could not cancel task %s: %s", task_id, error)
+
+
+async def stream_colleague(
+    colleague: Client | AgentCard | str,
+    text: str,
+    *,
+    conversation_id: str | None = None,
+    context_id: str | None = None,
+    task_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    idle_timeout: float | None = None,
+    cancel_on_timeout: bool = True,
+    http_client: httpx.AsyncClient | None = None,
+    publish: Publisher | None = None,
+    tool_name: str = "ask_colleague",
+) -> ColleagueReply:
+    """Ask a colleague over A2A, stream its progress into blocks, return how it ended.
+
+    ``colleague`` is an a2a-sdk ``Client`` (used as is, and not closed: its HTTP
+    timeouts are the caller's), an ``AgentCard`` or the agent's base URL (then a client
+    is made with :func:`colleague_http_client`, or over ``http_client``, and closed).
+    ``context_id`` continues a conversation with the colleague, ``task_id`` continues a
+    task that asked for input; ``metadata`` goes on the message.
+
+    ``timeout`` is the overall deadline (``None``: none), ``idle_timeout`` the longest
+    silence allowed between events, ``connect_timeout`` bounds connecting. On a deadline
+    the colleague's open task is cancelled when ``cancel_on_timeout``.
+
+    Guarantees: every stream (callId, taskId) it starts gets exactly one terminal block;
+    nothing raises out of it except :class:`~kernel_ext.errors.ConfigError` for bad
+    arguments (before any network) and ``asyncio.CancelledError`` when the calling task
+    is cancelled, which is re-raised after one ``aborted`` block ("the call was
+    cancelled") was published.
+    """
+    _check_timeout("timeout", timeout)
+    _check_timeout("connect_timeout", connect_timeout)
+    _check_timeout("idle_timeout", idle_timeout)
+    if not isinstance(text, str) or not text.strip():
+        raise ConfigError(f"text must be a non-empty string, got {type(text).__name__}")
+    adapter = A2AStreamAdapter(publish, conversation_id=conversation_id, tool_name=tool_name)
+    request = SendMessageRequest(message=_user_message(text, context_id, task_id, metadata))
+    clients: list[Client] = []
+
+    async with AsyncExitStack() as stack:
+
+        async def run() -> None:
+            client: Client
+            if isinstance(colleague, (str, AgentCard)):
+                http = http_client
+                if http is None:
+                    http = colleague_http_client(
+                        connect_timeout=connect_timeout, idle_timeout=idle_timeout
+                    )
+                    stack.push_async_callback(http.aclose)
+                client = await create_client(
+                    colleague, client_config=ClientConfig(streaming=True, httpx_client=http)
+                )
+                stack.push_async_callback(client.close)
+            else:
+                client = colleague
+            clients.append(client)
+            events = client.send_message(request)
+            try:
+                async for event in events:
+                    adapter.feed(event)
+                    if adapter.finished:
+                        return
+            finally:  # release the HTTP stream now, also when leaving early
+                await _aclose(events)
+
+        try:
+            await asyncio.wait_for(run(), timeout)
+        except asyncio.CancelledError:
+            adapter.close("the call was cancelled", "error")
+            raise
+        except asyncio.TimeoutError:
+            reply = adapter.close(f"the colleague did not finish within {timeout:g} s", "timeout")
+            if cancel_on_timeout and clients and reply.task_ids:
+                await _cancel_remote(clients[0], tuple(reply.task_ids))
+        except A2AClientTimeoutError:
+            limits = f"connect timeout {connect_timeout:g} s"
+            if idle_timeout is not None:
+                limits += f", idle timeout {idle_timeout:g} s"
+            adapter.close(f"the colleague did not respond in time ({limits})", "timeout")
+        except Exception as error:
+            logger.info("a2a: colleague stream failed: %r", error)
+            adapter.close(f"the colleague could not be reached or failed: {error}", "error")
+        else:
+            if not adapter.finished:
+                adapter.close("the colleague's stream ended without a final state")
+        final = adapter.reply
+    assert final is not None  # close() always leaves one
+    return final
+
+
+async def ask_colleague(
+    colleague: Client | AgentCard | str,
+    text: str,
+    *,
+    conversation_id: str | None = None,
+    context_id: str | None = None,
+    task_id: str | None = None,
+    metadata: Mapping[str, Any] | None = None,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    idle_timeout: float | None = None,
+    cancel_on_timeout: bool = True,
+    http_client: httpx.AsyncClient | None = None,
+    publish: Publisher | None = None,
+    tool_name: str = "ask_colleague",
+) -> str:
+    """The ``ask_colleague`` tool body: stream the colleague's progress, return its answer.
+
+    Returns the final answer text (or, when the colleague asks for input, its question).
+    When the colleague gives no answer — it failed, was cancelled or rejected the task,
+    its stream broke or ended early, or a deadline passed — raises
+    :class:`~kernel_ext.errors.ColleagueError` whose message is the reason, *after* the
+    stream's ``aborted`` block was published; the tool runtime reports that as the tool's
+    error. Arguments and other guarantees: :func:`stream_colleague`.
+    """
+    reply = await stream_colleague(
+        colleague,
+        text,
+        conversation_id=conversation_id,
+        context_id=context_id,
+        task_id=task_id,
+        metadata=metadata,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        idle_timeout=idle_timeout,
+        cancel_on_timeout=cancel_on_timeout,
+        http_client=http_client,
+        publish=publish,
+        tool_name=tool_name,
+    )
+    if reply.ok:
+        return reply.text
+    raise ColleagueError(
+        reply.text, state=reply.state, task_id=reply.task_id, context_id=reply.context_id
+    )
