@@ -1,0 +1,507 @@
+"""The detail-pane reducer: the spec's rendering semantics as plain data.
+
+This is the Python twin of ``kernel_ext/web/renderer.js``; both pass the conformance
+vectors in ``tests/vectors`` (format: ``tests/vectors/README.md``). It is the one truth
+for ``kernel-ext tail`` and for tests of the producer side.
+
+Semantics (spec "生命周期" and "渲染语义", design.md §2 and §4):
+
+* Panes are grouped by ``callId``, in order of first appearance. A pane is opened by the
+  tool-event snapshot (``chat_event``, tool scene) or by the first block of its call,
+  whichever comes first; blocks may arrive before their snapshot.
+* Within a pane, each ``taskId`` is a separate stream (a *task*), in order of first
+  appearance. A task's items are ordered by ``envelope.seq`` whatever the arrival order;
+  a repeated seq is dropped (the first one wins).
+* The first terminal block (``done``/``aborted``) of a task ends it: its text becomes the
+  pane's pinned final answer and every later block of that task is dropped. Terminal
+  blocks are not items. The pinned final answer is the latest terminal's text; before any
+  terminal, the text of the tool's return value (``toolReturn`` in the snapshot).
+* A pane with no blocks shows "no process details" once the tool has returned or
+  ``timeout_ms`` has passed since the pane opened (checked by :meth:`PaneStore.tick`); a
+  block arriving later is still shown.
+* A block with ``callId: null`` belongs to no pane: a terminal one becomes a room-level
+  final answer (an *orphan*, one per taskId), a running one is dropped.
+* Bad input never raises: it is dropped and counted.
+
+Nothing here builds markup; every string is kept as the peer sent it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "LABELS",
+    "Applied",
+    "Final",
+    "Item",
+    "Outcome",
+    "Pane",
+    "PaneStatus",
+    "PaneStore",
+    "Task",
+    "labels_for",
+]
+
+DEFAULT_TIMEOUT_MS = 15_000
+"""How long a pane without any block waits before it says "no process details"."""
+
+PaneStatus = Literal["calling", "streaming", "ended", "no_details"]
+Outcome = Literal[
+    "item",
+    "terminal",
+    "orphan",
+    "snapshot",
+    "duplicate",
+    "afterEnd",
+    "invalid",
+    "unattributed",
+    "ignoredSnapshot",
+]
+_DROP_REASONS = ("invalid", "duplicate", "afterEnd", "unattributed", "ignoredSnapshot")
+_STATES = frozenset({"running", "done", "aborted"})
+_TOOL_NAME_KEYS = ("name", "tool", "toolName")
+
+LABELS: dict[str, dict[str, str]] = {
+    "zh": {
+        "calling": "调用中…",
+        "streaming": "进行中",
+        "ended": "已结束",
+        "noDetails": "无过程详情",
+        "thinking": "思考中…",
+        "toolStart": "开始",
+        "final": "最终回复",
+        "aborted": "已中止",
+        "task": "任务",
+        "unknownKind": "未知类型",
+        "unattributed": "未关联调用",
+    },
+    "en": {
+        "calling": "Calling…",
+        "streaming": "Running",
+        "ended": "Ended",
+        "noDetails": "No process details",
+        "thinking": "Thinking…",
+        "toolStart": "started",
+        "final": "Final answer",
+        "aborted": "Aborted",
+        "task": "Task",
+        "unknownKind": "Unknown kind",
+        "unattributed": "Unattributed call",
+    },
+}
+"""The pane's words; Chinese (the spec's) by default, English available. Same keys and
+texts as ``LABELS`` in ``web/renderer.js``."""
+
+
+def labels_for(locale: str = "zh") -> dict[str, str]:
+    """The label set for ``locale`` (``"zh"`` or ``"en"``); an unknown locale gets ``"zh"``."""
+    return dict(LABELS.get(locale, LABELS["zh"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    """One rendered block of a task: ``kind`` is ``thinking``, ``tool_call``, ``text``,
+    ``tool_output_append`` or ``other`` (an unknown envelope kind, named in
+    ``envelope_kind``). ``text`` is the payload's text (``None`` for ``tool_call``, and for
+    ``other`` without a string ``payload.text``); ``tool`` the tool name of a ``tool_call``."""
+
+    kind: str
+    seq: int
+    text: str | None = None
+    tool: str | None = None
+    envelope_kind: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The item in the vector format."""
+        if self.kind == "thinking":
+            return {"kind": "thinking", "seq": self.seq, "text": self.text, "folded": True}
+        if self.kind == "tool_call":
+            return {"kind": "tool_call", "seq": self.seq, "tool": self.tool}
+        if self.kind == "other":
+            return {
+                "kind": "other",
+                "envelopeKind": self.envelope_kind,
+                "seq": self.seq,
+                "text": self.text,
+            }
+        return {"kind": self.kind, "seq": self.seq, "text": self.text}
+
+
+@dataclass(frozen=True, slots=True)
+class Final:
+    """A final answer: ``source`` is ``done``, ``aborted`` or ``toolReturn``."""
+
+    source: Literal["done", "aborted", "toolReturn"]
+    text: str
+    task_id: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The final answer in the vector format."""
+        return {"from": self.source, "taskId": self.task_id, "text": self.text}
+
+
+@dataclass(slots=True)
+class Task:
+    """One stream of a pane: the blocks of one (callId, taskId), ordered by seq."""
+
+    task_id: str
+    items: list[Item] = field(default_factory=list)
+    seqs: list[int] = field(default_factory=list)
+    outcome: Literal["done", "aborted"] | None = None
+    final_text: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        """Whether the task's terminal has arrived."""
+        return self.outcome is not None
+
+    def insert(self, item: Item) -> bool:
+        """Insert ``item`` in seq order; ``False`` (and no change) if its seq is taken."""
+        index = bisect.bisect_left(self.seqs, item.seq)
+        if index < len(self.seqs) and self.seqs[index] == item.seq:
+            return False
+        self.seqs.insert(index, item.seq)
+        self.items.insert(index, item)
+        return True
+
+    def to_json(self) -> dict[str, Any]:
+        """The task in the vector format."""
+        return {
+            "taskId": self.task_id,
+            "ended": self.ended,
+            "outcome": self.outcome,
+            "final": self.final_text,
+            "items": [item.to_json() for item in self.items],
+        }
+
+
+@dataclass(slots=True)
+class Pane:
+    """The detail pane of one tool call."""
+
+    call_id: str
+    opened_at: float
+    tool: str | None = None
+    returned: bool = False
+    return_text: str | None = None
+    timed_out: bool = False
+    tasks: dict[str, Task] = field(default_factory=dict)
+    last_final: Final | None = None
+    mode: Literal["live", "replay"] = "live"
+
+    @property
+    def status(self) -> PaneStatus:
+        """``streaming`` while a task is open, ``ended`` once every task has its terminal,
+        ``no_details`` without tasks after the tool returned or the timeout, else
+        ``calling``."""
+        if self.tasks:
+            if all(task.ended for task in self.tasks.values()):
+                return "ended"
+            return "streaming"
+        if self.returned or self.timed_out:
+            return "no_details"
+        return "calling"
+
+    @property
+    def final(self) -> Final | None:
+        """The pinned final answer: the latest terminal's, else the tool's return value's."""
+        if self.last_final is not None:
+            return self.last_final
+        if self.return_text is not None:
+            return Final("toolReturn", self.return_text, None)
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        """The pane in the vector format."""
+        final = self.final
+        return {
+            "callId": self.call_id,
+            "mode": self.mode,
+            "tool": self.tool,
+            "status": self.status,
+            "returned": self.returned,
+            "final": final.to_json() if final is not None else None,
+            "tasks": [task.to_json() for task in self.tasks.values()],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What one input did: ``outcome`` says which rule applied; ``item`` is the new item
+    (outcome ``item``), ``final`` the new final answer (``terminal``/``orphan``/a snapshot
+    carrying the tool's return); ``new_pane``/``new_task`` say whether this input opened
+    them."""
+
+    outcome: Outcome
+    call_id: str | None = None
+    task_id: str | None = None
+    item: Item | None = None
+    final: Final | None = None
+    new_pane: bool = False
+    new_task: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    call_id: str | None
+    task_id: str
+    state: str
+    kind: str
+    seq: int
+    payload: Mapping[str, Any]
+
+
+def _seq_of(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value if value >= 0 else None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and value >= 0:
+        return int(value)
+    return None
+
+
+def _as_mapping(value: object) -> Mapping[str, Any] | None:
+    return value if isinstance(value, Mapping) else None
+
+
+def _parse(block: object) -> _Parsed | None:
+    data = _as_mapping(block)
+    if data is None:
+        return None
+    call_id = data.get("callId")
+    task_id = data.get("taskId")
+    state = data.get("state")
+    envelope = _as_mapping(data.get("envelope"))
+    if "callId" not in data or not (call_id is None or (isinstance(call_id, str) and call_id)):
+        return None
+    if not (isinstance(task_id, str) and task_id) or state not in _STATES or envelope is None:
+        return None
+    kind = envelope.get("kind")
+    seq = _seq_of(envelope.get("seq"))
+    if not (isinstance(kind, str) and kind) or seq is None:
+        return None
+    payload = _as_mapping(envelope.get("payload")) or {}
+    return _Parsed(call_id, task_id, str(state), kind, seq, payload)
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _item_of(parsed: _Parsed) -> Item:
+    payload = parsed.payload
+    kind, seq = parsed.kind, parsed.seq
+    if kind in ("thinking", "text", "tool_output_append"):
+        return Item(kind, seq, text=_str_or_none(payload.get("text")) or "")
+    if kind == "tool_call":
+        tool = next(
+            (value for key in _TOOL_NAME_KEYS if isinstance(value := payload.get(key), str)),
+            None,
+        )
+        return Item("tool_call", seq, tool=tool)
+    return Item("other", seq, text=_str_or_none(payload.get("text")), envelope_kind=kind)
+
+
+def _terminal_text(parsed: _Parsed) -> str:
+    key = "text" if parsed.state == "done" else "message"
+    return _str_or_none(parsed.payload.get(key)) or ""
+
+
+def _tool_of(content: Mapping[str, Any]) -> str | None:
+    tool_call = _as_mapping(content.get("toolCall"))
+    if tool_call is None:
+        return None
+    function_call = _as_mapping(tool_call.get("functionCall"))
+    if function_call is not None and isinstance(function_call.get("name"), str):
+        return str(function_call["name"])
+    for key in ("toolId", "name"):
+        if isinstance(tool_call.get(key), str):
+            return str(tool_call[key])
+    return None
+
+
+def _return_text(value: object) -> str | None:
+    if isinstance(value, str):
+        return value
+    mapping = _as_mapping(value)
+    if mapping is not None:
+        for key in ("text", "content"):
+            if isinstance(mapping.get(key), str):
+                return str(mapping[key])
+    return None
+
+
+def _monotonic_ms() -> float:
+    return time.monotonic() * 1000.0
+
+
+class PaneStore:
+    """All detail panes of one conversation room, fed with what the socket delivers.
+
+    Feed it ``tool_event_stream`` blocks (:meth:`apply_block`) and ``chat_event``
+    snapshots (:meth:`apply_snapshot`) as parsed JSON, in arrival order, and call
+    :meth:`tick` now and then so panes without blocks reach "no process details".
+    :meth:`state` returns the vector format. No method raises on bad input.
+
+    ``clock`` returns milliseconds on any monotonic scale (default: ``time.monotonic``);
+    ``max_panes`` bounds memory for long-running viewers: past it, the oldest pane that is
+    ended (or, failing that, the oldest pane) is forgotten.
+    """
+
+    def __init__(
+        self,
+        *,
+        timeout_ms: float = DEFAULT_TIMEOUT_MS,
+        clock: Callable[[], float] | None = None,
+        max_panes: int | None = None,
+    ) -> None:
+        if timeout_ms < 0:
+            raise ValueError(f"timeout_ms must be >= 0, got {timeout_ms!r}")
+        if max_panes is not None and max_panes < 1:
+            raise ValueError(f"max_panes must be >= 1 or None, got {max_panes!r}")
+        self.timeout_ms = timeout_ms
+        self.max_panes = max_panes
+        self._clock = clock or _monotonic_ms
+        self._panes: dict[str, Pane] = {}
+        self._orphans: dict[str, Final] = {}
+        self.dropped: dict[str, int] = dict.fromkeys(_DROP_REASONS, 0)
+
+    # -- reading -----------------------------------------------------------------------
+    @property
+    def panes(self) -> list[Pane]:
+        """The panes in order of first appearance."""
+        return list(self._panes.values())
+
+    def pane(self, call_id: str) -> Pane | None:
+        """The pane of ``call_id``, or ``None``."""
+        return self._panes.get(call_id)
+
+    @property
+    def orphans(self) -> list[Final]:
+        """Final answers of terminal blocks with ``callId: null``, one per taskId."""
+        return list(self._orphans.values())
+
+    def state(self) -> dict[str, Any]:
+        """The whole room in the vector format (``tests/vectors/README.md``)."""
+        return {
+            "panes": [pane.to_json() for pane in self._panes.values()],
+            "orphans": [
+                {"taskId": final.task_id, "outcome": final.source, "text": final.text}
+                for final in self._orphans.values()
+            ],
+            "dropped": dict(self.dropped),
+        }
+
+    # -- feeding -----------------------------------------------------------------------
+    def _drop(
+        self, reason: Outcome, call_id: str | None = None, task_id: str | None = None
+    ) -> Applied:
+        self.dropped[reason] += 1
+        return Applied(reason, call_id, task_id)
+
+    def _open(self, call_id: str) -> tuple[Pane, bool]:
+        pane = self._panes.get(call_id)
+        if pane is not None:
+            return pane, False
+        pane = Pane(call_id=call_id, opened_at=self._clock())
+        self._panes[call_id] = pane
+        if self.max_panes is not None and len(self._panes) > self.max_panes:
+            self._evict(keep=call_id)
+        return pane, True
+
+    def _evict(self, keep: str) -> None:
+        victims = [key for key, pane in self._panes.items() if key != keep]
+        ended = [key for key in victims if self._panes[key].status in ("ended", "no_details")]
+        del self._panes[(ended or victims)[0]]
+
+    def apply_block(self, block: object) -> Applied:
+        """Apply one ``tool_event_stream`` block (the JSON object as received)."""
+        parsed = _parse(block)
+        if parsed is None:
+            return self._drop("invalid")
+        terminal = parsed.state != "running"
+        if parsed.call_id is None:
+            if not terminal:
+                return self._drop("unattributed", None, parsed.task_id)
+            if parsed.task_id in self._orphans:
+                return self._drop("afterEnd", None, parsed.task_id)
+            source: Literal["done", "aborted"] = "done" if parsed.state == "done" else "aborted"
+            final = Final(source, _terminal_text(parsed), parsed.task_id)
+            self._orphans[parsed.task_id] = final
+            return Applied("orphan", None, parsed.task_id, final=final)
+        pane, new_pane = self._open(parsed.call_id)
+        task = pane.tasks.get(parsed.task_id)
+        new_task = task is None
+        if task is None:
+            task = pane.tasks[parsed.task_id] = Task(parsed.task_id)
+        elif task.ended:
+            return self._drop("afterEnd", parsed.call_id, parsed.task_id)
+        if terminal:
+            task.outcome = "done" if parsed.state == "done" else "aborted"
+            task.final_text = _terminal_text(parsed)
+            pane.last_final = Final(task.outcome, task.final_text, task.task_id)
+            return Applied(
+                "terminal",
+                parsed.call_id,
+                parsed.task_id,
+                final=pane.last_final,
+                new_pane=new_pane,
+                new_task=new_task,
+            )
+        item = _item_of(parsed)
+        if not task.insert(item):
+            return self._drop("duplicate", parsed.call_id, parsed.task_id)
+        return Applied(
+            "item", parsed.call_id, parsed.task_id, item=item, new_pane=new_pane, new_task=new_task
+        )
+
+    def apply_snapshot(self, event: object) -> Applied:
+        """Apply one ``chat_event`` tool-event snapshot (the JSON object as received).
+
+        Read: ``eventId`` (the callId), ``eventScene`` (must be ``"tool"`` when present),
+        ``content.toolCall.functionCall.name`` (else ``toolId``/``name``) as the tool name,
+        and ``content.toolReturn`` (a string, or an object with a string ``text`` or
+        ``content``) as the tool's return. Other events are dropped as ``ignoredSnapshot``.
+        """
+        data = _as_mapping(event)
+        if data is None:
+            return self._drop("ignoredSnapshot")
+        call_id = data.get("eventId")
+        scene = data.get("eventScene", "tool")
+        if not (isinstance(call_id, str) and call_id) or scene != "tool":
+            return self._drop("ignoredSnapshot")
+        content = _as_mapping(data.get("content")) or {}
+        pane, new_pane = self._open(call_id)
+        tool = _tool_of(content)
+        if tool is not None:
+            pane.tool = tool
+        final = None
+        if content.get("toolReturn") is not None:
+            pane.returned = True
+            text = _return_text(content["toolReturn"])
+            if text is not None:
+                pane.return_text = text
+                final = pane.final
+        return Applied("snapshot", call_id, final=final, new_pane=new_pane)
+
+    def tick(self, now: float | None = None) -> list[str]:
+        """Mark panes without blocks whose timeout has passed at ``now`` (default: the
+        clock); returns the callIds whose status changed to ``no_details``."""
+        now = self._clock() if now is None else now
+        changed = []
+        for pane in self._panes.values():
+            if pane.tasks or pane.timed_out or now - pane.opened_at < self.timeout_ms:
+                continue
+            before = pane.status
+            pane.timed_out = True
+            if pane.status != before:
+                changed.append(pane.call_id)
+        return changed
