@@ -13,7 +13,13 @@ from kernel_ext.context import (
     set_tool_call,
     use_tool_call,
 )
-from kernel_ext.errors import BlockTooLargeError, ConfigError, DecodeError, KernelExtError
+from kernel_ext.errors import (
+    BlockTooLargeError,
+    ColleagueError,
+    ConfigError,
+    DecodeError,
+    KernelExtError,
+)
 from kernel_ext.protocol import Block, Envelope, decode, encode, pseudo_envelope
 
 __version__ = "0.1.0"
@@ -21,6 +27,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Block",
     "BlockTooLargeError",
+    "ColleagueError",
     "ConfigError",
     "DecodeError",
     "Envelope",
