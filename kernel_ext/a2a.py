@@ -14,6 +14,9 @@ its envelopes into A2A messages, and how states map to blocks: docs/a2a.md.
 * a malformed envelope → degraded to a pseudo-envelope of the message's text if there is
   any, else dropped and counted (metric ``kernel_ext.blocks`` reason
   ``invalid_envelope``); logged (WARNING once per task, then DEBUG);
+* once a task has sent a valid envelope, its seq numbers are the peer's: a later update
+  without a valid envelope is not shown as text (its seq from the hub's counter would
+  collide with the peer's); a malformed envelope in it is dropped and counted;
 * ``completed`` → one ``done`` block; its text is the status message's text parts, or,
   when those are empty, the text of the task's artifacts (in order of first appearance);
   ``input-required`` → ``done`` with the colleague's question (the answer is a question;
@@ -173,14 +176,17 @@ class AdapterStats:
 
     ``envelopes``: running blocks published with the peer's envelope; ``texts``: running
     blocks published as text (pseudo-envelopes), ``degraded`` of them because the
-    envelope was malformed; ``invalid``: malformed envelopes dropped; ``ignored``: events
-    for a task after its terminal; ``terminals``: terminal blocks published.
+    envelope was malformed; ``invalid``: malformed envelopes dropped; ``skipped``: text
+    updates without an envelope left out because the task's peer sends envelopes;
+    ``ignored``: events for a task after its terminal; ``terminals``: terminal blocks
+    published.
     """
 
     envelopes: int = 0
     texts: int = 0
     degraded: int = 0
     invalid: int = 0
+    skipped: int = 0
     ignored: int = 0
     terminals: int = 0
 
@@ -229,12 +235,13 @@ _TERMINAL_STATES: dict[int, tuple[BlockState, ReplyState, str]] = {
 class _TaskStream:
     """Bookkeeping of one A2A task: ids, terminal flag, artifacts for the final answer."""
 
-    __slots__ = ("artifacts", "context_id", "task_id", "terminal", "warned")
+    __slots__ = ("artifacts", "context_id", "enveloped", "task_id", "terminal", "warned")
 
     def __init__(self, task_id: str, context_id: str | None) -> None:
         self.task_id = task_id
         self.context_id = context_id
         self.terminal = False
+        self.enveloped = False
         self.warned = False
         self.artifacts: dict[str, list[str]] = {}
 
@@ -416,8 +423,20 @@ class A2AStreamAdapter:
         for envelope in envelopes:
             self._emit(envelope, task.task_id, "running")
             self.stats.envelopes += 1
+        if envelopes:
+            task.enveloped = True
         text = _texts(message.parts)
         if not envelopes and text:
+            if task.enveloped:
+                # The peer speaks envelopes and owns this stream's seq numbers: a text
+                # block would take a seq from the hub's counter that collides with the
+                # peer's, and renderers keep only the first block of a seq.
+                self.stats.skipped += 1
+                if problems:
+                    self.stats.invalid += len(problems)
+                    self._count_dropped(len(problems))
+                    self._warn(task, problems, "dropped")
+                return
             self._emit(text, task.task_id, "running")
             self.stats.texts += 1
             if problems:
@@ -611,9 +630,10 @@ async def stream_colleague(
             adapter.close("the call was cancelled", "error")
             raise
         except asyncio.TimeoutError:
-            reply = adapter.close(f"the colleague did not finish within {timeout:g} s", "timeout")
-            if cancel_on_timeout and clients and reply.task_ids:
-                await _cancel_remote(clients[0], tuple(reply.task_ids))
+            unfinished = adapter.open_task_ids
+            adapter.close(f"the colleague did not finish within {timeout:g} s", "timeout")
+            if cancel_on_timeout and clients and unfinished:
+                await _cancel_remote(clients[0], unfinished)
         except A2AClientTimeoutError:
             limits = f"connect timeout {connect_timeout:g} s"
             if idle_timeout is not None:

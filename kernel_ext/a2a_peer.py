@@ -258,7 +258,6 @@ class ScriptedColleague(AgentExecutor):
 
     async def _malformed(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
         task_id = play.updater.task_id
-        await play.step("thinking", {"text": "first, a good envelope"})
         # Negative seq, with text: the caller degrades it to a pseudo-envelope of the text.
         bad_seq = _envelope("text", task_id, 0, {"text": "x"}) | {"seq": -1}
         await play.working([new_data_part(bad_seq), new_text_part("degraded to text")])
@@ -269,8 +268,11 @@ class ScriptedColleague(AgentExecutor):
         await play.working([new_data_part(_envelope("text", task_id, 0, {}) | {"seq": "ten"})])
         await play.working([new_data_part(["not", "an", "envelope"])])
         await play.pause()
+        # A good envelope (its seq clear of the caller's pseudo-envelope counter) …
         play.seq = 10
-        await play.step("text", {"text": "and a good one to finish"})
+        await play.step("text", {"text": "a good envelope"})
+        # … after which a malformed one is dropped even with text: the seqs are the peer's.
+        await play.working([new_data_part(bad_seq), new_text_part("dropped, not degraded")])
         await play.updater.complete(play.text_message("answer despite malformed envelopes"))
 
     async def _flood(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:

@@ -33,13 +33,18 @@ from conftest import free_port, serve_asgi
 
 from kernel_ext.a2a import (
     A2AStreamAdapter,
+    ColleagueReply,
     ask_colleague,
     integral_floats_to_ints,
     stream_colleague,
 )
-from kernel_ext.a2a_peer import SCRIPT_KEY, ScriptedPeer, script_of
+from kernel_ext.a2a_peer import COUNT_KEY, DELAY_KEY, SCRIPT_KEY, ScriptedPeer, script_of
+from kernel_ext.context import ToolCall, use_tool_call
+from kernel_ext.emit import MemoryEmitter
 from kernel_ext.errors import ColleagueError, ConfigError
-from kernel_ext.protocol import Envelope
+from kernel_ext.protocol import Envelope, decode
+from kernel_ext.stream import StreamHub
+from kernel_ext.tap import Tap
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -231,6 +236,20 @@ def test_valid_envelopes_win_over_text_and_bad_siblings_are_dropped() -> None:
     [call] = publisher.calls
     assert call.envelope.seq == 1
     assert adapter.stats.invalid == 1
+
+
+def test_once_a_task_sent_envelopes_text_only_updates_are_not_shown() -> None:
+    publisher = RecordingPublisher()
+    adapter = _adapter(publisher)
+    adapter.feed(_status(WORKING, [new_text_part("before any envelope")]))
+    adapter.feed(_status(WORKING, [new_data_part(_envelope(seq=5))]))
+    adapter.feed(_status(WORKING, [new_text_part("text between envelopes")]))
+    adapter.feed(_status(WORKING, [new_data_part(_envelope(seq=-1)), new_text_part("t")]))
+    assert [c.item if isinstance(c.item, str) else c.envelope.seq for c in publisher.calls] == [
+        "before any envelope",
+        5,
+    ]
+    assert (adapter.stats.skipped, adapter.stats.invalid, adapter.stats.degraded) == (2, 1, 0)
 
 
 @pytest.mark.parametrize(
@@ -493,13 +512,11 @@ async def test_malformed_envelopes_are_degraded_or_dropped_never_raised(
     assert reply.ok
     assert reply.text == "answer despite malformed envelopes"
     items = [c.item for c in publisher.running()]
-    assert isinstance(items[0], Envelope)
-    assert items[0].seq == 1
-    assert items[1] == "degraded to text"
-    assert isinstance(items[2], Envelope)
-    assert items[2].seq == 11
-    assert len(items) == 3
-    assert (reply.stats.degraded, reply.stats.invalid) == (1, 3)
+    assert items[0] == "degraded to text"
+    assert isinstance(items[1], Envelope)
+    assert items[1].seq == 11
+    assert len(items) == 2
+    assert (reply.stats.degraded, reply.stats.invalid, reply.stats.skipped) == (1, 4, 1)
 
 
 async def test_answer_from_artifacts_when_the_completed_message_is_empty(
@@ -657,3 +674,210 @@ async def test_bad_arguments_raise_config_error_before_any_network() -> None:
     with pytest.raises(ConfigError, match="text"):
         await ask_colleague("http://127.0.0.1:9", "  ", publish=publisher)
     assert publisher.calls == []
+
+
+# -- end to end through the real StreamHub and a MemoryEmitter ------------------------------
+
+CALL_A = "00f067aa0ba902b7"
+CALL_B = "5b8aa5a2d2c872e8"
+CONV = "conv-a2a"
+
+
+class SteppingClock:
+    """The hub's monotonic clock, moved by the test (the throttle window is one second)."""
+
+    def __init__(self) -> None:
+        self.now = 5000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class Pane:
+    hub: StreamHub
+    emitter: MemoryEmitter
+    clock: SteppingClock
+
+    def blocks(self, call_id: str | None = None) -> list[dict[str, Any]]:
+        return [b for b in self.emitter.blocks(CONV) if call_id is None or b["callId"] == call_id]
+
+    async def wait_terminals(self, n: int = 1) -> None:
+        await self.emitter.wait_for(
+            lambda records: sum(b["state"] != "running" for _, b in records) >= n, timeout=10
+        )
+
+
+@pytest.fixture
+async def pane() -> AsyncIterator[Pane]:
+    clock = SteppingClock()
+    hub = StreamHub(clock=clock, tap=Tap())
+    emitter = MemoryEmitter(hub=hub)
+    await emitter.start()
+    try:
+        yield Pane(hub, emitter, clock)
+    finally:
+        await emitter.stop(timeout=2)
+
+
+def _in_call(call_id: str) -> Any:
+    return use_tool_call(ToolCall(call_id, "ask_colleague", CONV))
+
+
+def _check_stream(
+    blocks: list[dict[str, Any]], call_id: str, task_id: str | None
+) -> dict[str, Any]:
+    """Every block valid on the wire, attributed to the call, ordered by seq, one terminal last."""
+    assert blocks, "no blocks"
+    for block in blocks:
+        decode(block)
+        assert (block["callId"], block["taskId"]) == (call_id, task_id or call_id)
+    running = [b["envelope"]["seq"] for b in blocks if b["state"] == "running"]
+    assert running == sorted(set(running))
+    terminals = [b for b in blocks if b["state"] != "running"]
+    assert len(terminals) == 1
+    assert blocks[-1] is terminals[0]
+    return terminals[0]
+
+
+@pytest.mark.parametrize(
+    ("script", "state", "text"),
+    [
+        ("work", "done", "Order 42 shipped on Monday; it arrives Friday."),
+        ("text", "done", "Plain answer without envelopes."),
+        ("malformed", "done", "answer despite malformed envelopes"),
+        ("fail", "aborted", "the order database is unreachable"),
+        ("cancel", "aborted", "cancelled by the colleague's operator"),
+        ("reject", "aborted", "I do not handle refunds"),
+        ("repeat-completed", "done", "the first answer"),
+        ("close-early", "aborted", "the colleague's stream ended without a final state"),
+    ],
+)
+async def test_each_variant_through_the_hub_gives_ordered_blocks_and_one_terminal(
+    colleague: Colleague, pane: Pane, script: str, state: str, text: str
+) -> None:
+    with _in_call(CALL_A):
+        reply = await stream_colleague(
+            colleague.url,
+            "where is order 42?",
+            metadata={SCRIPT_KEY: script},
+            publish=pane.hub.publish,
+        )
+    await pane.wait_terminals()
+    terminal = _check_stream(pane.blocks(), CALL_A, reply.task_id)
+    key = "text" if state == "done" else "message"
+    assert (terminal["state"], terminal["envelope"]["payload"][key]) == (state, text)
+
+
+async def test_peer_envelopes_reach_the_wire_unchanged_with_integers(
+    colleague: Colleague, pane: Pane
+) -> None:
+    with _in_call(CALL_A):
+        answer = await ask_colleague(colleague.url, "script:work", publish=pane.hub.publish)
+    await pane.wait_terminals()
+    running = [b["envelope"] for b in pane.blocks() if b["state"] == "running"]
+    assert [e["kind"] for e in running] == ["thinking", "tool_call", "tool_call", "text"]
+    assert running[2]["payload"] == {
+        "name": "fetch_order",
+        "args": {"id": 42, "score": 0.75, "weights": [1, 2.5]},
+    }
+    assert type(running[2]["payload"]["args"]["id"]) is int
+    assert answer == pane.blocks()[-1]["envelope"]["payload"]["text"]
+
+
+async def test_flood_is_throttled_to_ten_running_per_second_and_the_terminal_is_intact(
+    colleague: Colleague, pane: Pane
+) -> None:
+    count = 1200
+
+    def flood_clock_publisher(item: Any, **kwargs: Any) -> None:
+        # The hub sees the flood at its nominal rate: one update per millisecond.
+        if kwargs.get("state", "running") == "running":
+            pane.clock.now += 0.001
+        pane.hub.publish(item, **kwargs)
+
+    with _in_call(CALL_A):
+        reply = await stream_colleague(
+            colleague.url,
+            "flood",
+            metadata={SCRIPT_KEY: "flood", COUNT_KEY: count},
+            publish=flood_clock_publisher,
+        )
+    await pane.wait_terminals()
+    blocks = pane.blocks()
+    terminal = _check_stream(blocks, CALL_A, reply.task_id)
+    assert terminal["envelope"]["payload"]["text"] == f"flooded {count} updates"
+    running = [b for b in blocks if b["state"] == "running"]
+    assert reply.stats.envelopes == count
+    # 1.2 s of hub time: the first second's 10 blocks, then 10 more from t = 1 s on.
+    assert len(running) == 20
+    assert pane.hub.stats()["throttled"] == count - len(running)
+
+
+async def test_tool_cancellation_through_the_hub_ends_the_stream_once(
+    colleague: Colleague, pane: Pane
+) -> None:
+    async def tool() -> str:
+        with _in_call(CALL_A):
+            return await ask_colleague(colleague.url, "script:hang", publish=pane.hub.publish)
+
+    call = asyncio.create_task(tool())
+    await pane.emitter.wait_for(lambda records: len(records) >= 1, timeout=10)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await pane.wait_terminals()
+    terminal = _check_stream(pane.blocks(), CALL_A, pane.blocks()[0]["taskId"])
+    assert terminal["envelope"]["payload"]["message"] == "the call was cancelled"
+
+
+async def test_unreachable_colleague_ends_the_calls_local_stream(pane: Pane) -> None:
+    with _in_call(CALL_A), pytest.raises(ColleagueError):
+        await ask_colleague(f"http://127.0.0.1:{free_port()}", "hello?", publish=pane.hub.publish)
+    await pane.wait_terminals()
+    terminal = _check_stream(pane.blocks(), CALL_A, None)
+    assert terminal["state"] == "aborted"
+
+
+async def test_two_calls_at_once_in_one_conversation_are_each_attributed_to_their_call(
+    colleague: Colleague, pane: Pane
+) -> None:
+    async def tool(call_id: str, script: str) -> ColleagueReply:
+        with _in_call(call_id):
+            return await stream_colleague(
+                colleague.url,
+                f"script:{script} go",
+                publish=pane.hub.publish,
+                metadata={DELAY_KEY: 0.01},
+            )
+
+    reply_a, reply_b = await asyncio.gather(tool(CALL_A, "work"), tool(CALL_B, "text"))
+    await pane.wait_terminals(2)
+    assert reply_a.task_id != reply_b.task_id
+    a = _check_stream(pane.blocks(CALL_A), CALL_A, reply_a.task_id)
+    b = _check_stream(pane.blocks(CALL_B), CALL_B, reply_b.task_id)
+    assert a["envelope"]["payload"]["text"] == "Order 42 shipped on Monday; it arrives Friday."
+    assert b["envelope"]["payload"]["text"] == "Plain answer without envelopes."
+    kinds_a = [x["envelope"]["kind"] for x in pane.blocks(CALL_A) if x["state"] == "running"]
+    texts_b = [
+        x["envelope"]["payload"]["text"] for x in pane.blocks(CALL_B) if x["state"] == "running"
+    ]
+    assert kinds_a == ["thinking", "tool_call", "tool_call", "text"]
+    assert texts_b == ["Reading your question", "Looking it up", "Writing the answer"]
+    assert len(pane.blocks()) == len(pane.blocks(CALL_A)) + len(pane.blocks(CALL_B))
+
+
+async def test_follow_up_under_one_call_is_a_second_stream_through_the_hub(
+    colleague: Colleague, pane: Pane
+) -> None:
+    with _in_call(CALL_A):
+        first = await stream_colleague(colleague.url, "script:input", publish=pane.hub.publish)
+        second = await stream_colleague(
+            colleague.url, "script:work", publish=pane.hub.publish, context_id=first.context_id
+        )
+    await pane.wait_terminals(2)
+    assert first.task_id != second.task_id
+    for reply in (first, second):
+        _check_stream(
+            [b for b in pane.blocks() if b["taskId"] == reply.task_id], CALL_A, reply.task_id
+        )
