@@ -1,0 +1,734 @@
+// kernel_ext detail-pane renderer: the tool_event_stream rendering semantics for browsers.
+//
+// An ES module with no dependencies and no build step. Two parts:
+//
+//   * PaneStore — applies the spec's semantics (group by callId, order each task's blocks by
+//     envelope.seq, drop a repeated seq, pin the terminal's final answer, stop appending
+//     after it, "no process details" after a timeout) and exposes the state in the format of
+//     the conformance vectors (tests/vectors/README.md). Same semantics as kernel_ext/view.py.
+//   * mountPane / mountRoom — DOM views of that state. Every peer-supplied string goes into
+//     the page through textContent or an attribute value; this module never parses data as
+//     HTML and uses no HTML-string sink at all (tests/js/renderer.test.mjs checks the source).
+//
+// Usage with a Socket.IO client (namespace /chat):
+//
+//   import { PaneStore, mountRoom, attachSocket } from "/static/renderer.js";
+//   const store = new PaneStore();
+//   mountRoom(document.getElementById("panes"), store);          // or mountPane(el, store, callId)
+//   attachSocket(io("/chat", { auth: { token } }), store, { conversationId: "conv-1" });
+
+export const DEFAULT_TIMEOUT_MS = 15000;
+
+/** The pane's words: the spec's Chinese by default, English available. Same as view.LABELS. */
+export const LABELS = Object.freeze({
+  zh: Object.freeze({
+    calling: "调用中…",
+    streaming: "进行中",
+    ended: "已结束",
+    noDetails: "无过程详情",
+    thinking: "思考中…",
+    toolStart: "开始",
+    final: "最终回复",
+    aborted: "已中止",
+    task: "任务",
+    unknownKind: "未知类型",
+    unattributed: "未关联调用",
+  }),
+  en: Object.freeze({
+    calling: "Calling…",
+    streaming: "Running",
+    ended: "Ended",
+    noDetails: "No process details",
+    thinking: "Thinking…",
+    toolStart: "started",
+    final: "Final answer",
+    aborted: "Aborted",
+    task: "Task",
+    unknownKind: "Unknown kind",
+    unattributed: "Unattributed call",
+  }),
+});
+
+/** The label set for `locale` ("zh" or "en"; anything else gets "zh"), with `overrides` on top. */
+export function labelsFor(locale = "zh", overrides = undefined) {
+  const base = Object.prototype.hasOwnProperty.call(LABELS, locale) ? LABELS[locale] : LABELS.zh;
+  return Object.freeze({ ...base, ...(overrides || {}) });
+}
+
+const STATES = new Set(["running", "done", "aborted"]);
+const TEXT_KINDS = new Set(["thinking", "text", "tool_output_append"]);
+const TOOL_NAME_KEYS = ["name", "tool", "toolName"];
+const DROP_REASONS = ["invalid", "duplicate", "afterEnd", "unattributed", "ignoredSnapshot"];
+
+function isObject(value) {
+  return value !== null && typeof value === "object" && !Array.isArray(value);
+}
+
+function has(object, key) {
+  return Object.prototype.hasOwnProperty.call(object, key);
+}
+
+function get(object, key) {
+  return has(object, key) ? object[key] : undefined;
+}
+
+function strOrNull(value) {
+  return typeof value === "string" ? value : null;
+}
+
+// A2A data parts carry every number as a float: 3.0 is accepted as 3 (in JS they are equal).
+function seqOf(value) {
+  if (typeof value !== "number" || !Number.isInteger(value) || value < 0) return null;
+  return value === 0 ? 0 : value; // -0 → 0
+}
+
+function parseBlock(block) {
+  if (!isObject(block) || !has(block, "callId")) return null;
+  const callId = block.callId;
+  if (!(callId === null || (typeof callId === "string" && callId !== ""))) return null;
+  const taskId = get(block, "taskId");
+  const state = get(block, "state");
+  const envelope = get(block, "envelope");
+  if (typeof taskId !== "string" || taskId === "" || !STATES.has(state) || !isObject(envelope)) {
+    return null;
+  }
+  const kind = get(envelope, "kind");
+  const seq = seqOf(get(envelope, "seq"));
+  if (typeof kind !== "string" || kind === "" || seq === null) return null;
+  const payload = isObject(get(envelope, "payload")) ? envelope.payload : {};
+  return { callId, taskId, state, kind, seq, payload };
+}
+
+function itemOf(parsed) {
+  const { kind, seq, payload } = parsed;
+  if (TEXT_KINDS.has(kind)) {
+    return Object.freeze({ kind, seq, text: strOrNull(get(payload, "text")) || "" });
+  }
+  if (kind === "tool_call") {
+    let tool = null;
+    for (const key of TOOL_NAME_KEYS) {
+      if (typeof get(payload, key) === "string") {
+        tool = payload[key];
+        break;
+      }
+    }
+    return Object.freeze({ kind, seq, tool });
+  }
+  return Object.freeze({ kind: "other", seq, envelopeKind: kind, text: strOrNull(get(payload, "text")) });
+}
+
+function itemJson(item) {
+  switch (item.kind) {
+    case "thinking":
+      return { kind: "thinking", seq: item.seq, text: item.text, folded: true };
+    case "tool_call":
+      return { kind: "tool_call", seq: item.seq, tool: item.tool };
+    case "other":
+      return { kind: "other", envelopeKind: item.envelopeKind, seq: item.seq, text: item.text };
+    default:
+      return { kind: item.kind, seq: item.seq, text: item.text };
+  }
+}
+
+function terminalText(parsed) {
+  return strOrNull(get(parsed.payload, parsed.state === "done" ? "text" : "message")) || "";
+}
+
+function toolOf(content) {
+  const toolCall = get(content, "toolCall");
+  if (!isObject(toolCall)) return null;
+  const functionCall = get(toolCall, "functionCall");
+  if (isObject(functionCall) && typeof get(functionCall, "name") === "string") {
+    return functionCall.name;
+  }
+  for (const key of ["toolId", "name"]) {
+    if (typeof get(toolCall, key) === "string") return toolCall[key];
+  }
+  return null;
+}
+
+function returnText(value) {
+  if (typeof value === "string") return value;
+  if (isObject(value)) {
+    for (const key of ["text", "content"]) {
+      if (typeof get(value, key) === "string") return value[key];
+    }
+  }
+  return null;
+}
+
+/** One stream of a pane: the blocks of one (callId, taskId), ordered by seq. */
+export class Task {
+  constructor(taskId) {
+    this.taskId = taskId;
+    this.items = [];
+    this.outcome = null; // "done" | "aborted" once the terminal arrived
+    this.final = null;
+  }
+
+  get ended() {
+    return this.outcome !== null;
+  }
+
+  /** Insert in seq order; false (and no change) when that seq is already present. */
+  insert(item) {
+    const items = this.items;
+    let lo = 0;
+    let hi = items.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (items[mid].seq < item.seq) lo = mid + 1;
+      else hi = mid;
+    }
+    if (lo < items.length && items[lo].seq === item.seq) return false;
+    items.splice(lo, 0, item);
+    return true;
+  }
+
+  toJSON() {
+    return {
+      taskId: this.taskId,
+      ended: this.ended,
+      outcome: this.outcome,
+      final: this.final,
+      items: this.items.map(itemJson),
+    };
+  }
+}
+
+/** The detail pane of one tool call. */
+export class Pane {
+  constructor(callId, openedAt) {
+    this.callId = callId;
+    this.openedAt = openedAt;
+    this.mode = "live"; // the spec reserves "replay"; v1 produces only "live"
+    this.tool = null;
+    this.returned = false;
+    this.returnText = null;
+    this.timedOut = false;
+    this.tasks = new Map();
+    this.lastFinal = null;
+  }
+
+  /** "streaming" | "ended" | "no_details" | "calling" (see tests/vectors/README.md). */
+  get status() {
+    if (this.tasks.size > 0) {
+      for (const task of this.tasks.values()) if (!task.ended) return "streaming";
+      return "ended";
+    }
+    return this.returned || this.timedOut ? "no_details" : "calling";
+  }
+
+  /** The pinned final answer: the latest terminal's, else the tool's return text, else null. */
+  get final() {
+    if (this.lastFinal !== null) return this.lastFinal;
+    if (this.returnText !== null) return { from: "toolReturn", taskId: null, text: this.returnText };
+    return null;
+  }
+
+  toJSON() {
+    const final = this.final;
+    return {
+      callId: this.callId,
+      mode: this.mode,
+      tool: this.tool,
+      status: this.status,
+      returned: this.returned,
+      final: final === null ? null : { from: final.from, taskId: final.taskId, text: final.text },
+      tasks: Array.from(this.tasks.values(), (task) => task.toJSON()),
+    };
+  }
+}
+
+/**
+ * All detail panes of one conversation room, fed with what the socket delivers.
+ *
+ * applyBlock / applySnapshot take the parsed JSON of `tool_event_stream` / `chat_event`
+ * messages in arrival order and never throw on bad input (it is dropped and counted);
+ * tick() lets panes without blocks reach "no process details". `clock` returns
+ * milliseconds on any monotonic scale (default Date.now). Listeners (subscribe) get the
+ * result of every input: {outcome, callId, taskId, item, final, newPane, newTask}.
+ */
+export class PaneStore {
+  constructor({ timeoutMs = DEFAULT_TIMEOUT_MS, clock = () => Date.now() } = {}) {
+    if (!(typeof timeoutMs === "number" && timeoutMs >= 0)) {
+      throw new RangeError(`timeoutMs must be a number >= 0, got ${String(timeoutMs)}`);
+    }
+    this.timeoutMs = timeoutMs;
+    this.clock = clock;
+    this._panes = new Map();
+    this._orphans = new Map();
+    this._listeners = new Set();
+    this.dropped = Object.fromEntries(DROP_REASONS.map((reason) => [reason, 0]));
+  }
+
+  /** The panes in order of first appearance. */
+  get panes() {
+    return Array.from(this._panes.values());
+  }
+
+  /** The pane of `callId`, or null. */
+  pane(callId) {
+    return this._panes.get(callId) || null;
+  }
+
+  /** Final answers of terminal blocks with callId null, one per taskId: {taskId, outcome, text}. */
+  get orphans() {
+    return Array.from(this._orphans.values());
+  }
+
+  /** The whole room in the vector format (plain JSON data). */
+  state() {
+    return {
+      panes: this.panes.map((pane) => pane.toJSON()),
+      orphans: this.orphans.map((o) => ({ taskId: o.taskId, outcome: o.outcome, text: o.text })),
+      dropped: { ...this.dropped },
+    };
+  }
+
+  /** Call `listener(applied)` after every input; returns a function that unsubscribes. */
+  subscribe(listener) {
+    this._listeners.add(listener);
+    return () => this._listeners.delete(listener);
+  }
+
+  _emit(applied) {
+    for (const listener of Array.from(this._listeners)) {
+      try {
+        listener(applied);
+      } catch (error) {
+        // A faulty view must not break the store or the other views.
+        console.error("kernel_ext renderer: listener failed", error);
+      }
+    }
+    return applied;
+  }
+
+  _result(outcome, fields = {}) {
+    return this._emit({
+      outcome,
+      callId: null,
+      taskId: null,
+      item: null,
+      final: null,
+      newPane: false,
+      newTask: false,
+      ...fields,
+    });
+  }
+
+  _drop(reason, fields = {}) {
+    this.dropped[reason] += 1;
+    return this._result(reason, fields);
+  }
+
+  _open(callId) {
+    let pane = this._panes.get(callId);
+    if (pane) return [pane, false];
+    pane = new Pane(callId, this.clock());
+    this._panes.set(callId, pane);
+    return [pane, true];
+  }
+
+  /** Apply one `tool_event_stream` block (the JSON object as received). */
+  applyBlock(block) {
+    const parsed = parseBlock(block);
+    if (parsed === null) return this._drop("invalid");
+    const { callId, taskId } = parsed;
+    const terminal = parsed.state !== "running";
+    if (callId === null) {
+      if (!terminal) return this._drop("unattributed", { taskId });
+      if (this._orphans.has(taskId)) return this._drop("afterEnd", { taskId });
+      const orphan = Object.freeze({ taskId, outcome: parsed.state, text: terminalText(parsed) });
+      this._orphans.set(taskId, orphan);
+      const final = { from: orphan.outcome, taskId, text: orphan.text };
+      return this._result("orphan", { taskId, final });
+    }
+    const [pane, newPane] = this._open(callId);
+    let task = pane.tasks.get(taskId);
+    const newTask = task === undefined;
+    if (newTask) {
+      task = new Task(taskId);
+      pane.tasks.set(taskId, task);
+    } else if (task.ended) {
+      return this._drop("afterEnd", { callId, taskId });
+    }
+    if (terminal) {
+      task.outcome = parsed.state;
+      task.final = terminalText(parsed);
+      pane.lastFinal = Object.freeze({ from: task.outcome, taskId, text: task.final });
+      return this._result("terminal", { callId, taskId, final: pane.lastFinal, newPane, newTask });
+    }
+    const item = itemOf(parsed);
+    if (!task.insert(item)) return this._drop("duplicate", { callId, taskId });
+    return this._result("item", { callId, taskId, item, newPane, newTask });
+  }
+
+  /**
+   * Apply one `chat_event` tool-event snapshot (the JSON object as received): eventId is the
+   * callId; eventScene, when present, must be "tool"; content.toolCall names the tool and a
+   * non-null content.toolReturn marks the tool as returned (its text: the value itself if a
+   * string, else its string `text` or `content`).
+   */
+  applySnapshot(event) {
+    if (!isObject(event)) return this._drop("ignoredSnapshot");
+    const callId = get(event, "eventId");
+    const scene = has(event, "eventScene") ? event.eventScene : "tool";
+    if (typeof callId !== "string" || callId === "" || scene !== "tool") {
+      return this._drop("ignoredSnapshot");
+    }
+    const content = isObject(get(event, "content")) ? event.content : {};
+    const [pane, newPane] = this._open(callId);
+    const tool = toolOf(content);
+    if (tool !== null) pane.tool = tool;
+    let final = null;
+    const toolReturn = get(content, "toolReturn");
+    if (toolReturn !== undefined && toolReturn !== null) {
+      pane.returned = true;
+      const text = returnText(toolReturn);
+      if (text !== null) {
+        pane.returnText = text;
+        final = pane.final;
+      }
+    }
+    return this._result("snapshot", { callId, final, newPane });
+  }
+
+  /**
+   * Mark panes without blocks whose timeout has passed at `now` (default: the clock);
+   * returns the callIds whose status became "no_details".
+   */
+  tick(now = this.clock()) {
+    const changed = [];
+    for (const pane of this._panes.values()) {
+      if (pane.tasks.size > 0 || pane.timedOut || now - pane.openedAt < this.timeoutMs) continue;
+      const before = pane.status;
+      pane.timedOut = true;
+      if (pane.status !== before) changed.push(pane.callId);
+    }
+    for (const callId of changed) this._result("timeout", { callId });
+    return changed;
+  }
+}
+
+/**
+ * Feed a Socket.IO client (namespace /chat) into `store`: `tool_event_stream` blocks and
+ * `chat_event` snapshots, plus a timer that calls store.tick() every `tickMs`. With
+ * `conversationId`, emits `join_conversation` on every (re)connect — after a reconnect the
+ * server has forgotten the room — and reports the acknowledgement to `onJoin(ack)`.
+ * Returns a function that detaches everything.
+ */
+export function attachSocket(socket, store, { conversationId = null, onJoin = null, tickMs = 1000 } = {}) {
+  const onBlock = (block) => store.applyBlock(block);
+  const onSnapshot = (event) => store.applySnapshot(event);
+  const join = () => {
+    if (conversationId === null) return;
+    socket.emit("join_conversation", { conversationId }, (ack) => {
+      if (onJoin) onJoin(ack);
+    });
+  };
+  socket.on("tool_event_stream", onBlock);
+  socket.on("chat_event", onSnapshot);
+  socket.on("connect", join);
+  if (socket.connected) join();
+  const timer = tickMs > 0 ? setInterval(() => store.tick(), tickMs) : null;
+  return () => {
+    socket.off("tool_event_stream", onBlock);
+    socket.off("chat_event", onSnapshot);
+    socket.off("connect", join);
+    if (timer !== null) clearInterval(timer);
+  };
+}
+
+// ---------------------------------------------------------------------------------------
+// DOM views. Constant markup only; data goes in through textContent and attribute values.
+
+const STYLE_ID = "kx-renderer-style";
+const STYLE = `
+.kx-room, .kx-room-panes, .kx-room-orphans { display: flex; flex-direction: column; gap: 12px; }
+.kx-pane { border: 1px solid #d0d4da; border-radius: 8px; padding: 10px 12px; font: 14px/1.45 system-ui, sans-serif; color: #1f2328; background: #fff; }
+.kx-head { display: flex; gap: 8px; align-items: baseline; flex-wrap: wrap; }
+.kx-tool { font-weight: 600; overflow-wrap: anywhere; }
+.kx-call-id { color: #6e7781; font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
+.kx-status { margin-left: auto; font-size: 12px; color: #57606a; }
+.kx-pane[data-status="streaming"] .kx-status { color: #0969da; }
+.kx-final { margin: 8px 0; padding: 8px 10px; border-left: 3px solid #1a7f37; background: #f0fff4; }
+.kx-final[data-from="aborted"] { border-left-color: #cf222e; background: #fff5f5; }
+.kx-final-label { font-size: 12px; color: #57606a; }
+.kx-final-text, .kx-text, .kx-thinking-body p, .kx-other-text { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; }
+.kx-stream { max-height: 24em; overflow: auto; margin-top: 6px; }
+.kx-pane[data-status="ended"] .kx-stream { color: #57606a; }
+.kx-task + .kx-task { margin-top: 8px; border-top: 1px dashed #d0d4da; padding-top: 6px; }
+.kx-task-head { font-size: 12px; color: #57606a; overflow-wrap: anywhere; }
+.kx-items > * { margin: 4px 0; }
+.kx-thinking summary { cursor: pointer; color: #6e7781; font-style: italic; }
+.kx-thinking-body { padding-left: 1em; color: #57606a; }
+.kx-tool-call { font: 13px ui-monospace, monospace; overflow-wrap: anywhere; }
+.kx-marker { color: #8250df; }
+.kx-tool-start { color: #6e7781; }
+.kx-output { background: #0d1117; color: #e6edf3; font: 12px/1.4 ui-monospace, monospace; padding: 6px 8px; border-radius: 4px; max-height: 14em; overflow: auto; white-space: pre-wrap; overflow-wrap: anywhere; }
+.kx-other { color: #6e7781; font-size: 13px; }
+.kx-other-kind { font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
+.kx-empty, .kx-end { color: #6e7781; font-size: 12px; text-align: center; }
+.kx-orphan { border: 1px dashed #d0d4da; border-radius: 8px; padding: 8px 12px; font: 14px/1.45 system-ui, sans-serif; }
+`;
+
+/** Put the renderer's stylesheet (constant text) into `doc` once. */
+export function ensureStyles(doc = globalThis.document) {
+  if (doc.getElementById(STYLE_ID)) return;
+  const style = doc.createElement("style");
+  style.id = STYLE_ID;
+  style.textContent = STYLE;
+  (doc.head || doc.documentElement).appendChild(style);
+}
+
+function el(doc, tag, className, text) {
+  const node = doc.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined && text !== null) node.textContent = text;
+  return node;
+}
+
+function atBottom(node) {
+  return node.scrollHeight - node.scrollTop - node.clientHeight <= 4;
+}
+
+// Runs of consecutive thinking / tool_output_append items render as one segment each.
+function segmentsOf(items) {
+  const segments = [];
+  for (const item of items) {
+    const last = segments[segments.length - 1];
+    const runs = item.kind === "thinking" || item.kind === "tool_output_append";
+    if (runs && last && last.kind === item.kind) {
+      last.items.push(item);
+      continue;
+    }
+    segments.push({ kind: item.kind, key: `${item.kind}:${item.seq}`, items: [item] });
+  }
+  for (const segment of segments) segment.sig = segment.items.map((item) => item.seq).join(",");
+  return segments;
+}
+
+function statusLabel(labels, status) {
+  return { calling: labels.calling, streaming: labels.streaming, ended: labels.ended, no_details: labels.noDetails }[status];
+}
+
+// Reorder `parent`'s children to `nodes`, moving only what is out of place (moving a node
+// would reset its scroll position).
+function placeChildren(parent, nodes) {
+  const wanted = new Set(nodes);
+  for (const child of Array.from(parent.children)) if (!wanted.has(child)) child.remove();
+  nodes.forEach((node, index) => {
+    const current = parent.children[index];
+    if (current !== node) parent.insertBefore(node, current || null);
+  });
+}
+
+class PaneView {
+  constructor(container, store, callId, options) {
+    this.store = store;
+    this.callId = callId;
+    this.labels = labelsFor(options.locale, options.labels);
+    const doc = (this.doc = options.document || container.ownerDocument || globalThis.document);
+    if (options.injectStyles !== false) ensureStyles(doc);
+    const root = (this.element = el(doc, "section", "kx-pane"));
+    root.dataset.callId = callId;
+    const head = el(doc, "header", "kx-head");
+    this.toolNode = el(doc, "span", "kx-tool");
+    this.callIdNode = el(doc, "span", "kx-call-id", callId);
+    this.statusNode = el(doc, "span", "kx-status");
+    head.append(this.toolNode, this.callIdNode, this.statusNode);
+    this.finalNode = el(doc, "div", "kx-final");
+    this.finalLabel = el(doc, "div", "kx-final-label");
+    this.finalText = el(doc, "div", "kx-final-text");
+    this.finalNode.append(this.finalLabel, this.finalText);
+    this.finalNode.hidden = true;
+    this.streamNode = el(doc, "div", "kx-stream");
+    this.tasksNode = el(doc, "div", "kx-tasks");
+    this.emptyNode = el(doc, "div", "kx-empty", this.labels.noDetails);
+    this.endNode = el(doc, "div", "kx-end", `— ${this.labels.ended} —`);
+    this.streamNode.append(this.tasksNode, this.emptyNode, this.endNode);
+    root.append(head, this.finalNode, this.streamNode);
+    container.appendChild(root);
+    this.taskViews = new Map();
+    this.unsubscribe = store.subscribe((applied) => {
+      if (applied.callId === callId) this.update();
+    });
+    this.update();
+  }
+
+  update() {
+    const pane = this.store.pane(this.callId);
+    const labels = this.labels;
+    const status = pane ? pane.status : "calling";
+    const root = this.element;
+    root.dataset.status = status;
+    root.dataset.mode = pane ? pane.mode : "live";
+    this.toolNode.textContent = (pane && pane.tool) || "";
+    this.statusNode.textContent = statusLabel(labels, status);
+    const final = pane ? pane.final : null;
+    this.finalNode.hidden = final === null;
+    if (final !== null) {
+      this.finalNode.dataset.from = final.from;
+      this.finalLabel.textContent = final.from === "aborted" ? labels.aborted : labels.final;
+      this.finalText.textContent = final.text;
+    }
+    const follow = atBottom(this.streamNode);
+    const tasks = pane ? Array.from(pane.tasks.values()) : [];
+    const nodes = tasks.map((task) => this.renderTask(task, tasks.length > 1));
+    placeChildren(this.tasksNode, nodes);
+    this.emptyNode.hidden = status !== "no_details";
+    this.endNode.hidden = status !== "ended";
+    this.streamNode.classList.toggle("kx-ended", status === "ended");
+    if (follow) this.streamNode.scrollTop = this.streamNode.scrollHeight;
+  }
+
+  renderTask(task, showHead) {
+    const doc = this.doc;
+    let view = this.taskViews.get(task.taskId);
+    if (!view) {
+      const node = el(doc, "div", "kx-task");
+      node.dataset.taskId = task.taskId;
+      const head = el(doc, "div", "kx-task-head");
+      const items = el(doc, "div", "kx-items");
+      node.append(head, items);
+      view = { node, head, items, segments: new Map() };
+      this.taskViews.set(task.taskId, view);
+    }
+    view.head.hidden = !showHead;
+    const outcome = task.outcome === "aborted" ? this.labels.aborted : task.ended ? this.labels.ended : "";
+    view.head.textContent = `${this.labels.task} ${task.taskId}${outcome ? ` · ${outcome}` : ""}`;
+    view.node.dataset.ended = String(task.ended);
+    const segments = segmentsOf(task.items);
+    const nodes = [];
+    const keep = new Map();
+    for (const segment of segments) {
+      let cached = view.segments.get(segment.key);
+      if (!cached || cached.kind !== segment.kind) {
+        cached = { kind: segment.kind, node: this.createSegment(segment), sig: null };
+      }
+      if (cached.sig !== segment.sig) {
+        this.fillSegment(cached.node, segment);
+        cached.sig = segment.sig;
+      }
+      keep.set(segment.key, cached);
+      nodes.push(cached.node);
+    }
+    view.segments = keep;
+    placeChildren(view.items, nodes);
+    return view.node;
+  }
+
+  createSegment(segment) {
+    const doc = this.doc;
+    const labels = this.labels;
+    const first = segment.items[0];
+    switch (segment.kind) {
+      case "thinking": {
+        const node = el(doc, "details", "kx-thinking");
+        node.append(el(doc, "summary", "kx-thinking-summary", labels.thinking), el(doc, "div", "kx-thinking-body"));
+        return node;
+      }
+      case "tool_output_append":
+        return el(doc, "pre", "kx-output");
+      case "tool_call": {
+        const node = el(doc, "div", "kx-tool-call");
+        node.append(
+          el(doc, "span", "kx-marker", "▶"),
+          doc.createTextNode(" "),
+          el(doc, "span", "kx-tool-name", first.tool === null ? "?" : first.tool),
+          doc.createTextNode(" "),
+          el(doc, "span", "kx-tool-start", labels.toolStart),
+        );
+        return node;
+      }
+      case "text":
+        return el(doc, "p", "kx-text", first.text);
+      default: {
+        const node = el(doc, "div", "kx-other");
+        node.append(el(doc, "span", "kx-other-kind", `[${labels.unknownKind}: ${first.envelopeKind}]`));
+        if (first.text !== null) node.append(doc.createTextNode(" "), el(doc, "span", "kx-other-text", first.text));
+        return node;
+      }
+    }
+  }
+
+  fillSegment(node, segment) {
+    if (segment.kind === "thinking") {
+      const body = node.lastChild;
+      placeChildren(body, []);
+      for (const item of segment.items) body.appendChild(el(this.doc, "p", null, item.text));
+    } else if (segment.kind === "tool_output_append") {
+      const follow = node.isConnected ? atBottom(node) : true;
+      node.textContent = segment.items.map((item) => item.text).join("");
+      if (follow) this.followLater(node);
+    }
+    node.dataset.seq = segment.sig;
+  }
+
+  // A new node has no layout until it is in the document: scroll once the update is done.
+  followLater(node) {
+    if (node.isConnected) node.scrollTop = node.scrollHeight;
+    else queueMicrotask(() => (node.scrollTop = node.scrollHeight));
+  }
+
+  destroy() {
+    this.unsubscribe();
+    this.element.remove();
+  }
+}
+
+/**
+ * Render the pane of `callId` into `container` (appended) and keep it up to date.
+ * Options: locale ("zh" default, "en"), labels (overrides), document, injectStyles (default
+ * true). Returns {element, update(), destroy()}.
+ */
+export function mountPane(container, store, callId, options = {}) {
+  const view = new PaneView(container, store, callId, options);
+  return { element: view.element, update: () => view.update(), destroy: () => view.destroy() };
+}
+
+/**
+ * Render every pane of `store` into `container`, in order of first appearance, plus the
+ * final answers of calls without a callId; new panes appear as they open.
+ * Options as for mountPane. Returns {element, destroy()}.
+ */
+export function mountRoom(container, store, options = {}) {
+  const doc = options.document || container.ownerDocument || globalThis.document;
+  if (options.injectStyles !== false) ensureStyles(doc);
+  const labels = labelsFor(options.locale, options.labels);
+  const root = el(doc, "div", "kx-room");
+  const panesNode = el(doc, "div", "kx-room-panes");
+  const orphansNode = el(doc, "div", "kx-room-orphans");
+  root.append(panesNode, orphansNode);
+  container.appendChild(root);
+  const views = new Map();
+  const paneOptions = { ...options, document: doc, injectStyles: false };
+  const sync = () => {
+    for (const pane of store.panes) {
+      if (!views.has(pane.callId)) views.set(pane.callId, mountPane(panesNode, store, pane.callId, paneOptions));
+    }
+    const orphans = store.orphans;
+    while (orphansNode.children.length < orphans.length) {
+      const orphan = orphans[orphansNode.children.length];
+      const node = el(doc, "div", "kx-orphan");
+      node.dataset.taskId = orphan.taskId;
+      node.dataset.from = orphan.outcome;
+      const label = `${labels.unattributed} · ${orphan.outcome === "aborted" ? labels.aborted : labels.final}`;
+      node.append(el(doc, "div", "kx-final-label", label), el(doc, "div", "kx-final-text", orphan.text));
+      orphansNode.appendChild(node);
+    }
+  };
+  const unsubscribe = store.subscribe((applied) => {
+    if (applied.newPane || applied.outcome === "orphan") sync();
+  });
+  sync();
+  return {
+    element: root,
+    destroy() {
+      unsubscribe();
+      for (const view of views.values()) view.destroy();
+      root.remove();
+    },
+  };
+}

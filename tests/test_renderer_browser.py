@@ -1,0 +1,344 @@
+"""The DOM renderer in real headless Chromium (Debian's chromium, driven by Playwright).
+
+The page is the shipped example page, served from the installed package's web directory
+on 127.0.0.1, with ``?play=0`` so each test feeds ``window.kx.store`` itself.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import need_binary
+from test_vectors import VECTOR_FILES, expand, load
+
+from kernel_ext.web import web_root
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "artifacts"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WAIT_MS = 10_000
+CALL = "00f067aa0ba902b7"
+
+FEED = """(steps) => {
+  for (const step of steps) {
+    if ("block" in step) window.kx.store.applyBlock(step.block);
+    else if ("snapshot" in step) window.kx.store.applySnapshot(step.snapshot);
+  }
+}"""
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    """The installed package's web directory, served on 127.0.0.1."""
+    handler = functools.partial(_QuietHandler, directory=str(web_root()))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """One headless Chromium for the whole module."""
+    executable = need_binary("chromium", "CHROMIUM")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(
+            executable_path=executable, args=CHROMIUM_ARGS, timeout=60_000
+        )
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Any, base_url: str) -> Iterator[Any]:
+    """A fresh page of the example, not playing its script; page errors fail the test."""
+    context = browser.new_context(viewport={"width": 900, "height": 900})
+    page = context.new_page()
+    page.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto(f"{base_url}/example.html?play=0")
+    page.wait_for_selector("body[data-ready='1']")
+    yield page
+    context.close()
+    assert errors == [], errors
+
+
+def block(
+    seq: int,
+    kind: str,
+    payload: dict[str, Any],
+    *,
+    state: str = "running",
+    call_id: str = CALL,
+    task_id: str = "task-1",
+) -> dict[str, Any]:
+    return {
+        "block": {
+            "v": 1,
+            "callId": call_id,
+            "taskId": task_id,
+            "state": state,
+            "ts": 1,
+            "envelope": {
+                "v": 1,
+                "kind": kind,
+                "streamKey": task_id,
+                "seq": seq,
+                "status": state,
+                "payload": payload,
+            },
+        }
+    }
+
+
+def snapshot(call_id: str = CALL, **content: Any) -> dict[str, Any]:
+    content.setdefault("toolCall", {"functionCall": {"name": "ask_colleague"}})
+    return {"snapshot": {"eventId": call_id, "eventScene": "tool", "content": content}}
+
+
+def feed(page: Any, *steps: dict[str, Any]) -> None:
+    page.evaluate(FEED, list(steps))
+
+
+def pane(page: Any, call_id: str = CALL) -> Any:
+    return page.locator(f"section.kx-pane[data-call-id='{call_id}']")
+
+
+def test_every_vector_passes_in_chromium_too(page: Any) -> None:
+    vectors = [load(path) for path in VECTOR_FILES]
+    results = page.evaluate(
+        """async (vectors) => {
+          const { PaneStore } = await import("./renderer.js");
+          return vectors.map((vector) => {
+            let now = 0;
+            const store = new PaneStore({ timeoutMs: vector.options.timeoutMs, clock: () => now });
+            const checkpoints = [];
+            for (const step of vector.steps) {
+              if ("block" in step) store.applyBlock(step.block);
+              else if ("snapshot" in step) store.applySnapshot(step.snapshot);
+              else if ("tick" in step) { now = Math.max(now, step.tick); store.tick(now); }
+              else checkpoints.push(store.state());
+            }
+            return { checkpoints, final: store.state() };
+          });
+        }""",
+        vectors,
+    )
+    for vector, result in zip(vectors, results, strict=True):
+        expected = [step["expect"] for step in vector["steps"] if "expect" in step]
+        assert result["checkpoints"] == expected, vector["name"]
+        assert result["final"] == vector["expect"], vector["name"]
+
+
+def test_thinking_is_one_folded_line_that_expands(page: Any) -> None:
+    feed(
+        page,
+        snapshot(),
+        block(1, "thinking", {"text": "first thought"}),
+        block(2, "thinking", {"text": "second thought"}),
+        block(3, "text", {"text": "visible text"}),
+    )
+    thinking = pane(page).locator("details.kx-thinking")
+    assert thinking.count() == 1  # consecutive thinking blocks fold into one line
+    summary = thinking.locator("summary")
+    assert summary.inner_text() == "思考中…"
+    assert summary.bounding_box()["height"] < 30  # one line
+    assert not thinking.locator("text=first thought").is_visible()
+    assert pane(page).locator("p.kx-text", has_text="visible text").is_visible()
+    summary.click()
+    assert thinking.evaluate("node => node.open") is True
+    assert thinking.locator("p", has_text="first thought").is_visible()
+    assert thinking.locator("p", has_text="second thought").is_visible()
+    # Expanded stays expanded while more blocks arrive.
+    feed(page, block(4, "thinking", {"text": "third thought"}))
+    feed(page, block(5, "text", {"text": "after"}))
+    assert pane(page).locator("details.kx-thinking").nth(0).evaluate("node => node.open")
+
+
+def test_tool_call_is_one_line_with_name_and_start_marker(page: Any) -> None:
+    feed(page, snapshot(), block(1, "tool_call", {"name": "search_orders", "args": {"q": 1}}))
+    line = pane(page).locator(".kx-tool-call")
+    assert line.inner_text() == "▶ search_orders 开始"
+    assert line.bounding_box()["height"] < 30
+
+
+def test_final_answer_is_pinned_on_top_and_stream_marked_ended(page: Any) -> None:
+    feed(
+        page,
+        snapshot(),
+        block(1, "text", {"text": "working on it"}),
+        block(2, "text", {"text": "still working"}),
+    )
+    assert pane(page).get_attribute("data-status") == "streaming"
+    assert not pane(page).locator(".kx-final").is_visible()
+    assert not pane(page).locator(".kx-end").is_visible()
+    feed(page, block(3, "text", {"text": "The answer is 42."}, state="done"))
+    feed(page, block(4, "text", {"text": "late block"}))  # after the terminal: ignored
+    final = pane(page).locator(".kx-final")
+    final.wait_for(state="visible")
+    assert final.locator(".kx-final-label").inner_text() == "最终回复"
+    assert final.locator(".kx-final-text").inner_text() == "The answer is 42."
+    stream = pane(page).locator(".kx-stream")
+    assert final.bounding_box()["y"] < stream.bounding_box()["y"]
+    end = pane(page).locator(".kx-end")
+    assert end.is_visible()
+    assert end.inner_text() == "— 已结束 —"
+    assert pane(page).get_attribute("data-status") == "ended"
+    assert pane(page).get_attribute("data-mode") == "live"
+    assert pane(page).locator(".kx-status").inner_text() == "已结束"
+    assert pane(page).locator("p.kx-text").all_inner_texts() == ["working on it", "still working"]
+
+
+def test_aborted_call_pins_its_message_marked_aborted(page: Any) -> None:
+    feed(
+        page,
+        snapshot(),
+        block(1, "thinking", {"text": "t"}),
+        block(2, "text", {"message": "the colleague failed"}, state="aborted"),
+    )
+    final = pane(page).locator(".kx-final")
+    assert final.get_attribute("data-from") == "aborted"
+    assert final.locator(".kx-final-label").inner_text() == "已中止"
+    assert final.locator(".kx-final-text").inner_text() == "the colleague failed"
+    assert pane(page).locator(".kx-end").is_visible()
+
+
+def test_output_area_is_monospace_and_follows_its_tail(page: Any) -> None:
+    feed(page, snapshot(), block(1, "tool_call", {"name": "run"}))
+    feed(
+        page, *[block(seq, "tool_output_append", {"text": f"line {seq}\n"}) for seq in range(2, 80)]
+    )
+    output = pane(page).locator("pre.kx-output")
+    assert output.count() == 1  # consecutive chunks share one terminal area
+    assert "monospace" in output.evaluate("node => getComputedStyle(node).fontFamily")
+    metrics = "node => [node.scrollTop, node.clientHeight, node.scrollHeight]"
+    top, height, total = output.evaluate(metrics)
+    assert total > height  # it overflows, so following the tail means scrolling
+    assert top + height >= total - 4
+    assert output.text_content().endswith("line 78\nline 79\n")
+    # Scrolled up by the reader: new output does not yank the view down.
+    output.evaluate("node => { node.scrollTop = 0; }")
+    feed(page, block(80, "tool_output_append", {"text": "line 80\n"}))
+    assert output.evaluate("node => node.scrollTop") == 0
+    # Back at the bottom: it follows again.
+    output.evaluate("node => { node.scrollTop = node.scrollHeight; }")
+    feed(
+        page,
+        *[block(seq, "tool_output_append", {"text": f"line {seq}\n"}) for seq in range(81, 90)],
+    )
+    top, height, total = output.evaluate(metrics)
+    assert top + height >= total - 4
+    assert output.text_content().endswith("line 88\nline 89\n")
+
+
+def test_markup_in_every_field_is_shown_as_text(page: Any) -> None:
+    vector = load(Path(__file__).parent / "vectors" / "html_text.json")
+    steps = [step for step in vector["steps"] if "expect" not in step]
+    feed(page, *steps)
+    room = page.locator("#panes")
+    room.locator("details.kx-thinking summary").click()  # expanded content too
+    created = room.evaluate(
+        "node => node.querySelectorAll('script,img,iframe,svg,style,object,marquee,a,b,i').length"
+    )
+    assert created == 0
+    assert page.evaluate("window.__kxPwned") is None
+    text = room.text_content()
+    state = vector["expect"]
+    expected_pane = state["panes"][0]
+    task = expected_pane["tasks"][0]
+    shown = [
+        expected_pane["callId"],
+        expected_pane["tool"],
+        expected_pane["final"]["text"],
+        task["taskId"],
+        state["orphans"][0]["text"],
+        task["items"][4]["envelopeKind"],
+        *[item.get("text") or item.get("tool") for item in task["items"]],
+    ]
+    for literal in shown:
+        assert literal in text
+    # What a reader sees is the literal text, entities not decoded.
+    visible = room.inner_text()
+    assert "<script>window.__kxPwned=5</script>&lt;not an entity&gt; &amp;" in visible
+    assert '<img src=x onerror="window.__kxPwned=7"> is the answer' in visible
+    # The data-* attributes carry the raw strings, never markup.
+    assert room.locator("section.kx-pane").get_attribute("data-call-id") == expected_pane["callId"]
+
+
+def test_no_details_after_the_timeout_with_final_answer_from_tool_return(
+    page: Any, base_url: str
+) -> None:
+    page.goto(f"{base_url}/example.html?play=0&lang=en")
+    page.wait_for_selector("body[data-ready='1']")
+    feed(page, snapshot())
+    assert pane(page).locator(".kx-status").inner_text() == "Calling…"
+    assert not pane(page).locator(".kx-empty").is_visible()
+    page.evaluate("() => window.kx.store.tick(Date.now() + 60000)")
+    feed(page, snapshot(toolReturn="Answer from the tool's return value."))
+    empty = pane(page).locator(".kx-empty")
+    empty.wait_for(state="visible")
+    assert empty.inner_text() == "No process details"
+    assert pane(page).locator(".kx-final-text").inner_text() == (
+        "Answer from the tool's return value."
+    )
+    assert pane(page).locator(".kx-final-label").inner_text() == "Final answer"
+
+
+def test_example_page_plays_a_conversation_and_screenshot(browser: Any, base_url: str) -> None:
+    context = browser.new_context(viewport={"width": 900, "height": 1000})
+    try:
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        # English labels: the screenshot stays readable on machines without CJK fonts.
+        page.goto(f"{base_url}/example.html?lang=en")
+        first = pane(page)
+        first.locator(".kx-end").wait_for(state="visible")
+        second = pane(page, "a1b2c3d4e5f60718")
+        second.locator(".kx-empty").wait_for(state="visible")
+        assert first.locator(".kx-final-text").inner_text().startswith("Order 42 shipped")
+        assert first.locator(".kx-tool-call").inner_text() == "▶ search_orders started"
+        first.locator("details.kx-thinking summary").click()
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "renderer-example.png"
+        page.screenshot(path=str(shot), full_page=True)
+        assert shot.stat().st_size > 0
+        assert json.loads(json.dumps(page.evaluate("window.kx.store.state()")))["panes"]
+    finally:
+        context.close()
+
+
+def test_vector_macros_expand_in_inputs() -> None:
+    assert expand({"$concat": ["a", {"$repeat": "b", "times": 3}]}) == "abbb"
