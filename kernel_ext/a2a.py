@@ -533,7 +533,10 @@ def _user_message(
         task_id=task_id or "",
     )
     if metadata:
-        message.metadata.update(dict(metadata))
+        try:
+            message.metadata.update(dict(metadata))
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"metadata must be a JSON object: {error}") from None
     return message
 
 

@@ -43,7 +43,7 @@ from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import MemoryEmitter
 from kernel_ext.errors import ColleagueError, ConfigError
 from kernel_ext.protocol import Envelope, decode
-from kernel_ext.stream import StreamHub
+from kernel_ext.stream import StreamHub, set_default_hub
 from kernel_ext.tap import Tap
 
 pytestmark = pytest.mark.timeout(30)
@@ -673,6 +673,8 @@ async def test_bad_arguments_raise_config_error_before_any_network() -> None:
         await ask_colleague("http://127.0.0.1:9", "hi", timeout=0, publish=publisher)
     with pytest.raises(ConfigError, match="text"):
         await ask_colleague("http://127.0.0.1:9", "  ", publish=publisher)
+    with pytest.raises(ConfigError, match="metadata"):
+        await ask_colleague("http://127.0.0.1:9", "hi", metadata={"x": object()}, publish=publisher)
     assert publisher.calls == []
 
 
@@ -881,3 +883,17 @@ async def test_follow_up_under_one_call_is_a_second_stream_through_the_hub(
         _check_stream(
             [b for b in pane.blocks() if b["taskId"] == reply.task_id], CALL_A, reply.task_id
         )
+
+
+async def test_default_publisher_is_the_module_level_publish(
+    colleague: Colleague, pane: Pane
+) -> None:
+    previous = set_default_hub(pane.hub)
+    try:
+        with _in_call(CALL_B):
+            answer = await ask_colleague(colleague.url, "script:text")
+    finally:
+        set_default_hub(previous)
+    await pane.wait_terminals()
+    terminal = _check_stream(pane.blocks(), CALL_B, pane.blocks()[0]["taskId"])
+    assert terminal["envelope"]["payload"]["text"] == answer
