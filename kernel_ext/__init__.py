@@ -20,26 +20,40 @@ from kernel_ext.errors import (
     DecodeError,
     KernelExtError,
 )
+from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
+from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.protocol import Block, Envelope, decode, encode, pseudo_envelope
+from kernel_ext.resolve import Resolution, ResolutionPath, resolve_call_id
+from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
 
 __version__ = "0.1.0"
 
 __all__ = [
     "Block",
     "BlockTooLargeError",
+    "CallSink",
     "ColleagueError",
     "ConfigError",
     "DecodeError",
     "Envelope",
     "KernelExtError",
+    "LiveCall",
+    "Resolution",
+    "ResolutionPath",
+    "Tap",
     "ToolCall",
+    "ToolDescription",
+    "ToolRuntimeInstrumentor",
+    "ToolSpanProcessor",
     "__version__",
     "current_call_id",
     "current_tool_call",
     "decode",
+    "default_tap",
     "encode",
     "pseudo_envelope",
     "reset_tool_call",
+    "resolve_call_id",
     "set_tool_call",
     "use_tool_call",
 ]

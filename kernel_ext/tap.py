@@ -1,14 +1,39 @@
 """The trajectory tap: the live tool calls of each conversation, fed by the span processor.
 
-(Interface part; the Tap itself is built by the attribution work.)
+:class:`Tap` holds, per conversation, the tool calls whose ``execute_tool`` span has started
+and not ended (name, call id, start order). The span processor adds a call at span start and
+removes it at span end; the near-match resolver (:mod:`kernel_ext.resolve`) reads it.
+
+Guarantees:
+
+* Bounded: at most ``max_per_conversation`` live calls per conversation and ``max_calls``
+  overall. Adding to a full tap evicts the oldest call (of that conversation, or overall),
+  counts it on ``kernel_ext.tap.evictions`` and logs it. Nothing else grows: a conversation
+  with no live call takes no memory.
+* Thread-safe: every operation holds one lock for O(1) work, except the queries by tool
+  name (:meth:`Tap.live`, :meth:`Tap.near_match`), which scan one conversation's live
+  calls (at most ``max_per_conversation``).
+* Never raises on its operational methods; only the constructor rejects bad bounds.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["CallSink", "LiveCall"]
+from opentelemetry.util.types import AttributeValue
+
+from kernel_ext import metrics
+from kernel_ext._telemetry import RareLog
+from kernel_ext.errors import ConfigError
+
+__all__ = ["CallSink", "LiveCall", "Tap", "default_tap"]
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,3 +62,218 @@ class CallSink(Protocol):
     def tool_call_ended(self, call: LiveCall, error: str | None) -> None:
         """``call``'s span ended: every stream of it with no terminal yet gets exactly one
         ``aborted`` terminal (``error`` or a default message)."""
+
+    def call_attributes(self, call_id: str) -> Mapping[str, AttributeValue]:
+        """Span attributes describing ``call_id``'s streams so far (blocks sent and dropped,
+        how the callId was resolved), written onto the call's span while it is still live
+        (invariant 7). Return an empty mapping when there is nothing to say.
+
+        Optional in practice: callers look it up with ``getattr`` and skip sinks without it.
+        """
+        return {}
+
+
+_rare = RareLog(_log)
+
+
+class Tap:
+    """The live tool calls of each conversation, in start order.
+
+    Calls are keyed by call id; a call whose span carried no conversation id lives under
+    the conversation ``None`` (and is found only by queries for ``None``).
+
+    Args:
+        max_calls: live calls kept overall (default 10,000).
+        max_per_conversation: live calls kept per conversation (default 256).
+
+    Raises:
+        ConfigError: a bound is not a positive integer.
+    """
+
+    __slots__ = (
+        "_by_conversation",
+        "_calls",
+        "_evicted",
+        "_lock",
+        "max_calls",
+        "max_per_conversation",
+    )
+
+    def __init__(self, *, max_calls: int = 10_000, max_per_conversation: int = 256) -> None:
+        bounds = (("max_calls", max_calls), ("max_per_conversation", max_per_conversation))
+        for name, value in bounds:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        self.max_calls = max_calls
+        self.max_per_conversation = max_per_conversation
+        self._lock = threading.Lock()
+        # Insertion-ordered dicts: the first key is the oldest live call.
+        self._calls: dict[str, LiveCall] = {}
+        self._by_conversation: dict[str | None, dict[str, LiveCall]] = {}
+        self._evicted = 0
+
+    # -- feeding (the span processor) -------------------------------------------------
+
+    def add(self, call: LiveCall) -> bool:
+        """Make ``call`` live. Returns ``False`` (and changes nothing) when a call with the
+        same id is already live. Evicts the oldest call when a bound is reached."""
+        call_id = call.call_id
+        conversation_id = call.conversation_id
+        with self._lock:
+            calls = self._calls
+            if call_id in calls:
+                return False
+            conversation = self._by_conversation.get(conversation_id)
+            if conversation is None:
+                if len(calls) < self.max_calls:
+                    self._by_conversation[conversation_id] = {call_id: call}
+                    calls[call_id] = call
+                    return True
+            elif len(conversation) < self.max_per_conversation and len(calls) < self.max_calls:
+                conversation[call_id] = call
+                calls[call_id] = call
+                return True
+            evicted = self._add_evicting(call)
+        for old, scope in evicted:
+            self._report_eviction(old, scope)
+        return True
+
+    def _add_evicting(self, call: LiveCall) -> list[tuple[LiveCall, str]]:
+        """Add ``call`` to a full tap, evicting the oldest calls; the lock is held."""
+        calls = self._calls
+        evicted: list[tuple[LiveCall, str]] = []
+        conversation = self._by_conversation.get(call.conversation_id)
+        if conversation is not None and len(conversation) >= self.max_per_conversation:
+            evicted.append((self._remove(next(iter(conversation))), "conversation"))
+        if len(calls) >= self.max_calls:
+            evicted.append((self._remove(next(iter(calls))), "overall"))
+        # An eviction may have emptied (and dropped) this conversation's dict.
+        conversation = self._by_conversation.get(call.conversation_id)
+        if conversation is None:
+            conversation = self._by_conversation[call.conversation_id] = {}
+        conversation[call.call_id] = call
+        calls[call.call_id] = call
+        self._evicted += len(evicted)
+        return evicted
+
+    def discard(self, call_id: str) -> LiveCall | None:
+        """Forget the live call ``call_id``; return it, or ``None`` when it was not live."""
+        with self._lock:
+            call = self._calls.pop(call_id, None)
+            if call is not None:
+                conversation = self._by_conversation[call.conversation_id]
+                del conversation[call_id]
+                if not conversation:
+                    del self._by_conversation[call.conversation_id]
+            return call
+
+    def clear(self) -> None:
+        """Forget every live call (evictions are not counted)."""
+        with self._lock:
+            self._calls.clear()
+            self._by_conversation.clear()
+
+    # -- queries ------------------------------------------------------------------------
+
+    def get(self, call_id: str) -> LiveCall | None:
+        """The live call ``call_id``, or ``None``."""
+        return self._calls.get(call_id)
+
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._calls
+
+    def __len__(self) -> int:
+        """The number of live calls overall."""
+        return len(self._calls)
+
+    def live(
+        self, conversation_id: str | None, tool_name: str | None = None
+    ) -> tuple[LiveCall, ...]:
+        """The live calls of ``conversation_id`` (only those named ``tool_name`` when it is
+        given), oldest first."""
+        with self._lock:
+            found = self._by_conversation.get(conversation_id)
+            if not found:
+                return ()
+            if tool_name is None:
+                return tuple(found.values())
+            return tuple(c for c in found.values() if c.tool_name == tool_name)
+
+    def near_match(
+        self, conversation_id: str | None, tool_name: str
+    ) -> tuple[LiveCall | None, int]:
+        """``(call, n)``: ``n`` live calls named ``tool_name`` in ``conversation_id``
+        (counting stops at 2), and ``call`` the one of them when ``n == 1``, else ``None``.
+        Costs O(live calls of the conversation)."""
+        with self._lock:
+            found = self._by_conversation.get(conversation_id)
+            if not found:
+                return None, 0
+            match: LiveCall | None = None
+            for call in found.values():
+                if call.tool_name == tool_name:
+                    if match is not None:
+                        return None, 2
+                    match = call
+            return match, 1 if match is not None else 0
+
+    def conversations(self) -> int:
+        """The number of conversations with at least one live call."""
+        return len(self._by_conversation)
+
+    def snapshot(self) -> tuple[LiveCall, ...]:
+        """Every live call, oldest first."""
+        with self._lock:
+            return tuple(self._calls.values())
+
+    @property
+    def evicted(self) -> int:
+        """Calls evicted from this tap since it was made."""
+        return self._evicted
+
+    def __repr__(self) -> str:
+        return (
+            f"Tap(live={len(self._calls)}, conversations={len(self._by_conversation)}, "
+            f"max_calls={self.max_calls}, max_per_conversation={self.max_per_conversation})"
+        )
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _remove(self, call_id: str) -> LiveCall:
+        """Remove the live call ``call_id`` from every index; the lock is held."""
+        call = self._calls.pop(call_id)
+        conversation = self._by_conversation[call.conversation_id]
+        del conversation[call_id]
+        if not conversation:
+            del self._by_conversation[call.conversation_id]
+        return call
+
+    @staticmethod
+    def _report_eviction(call: LiveCall, scope: str) -> None:
+        with contextlib.suppress(Exception):
+            metrics.evictions.add(1, {"scope": scope})
+        _rare(
+            "tap_eviction_" + scope,
+            "trajectory tap full (%s bound): evicted live call %s (%s) of conversation %r",
+            scope,
+            call.call_id,
+            call.tool_name,
+            call.conversation_id,
+        )
+
+
+_default_tap: Tap | None = None
+_default_lock = threading.Lock()
+
+
+def default_tap() -> Tap:
+    """The process-wide tap (made on first use with the default bounds); always the same
+    object. The span processor and the resolver use it when given none."""
+    global _default_tap
+    tap = _default_tap
+    if tap is None:
+        with _default_lock:
+            if _default_tap is None:
+                _default_tap = Tap()
+            tap = _default_tap
+    return tap

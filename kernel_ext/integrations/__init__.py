@@ -1,0 +1,9 @@
+"""Ready-made integrations of kernel_ext with agent frameworks.
+
+* :mod:`kernel_ext.integrations.pydantic_ai` — a pydantic-ai capability (extra
+  ``kernel-ext[pydantic-ai]``, Python ≥ 3.11).
+
+Each integration is imported explicitly; importing this package imports none of them.
+"""
+
+from __future__ import annotations

@@ -1,0 +1,86 @@
+"""pydantic-ai integration: each tool call's code sees its own call in the contextvar.
+
+Add :class:`KernelExtCapability` to an agent::
+
+    from pydantic_ai import Agent
+    from kernel_ext.integrations.pydantic_ai import KernelExtCapability
+
+    agent = Agent(model, capabilities=[KernelExtCapability()])
+
+Its ``wrap_tool_execute`` hook (public pydantic-ai API) runs inside pydantic-ai's own
+``execute_tool <tool>`` span when instrumentation is on (the ``Instrumentation``
+capability orders itself outermost; this capability also declares itself wrapped by it).
+For each tool call it
+
+* reuses that span, or starts one with the GenAI attributes when instrumentation is off,
+* sets :func:`kernel_ext.current_tool_call` for the call: ``call_id`` = the span's id,
+  ``tool_name``, ``conversation_id`` (the run's), ``llm_call_id`` (the model's
+  ``tool_call_id``), ``parent`` = the enclosing call (a tool that runs an agent),
+* writes the sink's ``call_attributes(call_id)`` on the span before the call returns
+  (while the span is live).
+
+Concurrent tool calls of one model turn run as separate asyncio tasks, and sync tools run
+in worker threads with a copy of the context: each sees its own call. Exceptions from the
+tool propagate unchanged.
+
+Requires pydantic-ai-slim ≥ 2.68 (Python ≥ 3.11).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry.trace import TracerProvider
+from pydantic_ai.capabilities import AbstractCapability, Instrumentation
+from pydantic_ai.capabilities.abstract import (
+    CapabilityOrdering,
+    ValidatedToolArgs,
+    WrapToolExecuteHandler,
+)
+from pydantic_ai.messages import ToolCallPart
+from pydantic_ai.tools import RunContext, ToolDefinition
+
+from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor, tool_call_scope
+from kernel_ext.tap import CallSink
+
+__all__ = ["KernelExtCapability"]
+
+
+@dataclass
+class KernelExtCapability(AbstractCapability[Any]):
+    """Attributes every tool call of the agent (see the module docstring).
+
+    Args:
+        sink: where ``call_attributes`` come from; ``None`` uses the sink attached to
+            :class:`kernel_ext.ToolRuntimeInstrumentor` (the plugin attaches the stream hub
+            there), read at each call.
+        tracer_provider: for the span started when pydantic-ai's instrumentation is off
+            (default: the global provider).
+    """
+
+    sink: CallSink | None = None
+    tracer_provider: TracerProvider | None = None
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        return None  # holds live objects; not for agent specs
+
+    def get_ordering(self) -> CapabilityOrdering:
+        return CapabilityOrdering(wrapped_by=[Instrumentation])
+
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
+        description = ToolDescription(
+            call.tool_name, ctx.conversation_id or None, call.tool_call_id or None
+        )
+        sink = self.sink if self.sink is not None else ToolRuntimeInstrumentor().sink
+        with tool_call_scope(description, tracer_provider=self.tracer_provider, sink=sink):
+            return await handler(args)
