@@ -7,6 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from kernel_ext import tail
 from kernel_ext.protocol import block_json_schema
 
 
@@ -24,6 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     schema = sub.add_parser("schema", help="print the JSON Schema of a tool_event_stream block")
     schema.set_defaults(func=_cmd_schema)
+    follow = sub.add_parser("tail", help="follow a conversation's tool calls live, like tail -f")
+    tail.add_arguments(follow)
+    follow.set_defaults(func=tail.run)
     return parser
 
 

@@ -1,0 +1,421 @@
+"""``kernel-ext tail``: follow a conversation's tool calls live in the terminal, like ``tail -f``.
+
+It joins the conversation's room on the ``/chat`` relay (docs/contracts.md: connect with
+``auth={"token": T}`` when a token is given, then ``join_conversation`` with an
+acknowledgement) and prints what arrives, with the semantics of :mod:`kernel_ext.view`:
+
+* one header line per tool call; every line of a call starts with ``[<first 8 of callId>]``;
+* a run of ``thinking`` blocks folds to one line (``思考中…``); a ``tool_call`` is one line
+  (marker, tool name, ``开始``); ``text`` is printed as it comes; ``tool_output_append``
+  lines are printed behind a ``│`` gutter;
+* at the terminal, the final answer and an end marker (``── 已结束 ──``); ``无过程详情`` for
+  a call without blocks (after the timeout or once the tool returned);
+* ``--json``: every ``tool_event_stream`` block as received, one JSON object per line.
+
+Peer text is never trusted with the terminal: control characters (escape sequences,
+carriage returns, C1 controls) and bidirectional overrides are printed as visible escapes.
+Messages about the connection go to stderr, so stdout holds only the stream.
+
+Exit codes: 1 when the relay cannot be reached, refuses the connection (e.g. a bad token)
+or refuses the join; 130 after Ctrl-C (SIGINT) or SIGTERM, with no traceback; 0 when
+stdout is closed (a pipe into ``head``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from kernel_ext.view import Applied, Final, Item, PaneStatus, PaneStore, labels_for
+
+__all__ = [
+    "EXIT_FAILED",
+    "EXIT_INTERRUPTED",
+    "TailPrinter",
+    "add_arguments",
+    "clean",
+    "follow",
+    "run",
+]
+
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+_NAMESPACE = "/chat"
+
+# C0 controls but tab and newline, DEL, C1 controls, bidi embeddings/overrides/isolates.
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def clean(text: str) -> str:
+    """``text`` with every character that could steer a terminal shown as a visible escape
+    (``\\x1b``, ``\\x0d``, ``\\u202e`` …); tabs and newlines are kept."""
+    return _UNSAFE.sub(_escape, text)
+
+
+def _json_line(block: object) -> str:
+    text = json.dumps(block, ensure_ascii=False, separators=(",", ":"), default=str)
+    # json.dumps escapes C0 controls already; escape what it leaves (valid JSON escapes).
+    return _UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+@dataclass
+class _Printed:
+    status: PaneStatus | None = None
+    final: Final | None = None
+    last_kind: dict[str, str] = field(default_factory=dict)
+
+
+class TailPrinter:
+    """Turns ``tool_event_stream`` blocks and ``chat_event`` snapshots into terminal lines.
+
+    Feed it what the socket delivers (:meth:`block`, :meth:`snapshot`) and call :meth:`tick`
+    now and then; it writes whole lines to ``out`` and flushes after each input. With
+    ``json_mode`` it writes each block as received, one JSON object per line, and ignores
+    snapshots. A closed ``out`` (broken pipe) sets :attr:`broken` instead of raising.
+    """
+
+    def __init__(
+        self,
+        out: TextIO,
+        *,
+        locale: str = "zh",
+        json_mode: bool = False,
+        store: PaneStore | None = None,
+    ) -> None:
+        self.out = out
+        self.json_mode = json_mode
+        self.labels = labels_for(locale)
+        self.colon = ": " if locale == "en" else "："
+        self.store = store if store is not None else PaneStore(max_panes=1_000)
+        self.broken = False
+        self._printed: dict[str, _Printed] = {}
+
+    # -- output --------------------------------------------------------------------------
+    def _write(self, lines: list[str]) -> None:
+        if not lines or self.broken:
+            return
+        try:
+            self.out.write("".join(line + "\n" for line in lines))
+            self.out.flush()
+        except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
+            self.broken = True
+
+    @staticmethod
+    def _tag(call_id: str | None) -> str:
+        return "[—]" if call_id is None else f"[{clean(call_id[:8])}]"
+
+    def _lines(self, tag: str, text: str, gutter: str = "") -> list[str]:
+        parts = clean(text).split("\n")
+        if len(parts) > 1 and parts[-1] == "":
+            parts.pop()
+        return [f"{tag} {gutter}{part}" for part in parts]
+
+    # -- inputs --------------------------------------------------------------------------
+    def block(self, block: object) -> None:
+        """Print one ``tool_event_stream`` block (the JSON object as received)."""
+        if self.json_mode:
+            self._write([_json_line(block)])
+            return
+        applied = self.store.apply_block(block)
+        self._write(self._render(applied))
+
+    def snapshot(self, event: object) -> None:
+        """Take one ``chat_event`` snapshot into account (nothing in ``json_mode``)."""
+        if self.json_mode:
+            return
+        applied = self.store.apply_snapshot(event)
+        self._write(self._render(applied))
+
+    def tick(self, now: float | None = None) -> None:
+        """Let calls without blocks reach "no process details" (see :meth:`PaneStore.tick`)."""
+        if self.json_mode:
+            return
+        lines: list[str] = []
+        for call_id in self.store.tick(now):
+            lines += self._sync(call_id)
+        self._write(lines)
+
+    # -- rendering -----------------------------------------------------------------------
+    def _render(self, applied: Applied) -> list[str]:
+        labels = self.labels
+        if applied.outcome == "orphan" and applied.final is not None:
+            word = labels["aborted"] if applied.final.source == "aborted" else labels["final"]
+            return self._lines(
+                self._tag(None),
+                f"{labels['unattributed']} · {word}{self.colon}{applied.final.text}",
+            )
+        call_id = applied.call_id
+        if call_id is None or applied.outcome not in ("item", "terminal", "snapshot"):
+            return []
+        pane = self.store.pane(call_id)
+        if pane is None:
+            return []
+        tag = self._tag(call_id)
+        lines: list[str] = []
+        printed = self._printed.get(call_id)
+        if printed is None or applied.new_pane:
+            printed = self._printed[call_id] = _Printed()
+            self._forget_evicted()
+            name = f"{pane.tool} " if pane.tool else ""
+            lines += self._lines(tag, f"── {name}{call_id}")
+        task_id = applied.task_id
+        if applied.new_task and task_id is not None and len(pane.tasks) > 1:
+            lines += self._lines(tag, f"{labels['task']} {task_id}")
+        if applied.item is not None and task_id is not None:
+            lines += self._item(tag, applied.item, printed.last_kind.get(task_id))
+            printed.last_kind[task_id] = applied.item.kind
+        return lines + self._sync(call_id)
+
+    def _item(self, tag: str, item: Item, previous: str | None) -> list[str]:
+        labels = self.labels
+        if item.kind == "thinking":
+            return [] if previous == "thinking" else self._lines(tag, labels["thinking"])
+        if item.kind == "tool_call":
+            return self._lines(tag, f"▶ {item.tool or '?'} {labels['toolStart']}")
+        if item.kind == "tool_output_append":
+            return self._lines(tag, item.text or "", gutter="│ ")
+        if item.kind == "other":
+            extra = f" {item.text}" if item.text is not None else ""
+            return self._lines(tag, f"[{labels['unknownKind']}: {item.envelope_kind}]{extra}")
+        return self._lines(tag, item.text or "")
+
+    def _sync(self, call_id: str) -> list[str]:
+        """Lines for what changed in the pane since it was last printed: the "no details"
+        note, the final answer, the end marker."""
+        pane = self.store.pane(call_id)
+        printed = self._printed.get(call_id)
+        if pane is None or printed is None:
+            return []
+        tag = self._tag(call_id)
+        labels = self.labels
+        lines: list[str] = []
+        status, final = pane.status, pane.final
+        if status != printed.status and status == "no_details":
+            lines += self._lines(tag, labels["noDetails"])
+        if final is not None and final != printed.final:
+            word = labels["aborted"] if final.source == "aborted" else labels["final"]
+            lines += self._lines(tag, f"{word}{self.colon}{final.text}")
+        if status != printed.status and status == "ended":
+            lines += self._lines(tag, f"── {labels['ended']} ──")
+        printed.status, printed.final = status, final
+        return lines
+
+    def _forget_evicted(self) -> None:
+        if len(self._printed) > len(self.store.panes) + 64:
+            live = {pane.call_id for pane in self.store.panes}
+            for call_id in [key for key in self._printed if key not in live]:
+                del self._printed[call_id]
+
+
+async def follow(
+    url: str,
+    conversation_id: str,
+    printer: TailPrinter,
+    *,
+    token: str | None = None,
+    namespace: str = _NAMESPACE,
+    timeout: float = 10.0,
+    err: TextIO | None = None,
+    tick_interval: float = 0.5,
+) -> int:
+    """Join ``conversation_id``'s room at ``url`` and feed ``printer`` until cancelled.
+
+    Returns :data:`EXIT_FAILED` (after a one-line message on ``err``) when the relay cannot
+    be reached within ``timeout`` seconds, refuses the connection or refuses the join; 0
+    when the printer's output is closed. On a dropped connection it reconnects and joins
+    again (the relay forgets rooms with the old connection). Cancelling it disconnects.
+    """
+    import socketio
+
+    err = err if err is not None else sys.stderr
+    # handle_sigint=False: SIGINT is ours (a clean exit), not engineio's cancel-everything.
+    sio = socketio.AsyncClient(reconnection=True, reconnection_delay_max=5, handle_sigint=False)
+    refused: list[Any] = []
+    joined_once = False
+    closing = False
+
+    def say(message: str) -> None:
+        try:
+            err.write(f"kernel-ext tail: {message}\n")
+            err.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    async def join() -> Any:
+        return await sio.call(
+            "join_conversation",
+            {"conversationId": conversation_id},
+            namespace=namespace,
+            timeout=timeout,
+        )
+
+    async def rejoin() -> None:
+        try:
+            ack = await join()
+        except Exception as exc:  # reported, and the next reconnect tries again
+            say(f"re-joining {conversation_id!r} failed: {exc or type(exc).__name__}")
+            return
+        if _ok(ack):
+            say(f"reconnected; following {conversation_id!r} again")
+        else:
+            say(f"re-joining {conversation_id!r} was refused: {_error_of(ack)}")
+
+    def on_connect() -> None:
+        if joined_once:
+            sio.start_background_task(rejoin)
+
+    def on_disconnect(*args: Any) -> None:
+        if joined_once and not closing:
+            say("connection lost; reconnecting…")
+
+    def on_connect_error(data: Any = None) -> None:
+        refused.append(data)
+
+    sio.on("connect", on_connect, namespace=namespace)
+    sio.on("disconnect", on_disconnect, namespace=namespace)
+    sio.on("connect_error", on_connect_error, namespace=namespace)
+    sio.on("tool_event_stream", printer.block, namespace=namespace)
+    sio.on("chat_event", printer.snapshot, namespace=namespace)
+    try:
+        try:
+            await sio.connect(
+                url,
+                namespaces=[namespace],
+                auth={"token": token} if token is not None else None,
+                wait_timeout=timeout,
+                retry=False,
+            )
+        except socketio.exceptions.ConnectionError as exc:
+            if refused and isinstance(refused[-1], Mapping):  # the server said no
+                reason = _refusal_of(refused[-1])
+                hint = " (check --token)" if "auth" in reason.lower() else ""
+                say(f"the relay at {url} refused the connection: {reason}{hint}")
+            else:
+                say(f"cannot connect to {url}: {exc}")
+            return EXIT_FAILED
+        try:
+            ack = await join()
+        except socketio.exceptions.TimeoutError:
+            say(f"the relay did not answer join_conversation within {timeout:g} s")
+            return EXIT_FAILED
+        if not _ok(ack):
+            say(f"joining conversation {conversation_id!r} was refused: {_error_of(ack)}")
+            return EXIT_FAILED
+        joined_once = True
+        say(f"following conversation {conversation_id!r} at {url} (Ctrl-C to stop)")
+        while not printer.broken:
+            await asyncio.sleep(tick_interval)  # the viewer's clock, not synchronisation
+            printer.tick()
+        return 0
+    finally:
+        closing = True
+        await _quietly(sio.disconnect(), timeout)
+
+
+def _ok(ack: Any) -> bool:
+    return isinstance(ack, Mapping) and ack.get("ok") is True
+
+
+def _error_of(ack: Any) -> str:
+    if isinstance(ack, Mapping) and isinstance(ack.get("error"), str):
+        return clean(ack["error"])
+    return f"unexpected acknowledgement {clean(repr(ack))[:200]}"
+
+
+def _refusal_of(data: Any) -> str:
+    if isinstance(data, Mapping) and isinstance(data.get("message"), str):
+        return clean(data["message"])
+    if isinstance(data, str):
+        return clean(data)
+    return "no reason given"
+
+
+async def _quietly(awaitable: Awaitable[Any], timeout: float) -> None:
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await asyncio.wait_for(awaitable, timeout)
+
+
+async def _until_interrupted(make: Callable[[], Awaitable[int]]) -> int:
+    """Run ``make()``; SIGINT/SIGTERM cancel it and give :data:`EXIT_INTERRUPTED`."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(make())
+    interrupted = False
+
+    def interrupt() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    installed = []
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, interrupt)
+            installed.append(signum)
+        except (NotImplementedError, RuntimeError, ValueError):  # not Unix / not main thread
+            pass
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if interrupted:
+            return EXIT_INTERRUPTED
+        raise
+    finally:
+        for signum in installed:
+            loop.remove_signal_handler(signum)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``tail``'s options to ``parser``."""
+    parser.add_argument("--url", required=True, help="the relay, e.g. http://127.0.0.1:8765")
+    parser.add_argument("--conversation", required=True, help="the conversation id (room)")
+    parser.add_argument("--token", default=None, help="sent as auth {'token': T} on connect")
+    parser.add_argument("--json", action="store_true", help="print raw blocks, one per line")
+    parser.add_argument("--lang", choices=("zh", "en"), default="zh", help="labels (default zh)")
+    parser.add_argument("--namespace", default=_NAMESPACE, help="Socket.IO namespace")
+    parser.add_argument(
+        "--timeout", type=float, default=10.0, help="seconds to connect and to join (10)"
+    )
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run ``kernel-ext tail`` with parsed ``args``; returns the exit code (never raises on
+    Ctrl-C)."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    printer = TailPrinter(out, locale=args.lang, json_mode=args.json)
+
+    def make() -> Awaitable[int]:
+        return follow(
+            args.url,
+            args.conversation,
+            printer,
+            token=args.token,
+            namespace=args.namespace,
+            timeout=args.timeout,
+            err=err,
+        )
+
+    try:
+        code = asyncio.run(_until_interrupted(make))
+    except KeyboardInterrupt:  # a SIGINT before the loop's handler was in place
+        code = EXIT_INTERRUPTED
+    if printer.broken and out is sys.stdout:
+        # Keep the interpreter's final flush from complaining about the closed pipe.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    return code

@@ -1,0 +1,437 @@
+"""``kernel-ext tail``: the printer on its own, then the command against the real relay.
+
+The relay (kernel_ext.relay) runs under uvicorn on 127.0.0.1; an internal sender pushes
+``kx_chat_event`` and ``kx_blocks`` frames exactly as the worker does (docs/contracts.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import pytest
+import socketio
+from conftest import free_port, serve_asgi
+from test_vectors import VECTOR_FILES, load
+
+from kernel_ext.relay import create_app
+from kernel_ext.tail import EXIT_FAILED, EXIT_INTERRUPTED, TailPrinter, clean, follow
+from kernel_ext.view import PaneStore
+
+ROOT = Path(__file__).resolve().parents[1]
+CALL = "00f067aa0ba902b7"
+CALL2 = "a1b2c3d4e5f60718"
+SECRET = "internal-secret-for-tests"
+TOKEN = "browser-token"
+CONV = "conv-1"
+WAIT = 15.0
+
+
+def block(
+    seq: int,
+    kind: str,
+    payload: Mapping[str, Any],
+    *,
+    state: str = "running",
+    call_id: str | None = CALL,
+    task_id: str = "task-1",
+) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "callId": call_id,
+        "taskId": task_id,
+        "state": state,
+        "ts": 1789123456789,
+        "envelope": {
+            "v": 1,
+            "kind": kind,
+            "streamKey": task_id,
+            "seq": seq,
+            "status": state,
+            "payload": dict(payload),
+        },
+    }
+
+
+def snapshot(call_id: str = CALL, **content: Any) -> dict[str, Any]:
+    content.setdefault("toolCall", {"functionCall": {"name": "ask_colleague"}})
+    return {"eventId": call_id, "eventScene": "tool", "conversationId": CONV, "content": content}
+
+
+STORY = [
+    block(1, "thinking", {"text": "The user asks about order 42."}),
+    block(2, "thinking", {"text": "Check the order system."}),
+    block(3, "tool_call", {"name": "search_orders", "args": {"q": "42"}}),
+    block(4, "tool_output_append", {"text": "$ search_orders 42\nfound 1 order\n"}),
+    block(5, "text", {"text": "Order 42 shipped on Monday."}),
+    block(6, "text", {"text": "Order 42 arrives Friday."}, state="done"),
+]
+STORY_LINES = [
+    f"[00f067aa] ── ask_colleague {CALL}",
+    "[00f067aa] 思考中…",
+    "[00f067aa] ▶ search_orders 开始",
+    "[00f067aa] │ $ search_orders 42",
+    "[00f067aa] │ found 1 order",
+    "[00f067aa] Order 42 shipped on Monday.",
+    "[00f067aa] 最终回复：Order 42 arrives Friday.",
+    "[00f067aa] ── 已结束 ──",
+]
+
+
+def lines_of(out: io.StringIO) -> list[str]:
+    return out.getvalue().splitlines()
+
+
+# -- the printer ---------------------------------------------------------------------------
+
+
+def test_printer_shows_header_folded_thinking_tool_line_text_final_and_end_marker() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out)
+    printer.snapshot(snapshot())
+    for item in STORY:
+        printer.block(item)
+    printer.block(block(7, "text", {"text": "after the terminal"}))  # ignored
+    assert lines_of(out) == STORY_LINES
+
+
+def test_printer_interleaves_calls_with_a_tag_per_line_and_english_labels() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, locale="en")
+    printer.block(block(1, "tool_call", {"name": "lookup"}))
+    printer.block(block(1, "text", {"text": "other call"}, call_id=CALL2))
+    printer.block(block(1, "text", {"message": "it broke"}, state="aborted", call_id=CALL2))
+    printer.block(block(2, "text", {"text": "second task"}, task_id="task-2"))
+    printer.block(block(1, "text", {"text": "orphan answer"}, state="done", call_id=None))
+    assert lines_of(out) == [
+        f"[00f067aa] ── {CALL}",
+        "[00f067aa] ▶ lookup started",
+        f"[a1b2c3d4] ── {CALL2}",
+        "[a1b2c3d4] other call",
+        "[a1b2c3d4] Aborted: it broke",
+        "[a1b2c3d4] ── Ended ──",
+        "[00f067aa] Task task-2",
+        "[00f067aa] second task",
+        "[—] Unattributed call · Final answer: orphan answer",
+    ]
+
+
+def test_printer_says_no_details_after_timeout_then_the_tool_return() -> None:
+    now = 0.0
+    out = io.StringIO()
+    printer = TailPrinter(out, store=PaneStore(timeout_ms=1000, clock=lambda: now))
+    printer.snapshot(snapshot())
+    printer.tick(999)
+    assert lines_of(out) == [f"[00f067aa] ── ask_colleague {CALL}"]
+    printer.tick(1000)
+    printer.snapshot(snapshot(toolReturn="answer from the tool"))
+    assert lines_of(out)[1:] == [
+        "[00f067aa] 无过程详情",
+        "[00f067aa] 最终回复：answer from the tool",
+    ]
+
+
+def test_printer_shows_unknown_kinds_neutrally() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out)
+    printer.block(block(1, "chart", {"series": [1]}))
+    printer.block(block(2, "progress", {"text": "50%"}))
+    assert lines_of(out)[1:] == [
+        "[00f067aa] [未知类型: chart]",
+        "[00f067aa] [未知类型: progress] 50%",
+    ]
+
+
+def test_printer_never_lets_peer_text_steer_the_terminal() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out)
+    hostile = "ok\x1b[2J\x1b]52;c;cGF3bmVk\x07\rgone\x9b31m\u202eevil"
+    printer.block(block(1, "text", {"text": hostile}))
+    printer.block(block(2, "tool_output_append", {"text": "\x1b[31mred\x1b[0m\n"}))
+    text = out.getvalue()
+    for raw in ("\x1b", "\x07", "\r", "\x9b", "\u202e"):
+        assert raw not in text
+    assert "[00f067aa] ok\\x1b[2J\\x1b]52;c;cGF3bmVk\\x07\\x0dgone\\x9b31m\\u202eevil" in text
+    assert "[00f067aa] │ \\x1b[31mred\\x1b[0m" in text
+    assert clean("tab\tand\nnewline") == "tab\tand\nnewline"
+
+
+def test_printer_json_mode_prints_each_raw_block_on_one_line() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, json_mode=True)
+    printer.snapshot(snapshot())  # snapshots are not blocks
+    printer.block(STORY[0])
+    printer.block(block(2, "text", {"text": "line one\nline two \x1b \x9b \u2028 中文"}))
+    printer.block({"not": "a valid block"})  # raw means raw
+    lines = lines_of(out)
+    assert len(lines) == 3
+    assert [json.loads(line) for line in lines] == [
+        STORY[0],
+        block(2, "text", {"text": "line one\nline two \x1b \x9b \u2028 中文"}),
+        {"not": "a valid block"},
+    ]
+    assert "\x9b" not in out.getvalue()
+    assert "\u2028" not in out.getvalue()
+    assert "中文" in out.getvalue()
+
+
+def test_printer_stops_writing_when_its_output_is_closed() -> None:
+    class ClosedPipe(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError
+
+    printer = TailPrinter(ClosedPipe())
+    printer.block(STORY[0])
+    assert printer.broken
+    printer.block(STORY[1])  # no exception either
+
+
+@pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda p: p.stem)
+def test_printer_keeps_the_view_semantics_of_every_vector(path: Path) -> None:
+    vector = load(path)
+    now = 0.0
+
+    def clock() -> float:
+        return now
+
+    printer = TailPrinter(
+        io.StringIO(), store=PaneStore(timeout_ms=vector["options"]["timeoutMs"], clock=clock)
+    )
+    for step in vector["steps"]:
+        if "block" in step:
+            printer.block(step["block"])
+        elif "snapshot" in step:
+            printer.snapshot(step["snapshot"])
+        elif "tick" in step:
+            now = max(now, float(step["tick"]))
+            printer.tick(now)
+    assert printer.store.state() == vector["expect"]
+
+
+# -- against the real relay ----------------------------------------------------------------
+
+
+def authenticate(auth: Any, environ: Any) -> Any:
+    return "viewer" if isinstance(auth, Mapping) and auth.get("token") == TOKEN else None
+
+
+def authorize_join(identity: Any, conversation_id: str) -> bool:
+    return conversation_id != "forbidden-conversation"
+
+
+@asynccontextmanager
+async def relay(port: int | None = None) -> AsyncIterator[str]:
+    ready = create_app(SECRET, authenticate=authenticate, authorize_join=authorize_join)
+    async with serve_asgi(ready.app, port) as bound:
+        yield f"http://127.0.0.1:{bound}"
+
+
+@asynccontextmanager
+async def internal_sender(url: str) -> AsyncIterator[socketio.AsyncClient]:
+    client = socketio.AsyncClient(reconnection=False)
+    await client.connect(url, namespaces=["/chat"], auth={"internal": SECRET}, wait_timeout=WAIT)
+    try:
+        yield client
+    finally:
+        await client.disconnect()
+
+
+async def send_blocks(client: socketio.AsyncClient, room: str, blocks: list[Any]) -> None:
+    ack = await client.call(
+        "kx_blocks", {"v": 1, "room": room, "blocks": blocks}, namespace="/chat", timeout=WAIT
+    )
+    assert ack == {"ok": True, "accepted": len(blocks), "rejected": 0}
+
+
+async def send_chat_event(client: socketio.AsyncClient, room: str, event: Any) -> None:
+    ack = await client.call(
+        "kx_chat_event", {"room": room, "event": event}, namespace="/chat", timeout=WAIT
+    )
+    assert ack == {"ok": True}
+
+
+async def until(predicate: Any, what: str) -> None:
+    """Poll ``predicate`` with a deadline (no sleep used as synchronisation)."""
+    deadline = asyncio.get_running_loop().time() + WAIT
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_follows_a_conversation_live_through_the_relay() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    async with relay() as url:
+        task = asyncio.create_task(
+            follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
+        )
+        try:
+            await until(lambda: "following conversation" in err.getvalue(), "the join")
+            async with internal_sender(url) as sender:
+                # Another room's traffic, sent first, must never reach this conversation.
+                await send_chat_event(sender, "conv-other", snapshot(CALL2))
+                await send_blocks(sender, "conv-other", [block(1, "text", {"t": 1}, call_id=CALL2)])
+                await send_chat_event(sender, CONV, snapshot())
+                await send_blocks(sender, CONV, STORY[:3])
+                await until(lambda: "▶ search_orders" in out.getvalue(), "the first frame")
+                await send_blocks(sender, CONV, STORY[3:])
+                await until(lambda: "已结束" in out.getvalue(), "the terminal")
+        finally:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+    assert lines_of(out) == STORY_LINES
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_joins_again_after_the_relay_restarts() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    port = free_port()
+    task: asyncio.Task[int] | None = None
+    try:
+        async with relay(port) as url:
+            task = asyncio.create_task(
+                follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
+            )
+            await until(lambda: "following conversation" in err.getvalue(), "the join")
+            async with internal_sender(url) as sender:
+                await send_blocks(sender, CONV, STORY[:1])
+                await until(lambda: "思考中" in out.getvalue(), "the first block")
+        async with relay(port) as url:
+            await until(lambda: "following 'conv-1' again" in err.getvalue(), "the re-join")
+            async with internal_sender(url) as sender:
+                await send_blocks(sender, CONV, STORY[2:])
+                await until(lambda: "已结束" in out.getvalue(), "the terminal")
+    finally:
+        if task is not None:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+    assert "connection lost; reconnecting…" in err.getvalue()
+    # No snapshot was sent, so the header has no tool name; nothing was lost or repeated.
+    assert lines_of(out) == [f"[00f067aa] ── {CALL}", *STORY_LINES[1:]]
+
+
+async def start_cli(*args: str) -> asyncio.subprocess.Process:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "kernel_ext.cli",
+        "tail",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+async def finish(proc: asyncio.subprocess.Process) -> tuple[int, str, str]:
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), WAIT)
+    assert proc.returncode is not None
+    return proc.returncode, stdout.decode(), stderr.decode()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_json_prints_raw_blocks_and_exits_cleanly_on_ctrl_c() -> None:
+    async with relay() as url:
+        proc = await start_cli("--url", url, "--conversation", CONV, "--token", TOKEN, "--json")
+        try:
+            assert proc.stderr is not None
+            assert proc.stdout is not None
+            first = await asyncio.wait_for(proc.stderr.readline(), WAIT)
+            assert b"following conversation 'conv-1'" in first
+            async with internal_sender(url) as sender:
+                await send_chat_event(sender, CONV, snapshot())
+                await send_blocks(sender, CONV, STORY)
+            lines = [await asyncio.wait_for(proc.stdout.readline(), WAIT) for _ in STORY]
+            assert [json.loads(line) for line in lines] == STORY
+            proc.send_signal(signal.SIGINT)
+            code, stdout, stderr = await finish(proc)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert code == EXIT_INTERRUPTED
+    assert stdout == ""  # nothing after the blocks: the snapshot is not a block
+    assert "Traceback" not in stderr
+    assert "KeyboardInterrupt" not in stderr
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_human_output_from_the_command_line() -> None:
+    async with relay() as url:
+        proc = await start_cli("--url", url, "--conversation", CONV, "--token", TOKEN)
+        try:
+            assert proc.stderr is not None
+            assert proc.stdout is not None
+            await asyncio.wait_for(proc.stderr.readline(), WAIT)
+            async with internal_sender(url) as sender:
+                await send_chat_event(sender, CONV, snapshot())
+                await send_blocks(sender, CONV, STORY)
+            lines = [await asyncio.wait_for(proc.stdout.readline(), WAIT) for _ in STORY_LINES]
+            assert [line.decode().rstrip("\n") for line in lines] == STORY_LINES
+            proc.send_signal(signal.SIGINT)
+            code, _, stderr = await finish(proc)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert code == EXIT_INTERRUPTED
+    assert "Traceback" not in stderr
+    assert "reconnecting" not in stderr  # our own goodbye is not a lost connection
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("extra", "conversation", "message"),
+    [
+        (["--token", "wrong"], CONV, "refused the connection: unauthorized (check --token)"),
+        ([], CONV, "refused the connection: unauthorized (check --token)"),
+        (["--token", TOKEN], "forbidden-conversation", "was refused: forbidden"),
+    ],
+    ids=["bad-token", "no-token", "join-refused"],
+)
+async def test_tail_explains_a_refusal_and_exits_non_zero(
+    extra: list[str], conversation: str, message: str
+) -> None:
+    async with relay() as url:
+        proc = await start_cli("--url", url, "--conversation", conversation, *extra)
+        try:
+            code, stdout, stderr = await finish(proc)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert code == EXIT_FAILED
+    assert message in stderr
+    assert stderr.startswith("kernel-ext tail: ")
+    assert "Traceback" not in stderr
+    assert stdout == ""
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_explains_an_unreachable_relay_and_exits_non_zero() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    proc = await start_cli("--url", url, "--conversation", CONV, "--timeout", "5")
+    code, stdout, stderr = await finish(proc)
+    assert code == EXIT_FAILED
+    assert stdout == ""
+    assert f"kernel-ext tail: cannot connect to {url}" in stderr
+    assert "Traceback" not in stderr
