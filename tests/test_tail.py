@@ -22,7 +22,6 @@ import socketio
 from conftest import free_port, serve_asgi
 from test_vectors import VECTOR_FILES, load
 
-from kernel_ext.relay import create_app
 from kernel_ext.tail import EXIT_FAILED, EXIT_INTERRUPTED, TailPrinter, clean, follow
 from kernel_ext.view import PaneStore
 
@@ -229,7 +228,11 @@ def authorize_join(identity: Any, conversation_id: str) -> bool:
 
 @asynccontextmanager
 async def relay(port: int | None = None) -> AsyncIterator[str]:
-    ready = create_app(SECRET, authenticate=authenticate, authorize_join=authorize_join)
+    # Imported here: the printer tests above do not need the relay module.
+    relay_module = pytest.importorskip("kernel_ext.relay")
+    ready = relay_module.create_app(
+        SECRET, authenticate=authenticate, authorize_join=authorize_join
+    )
     async with serve_asgi(ready.app, port) as bound:
         yield f"http://127.0.0.1:{bound}"
 
