@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import ConfigError
@@ -37,9 +39,13 @@ from kernel_ext.stream import (
 __all__ = [
     "CHAT_EVENT",
     "DEFAULT_NAMESPACE",
+    "KX_BLOCKS",
+    "KX_CHAT_EVENT",
     "TOOL_EVENT_STREAM",
     "Emitter",
+    "LoopbackEmitter",
     "MemoryEmitter",
+    "RedisEmitter",
 ]
 
 logger = logging.getLogger(__name__)
@@ -47,7 +53,17 @@ _rare = RareLog(logger)
 
 TOOL_EVENT_STREAM = "tool_event_stream"
 CHAT_EVENT = "chat_event"
+KX_BLOCKS = "kx_blocks"
+KX_CHAT_EVENT = "kx_chat_event"
 DEFAULT_NAMESPACE = "/chat"
+
+# Drop reasons counted by the senders (``kernel_ext.blocks`` outcome ``dropped``).
+DISCONNECTED = "disconnected"
+REJECTED = "rejected"
+TERMINAL_EXPIRED = "terminal_expired"
+TERMINAL_OVERFLOW = "terminal_overflow"
+REDIS_DOWN = "redis_down"
+NO_LISTENER = "no_listener"
 
 Record = tuple[str, dict[str, Any]]
 
@@ -256,9 +272,690 @@ def _jittered(delay: float) -> float:
     return delay * (0.75 + random.random() * 0.5)
 
 
+def _positive(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"{name} must be a positive number, got {value!r}")
+
+
+class _Held:
+    """A terminal block kept until its delivery is confirmed (bounded in count and time)."""
+
+    __slots__ = ("attempts", "first", "item")
+
+    def __init__(self, item: OutgoingBlock, now: float) -> None:
+        self.item = item
+        self.first = now
+        self.attempts = 0
+
+
+class _Terminals:
+    """The terminals a sender still owes: bounded count, bounded age, bounded attempts."""
+
+    def __init__(
+        self, hub: Callable[[], StreamHub], max_count: int, max_age: float, max_attempts: int
+    ) -> None:
+        self._hub = hub
+        self.max_count = max_count
+        self.max_age = max_age
+        self.max_attempts = max_attempts
+        self.held: list[_Held] = []
+
+    def __len__(self) -> int:
+        return len(self.held)
+
+    def hold(self, entry: _Held) -> None:
+        """Keep ``entry`` for a later attempt (or drop it, counted, when over a bound)."""
+        if entry.attempts >= self.max_attempts or _now() - entry.first > self.max_age:
+            self._expire(entry, TERMINAL_EXPIRED)
+            return
+        self.held.append(entry)
+        while len(self.held) > self.max_count:
+            self._expire(self.held.pop(0), TERMINAL_OVERFLOW)
+
+    def take(self) -> list[_Held]:
+        """Every held entry still within its bounds (the rest is dropped, counted)."""
+        held, self.held = self.held, []
+        now = _now()
+        fresh = []
+        for entry in held:
+            if entry.attempts >= self.max_attempts or now - entry.first > self.max_age:
+                self._expire(entry, TERMINAL_EXPIRED)
+            else:
+                fresh.append(entry)
+        return fresh
+
+    def _expire(self, entry: _Held, reason: str) -> None:
+        item = entry.item
+        self._hub().record_dropped(reason, 1, item.call_id)
+        _rare(
+            reason,
+            "emitter: terminal of (%s, %s) given up after %d attempt(s) (%s)",
+            item.call_id,
+            item.task_id,
+            entry.attempts,
+            reason,
+            level=logging.ERROR,
+        )
+
+
 def _now() -> float:
     return time.monotonic()
 
 
-def _as_dict(value: object) -> Mapping[str, Any] | None:
-    return value if isinstance(value, Mapping) else None
+class LoopbackEmitter(Emitter):
+    """Sends blocks to the web process's relay over a python-socketio ``AsyncClient``.
+
+    Connects to ``url`` (e.g. ``http://127.0.0.1:8000``), namespace ``/chat``, with auth
+    ``{"internal": secret}``. Guarantees:
+
+    * Blocks of one stream are sent in order, batched per room into ``kx_blocks`` frames
+      of at most ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters.
+    * A frame holding a terminal is sent with an acknowledgement request; a terminal is
+      held and re-sent after a reconnect until the relay acknowledges it, at most
+      ``terminal_max_attempts`` times and for ``terminal_max_age`` seconds, at most
+      ``max_pending_terminals`` at once (beyond: dropped, counted, logged at ERROR). No
+      acknowledgement within ``ack_timeout`` seconds (a frozen server) forces a reconnect.
+    * Running blocks are fire-and-forget: while disconnected they are dropped and counted
+      (``disconnected``); nothing is kept (T3).
+    * Reconnects with jittered exponential backoff from ``reconnect_delay`` to
+      ``reconnect_delay_max`` seconds. The relay keeps nothing per connection that a new
+      connection (new sid) does not rebuild by authenticating again.
+    * ``chat_event`` snapshots go as ``kx_chat_event`` in publish order with the blocks.
+    * ``on_health(connected)`` is called on every connection state change.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        secret: str,
+        *,
+        hub: StreamHub | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        socketio_path: str = "socket.io",
+        transports: list[str] | None = None,
+        batch_max: int = 512,
+        frame_max_blocks: int = 256,
+        frame_max_chars: int = 256 * 1024,
+        ack_timeout: float = 10.0,
+        terminal_max_attempts: int = 10,
+        terminal_max_age: float = 300.0,
+        max_pending_terminals: int = 10_000,
+        reconnect_delay: float = 0.1,
+        reconnect_delay_max: float = 5.0,
+        connect_timeout: float = 5.0,
+        on_health: Callable[[bool], None] | None = None,
+    ) -> None:
+        super().__init__(hub=hub, batch_max=batch_max)
+        if not isinstance(url, str) or not url:
+            raise ConfigError("url must be the relay's http(s) URL")
+        if not isinstance(secret, str) or not secret:
+            raise ConfigError("secret must be a non-empty string")
+        for name, value in (
+            ("frame_max_blocks", frame_max_blocks),
+            ("frame_max_chars", frame_max_chars),
+            ("terminal_max_attempts", terminal_max_attempts),
+            ("max_pending_terminals", max_pending_terminals),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        for name, fvalue in (
+            ("ack_timeout", ack_timeout),
+            ("terminal_max_age", terminal_max_age),
+            ("reconnect_delay", reconnect_delay),
+            ("reconnect_delay_max", reconnect_delay_max),
+            ("connect_timeout", connect_timeout),
+        ):
+            _positive(name, fvalue)
+        self.url = url
+        self._secret = secret
+        self.namespace = namespace
+        self.socketio_path = socketio_path
+        self.transports = transports if transports is not None else ["websocket"]
+        self.frame_max_blocks = frame_max_blocks
+        self.frame_max_chars = frame_max_chars
+        self.ack_timeout = float(ack_timeout)
+        self.reconnect_delay = float(reconnect_delay)
+        self.reconnect_delay_max = float(reconnect_delay_max)
+        self.connect_timeout = float(connect_timeout)
+        self._on_health = on_health
+        self._terminals = _Terminals(
+            lambda: self.hub,
+            max_pending_terminals,
+            float(terminal_max_age),
+            terminal_max_attempts,
+        )
+        self._inflight: dict[int, tuple[list[_Held], float]] = {}
+        self._frame_ids = 0
+        self._client: Any = None
+        self._connected = False
+        self._connections = 0
+        self._connector: asyncio.Task[None] | None = None
+        self._wakeup = asyncio.Event()
+        self.counts: dict[str, int] = {}
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the ``/chat`` namespace is connected right now."""
+        return self._connected
+
+    @property
+    def connections(self) -> int:
+        """How many times a connection was established (1 + reconnects)."""
+        return self._connections
+
+    @property
+    def sid(self) -> str | None:
+        """The current connection's namespace sid, if connected."""
+        client = self._client
+        if client is None or not self._connected:
+            return None
+        sid: str | None = client.get_sid(self.namespace)
+        return sid
+
+    def _pending(self) -> int:
+        return len(self._terminals) + sum(len(h) for h, _ in self._inflight.values())
+
+    def _bump(self, what: str, n: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    # -- the connection -------------------------------------------------------------------
+
+    async def _open(self) -> None:
+        import socketio
+
+        self._wakeup = asyncio.Event()
+        client = socketio.AsyncClient(reconnection=False)
+        client.on("connect", self._on_connect, namespace=self.namespace)
+        client.on("disconnect", self._on_disconnect, namespace=self.namespace)
+        self._client = client
+        self._connector = asyncio.get_running_loop().create_task(self._connect_loop())
+
+    async def _close(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        task, self._connector = self._connector, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.disconnect()
+        self._set_connected(False)
+
+    def _set_connected(self, connected: bool) -> None:
+        if connected == self._connected:
+            return
+        self._connected = connected
+        if self._on_health is not None:
+            try:
+                self._on_health(connected)
+            except Exception:
+                logger.exception("emitter: on_health callback failed")
+
+    async def _on_connect(self) -> None:
+        self._connections += 1
+        self._set_connected(True)
+        logger.info("loopback emitter: connected to %s (sid %s)", self.url, self.sid)
+        if self._consumer is not None:
+            self._consumer.poke()  # re-send held terminals now
+
+    async def _on_disconnect(self, reason: Any = None) -> None:
+        was = self._connected
+        self._set_connected(False)
+        # Frames without an acknowledgement may or may not have arrived: hold their
+        # terminals again (the relay drops a terminal it emitted already).
+        inflight, self._inflight = self._inflight, {}
+        for held, _ in inflight.values():
+            for entry in held:
+                self._terminals.hold(entry)
+        if was:
+            self._bump("disconnects")
+            logger.warning("loopback emitter: disconnected from %s (%s)", self.url, reason)
+        self._wakeup.set()
+
+    async def _connect_loop(self) -> None:
+        import socketio
+
+        delay = self.reconnect_delay
+        while not self._stopping:
+            client = self._client
+            try:
+                await client.connect(
+                    self.url,
+                    auth={"internal": self._secret},
+                    namespaces=[self.namespace],
+                    transports=self.transports,
+                    socketio_path=self.socketio_path,
+                    wait_timeout=self.connect_timeout,
+                )
+            except asyncio.CancelledError:
+                raise
+            except (socketio.exceptions.ConnectionError, OSError, ValueError) as exc:
+                self._bump("connect_failures")
+                _rare(
+                    "connect_failed",
+                    "loopback emitter: cannot connect to %s: %s",
+                    self.url,
+                    exc,
+                    level=logging.WARNING,
+                )
+                self._terminals.held = self._terminals.take()  # expire old ones meanwhile
+                await self._pause(_jittered(delay))
+                delay = min(delay * 2, self.reconnect_delay_max)
+                continue
+            delay = self.reconnect_delay
+            await self._watch()
+
+    async def _pause(self, seconds: float) -> None:
+        self._wakeup.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), seconds)
+
+    async def _watch(self) -> None:
+        """While connected: force a reconnect when an acknowledgement is overdue."""
+        step = min(1.0, self.ack_timeout / 4)
+        while self._connected and not self._stopping:
+            await self._pause(step)
+            if not self._connected or self._stopping:
+                return
+            if self._inflight:
+                oldest = min(sent for _, sent in self._inflight.values())
+                if _now() - oldest > self.ack_timeout:
+                    self._bump("ack_timeouts")
+                    logger.warning(
+                        "loopback emitter: no acknowledgement from %s within %.1f s; reconnecting",
+                        self.url,
+                        self.ack_timeout,
+                    )
+                    with contextlib.suppress(Exception):
+                        await self._client.disconnect()
+                    if self._connected:  # the disconnect handler did not run
+                        await self._on_disconnect("ack timeout")
+                    return
+
+    # -- sending --------------------------------------------------------------------------
+
+    def _frames(
+        self, items: list[Outgoing]
+    ) -> list[tuple[str, list[OutgoingBlock]] | OutgoingChatEvent]:
+        frames: list[tuple[str, list[OutgoingBlock]] | OutgoingChatEvent] = []
+        open_frames: dict[str, tuple[int, list[int]]] = {}
+        for item in items:
+            if isinstance(item, OutgoingChatEvent):
+                open_frames.pop(item.room, None)
+                frames.append(item)
+                continue
+            current = open_frames.get(item.room)
+            if current is not None:
+                index, chars = current
+                blocks = frames[index][1]  # type: ignore[index]
+                if (
+                    len(blocks) < self.frame_max_blocks
+                    and chars[0] + item.size <= self.frame_max_chars
+                ):
+                    blocks.append(item)
+                    chars[0] += item.size
+                    continue
+            open_frames[item.room] = (len(frames), [item.size])
+            frames.append((item.room, [item]))
+        return frames
+
+    async def _send(self, items: list[Outgoing]) -> None:
+        if self._connected and len(self._terminals):
+            retry = self._terminals.take()
+            if retry:
+                self._bump("terminal_resends", len(retry))
+                await self._send_frames(self._frames([h.item for h in retry]), retry)
+        if items:
+            await self._send_frames(self._frames(items), None)
+
+    async def _send_frames(
+        self,
+        frames: list[tuple[str, list[OutgoingBlock]] | OutgoingChatEvent],
+        retry: list[_Held] | None,
+    ) -> None:
+        hub = self.hub
+        held_by_item = {id(h.item): h for h in retry} if retry else {}
+        for frame in frames:
+            if isinstance(frame, OutgoingChatEvent):
+                if not self._connected:
+                    hub.record_dropped(DISCONNECTED)
+                    continue
+                try:
+                    await self._client.emit(
+                        KX_CHAT_EVENT,
+                        {"room": frame.room, "event": frame.event},
+                        namespace=self.namespace,
+                    )
+                except Exception:
+                    hub.record_dropped(DISCONNECTED)
+                continue
+            room, blocks = frame
+            terminals = [held_by_item.get(id(b)) or _Held(b, _now()) for b in blocks if b.terminal]
+            if not self._connected:
+                self._lose(blocks, terminals)
+                continue
+            payload = {"v": 1, "room": room, "blocks": [b.block for b in blocks]}
+            try:
+                if terminals:
+                    self._frame_ids += 1
+                    frame_id = self._frame_ids
+                    for entry in terminals:
+                        entry.attempts += 1
+                    self._inflight[frame_id] = (terminals, _now())
+                    await self._client.emit(
+                        KX_BLOCKS,
+                        payload,
+                        namespace=self.namespace,
+                        callback=functools.partial(self._on_ack, frame_id, len(blocks)),
+                    )
+                else:
+                    await self._client.emit(KX_BLOCKS, payload, namespace=self.namespace)
+                    hub.record_sent(len(blocks))
+            except Exception as exc:
+                _rare("emit_failed", "loopback emitter: emit failed: %s", exc)
+                if terminals:
+                    self._inflight.pop(self._frame_ids, None)
+                self._lose(blocks, terminals)
+
+    def _lose(self, blocks: list[OutgoingBlock], terminals: list[_Held]) -> None:
+        """Blocks that cannot go now: running ones are dropped, terminals held."""
+        hub = self.hub
+        for block in blocks:
+            if not block.terminal:
+                hub.record_dropped(DISCONNECTED, 1, block.call_id)
+        for entry in terminals:
+            self._terminals.hold(entry)
+
+    def _on_ack(self, frame_id: int, n_blocks: int, ack: Any = None) -> None:
+        entry = self._inflight.pop(frame_id, None)
+        if entry is None:
+            return
+        held, _ = entry
+        if isinstance(ack, Mapping) and ack.get("ok") is True:
+            self.hub.record_sent(n_blocks)
+            self._bump("acks")
+            rejected = ack.get("rejected")
+            if isinstance(rejected, int) and rejected:
+                self.hub.record_dropped(REJECTED, rejected)
+            return
+        self._bump("nacks")
+        _rare("nack", "loopback emitter: relay refused a frame: %r", ack)
+        error = ack.get("error") if isinstance(ack, Mapping) else None
+        for entry_ in held:
+            if error == "busy":
+                self._terminals.hold(entry_)
+            else:
+                self.hub.record_dropped(REJECTED, 1, entry_.item.call_id)
+        if held and self._consumer is not None:
+            self._consumer.poke()
+
+
+def _redis_manager_class() -> Any:
+    import socketio
+
+    class ReportingRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
+        """python-socketio's write-only Redis manager, recording each publish's result:
+        ``last_receivers`` is Redis's receiver count, or ``None`` when the publish failed
+        (python-socketio only logs that)."""
+
+        last_receivers: int | None = None
+
+        async def _publish(self, data: Any) -> Any:
+            result = await super()._publish(data)
+            self.last_receivers = result if isinstance(result, int) else None
+            return result
+
+    return ReportingRedisManager
+
+
+def _safe_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+class RedisEmitter(Emitter):
+    """Emits ``tool_event_stream`` into the rooms through Redis with python-socketio's
+    write-only ``AsyncRedisManager``, for web processes that use an ``AsyncRedisManager``
+    on the same ``channel`` (no web process needed on this machine).
+
+    python-socketio only logs a failed publish; this emitter checks every publish and pings
+    Redis every ``health_interval`` seconds, so an outage is reported: :attr:`healthy` turns
+    false, ``on_health(False)`` is called, an ERROR is logged and blocks are counted
+    ``redis_down``. Guarantees:
+
+    * Running blocks that cannot be published are dropped and counted; nothing is kept.
+    * A terminal is held until a publish reaches at least one web process (Redis reports
+      the receivers; zero means no web process listens yet), retried while Redis is back,
+      at most ``max_pending_terminals`` at once, for ``terminal_max_age`` seconds.
+    * ``chat_event`` snapshots are emitted as ``chat_event`` in order with the blocks.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        hub: StreamHub | None = None,
+        channel: str = "socketio",
+        namespace: str = DEFAULT_NAMESPACE,
+        batch_max: int = 256,
+        health_interval: float = 5.0,
+        retry_interval: float = 0.25,
+        retry_interval_max: float = 5.0,
+        terminal_max_age: float = 300.0,
+        terminal_max_attempts: int = 1_000,
+        max_pending_terminals: int = 10_000,
+        socket_timeout: float = 2.0,
+        on_health: Callable[[bool], None] | None = None,
+        redis_options: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(hub=hub, batch_max=batch_max)
+        if not isinstance(url, str) or not url:
+            raise ConfigError("url must be a redis:// URL")
+        for name, fvalue in (
+            ("health_interval", health_interval),
+            ("retry_interval", retry_interval),
+            ("retry_interval_max", retry_interval_max),
+            ("terminal_max_age", terminal_max_age),
+            ("socket_timeout", socket_timeout),
+        ):
+            _positive(name, fvalue)
+        self.url = url
+        self.channel = channel
+        self.namespace = namespace
+        self.health_interval = float(health_interval)
+        self.retry_interval = float(retry_interval)
+        self.retry_interval_max = float(retry_interval_max)
+        self._options = {
+            "socket_connect_timeout": socket_timeout,
+            "socket_timeout": socket_timeout,
+            **(redis_options or {}),
+        }
+        self._on_health = on_health
+        self._terminals = _Terminals(
+            lambda: self.hub,
+            max_pending_terminals,
+            float(terminal_max_age),
+            terminal_max_attempts,
+        )
+        self._healthy = True
+        self._manager: Any = None
+        self._ping_client: Any = None
+        self._monitor: asyncio.Task[None] | None = None
+        self._wakeup = asyncio.Event()
+        self._retry_at = 0.0
+        self._retry_delay = self.retry_interval
+        self.outages = 0
+        self.counts: dict[str, int] = {}
+
+    @property
+    def healthy(self) -> bool:
+        """False from a failed publish or ping until a ping succeeds again."""
+        return self._healthy
+
+    def _pending(self) -> int:
+        return len(self._terminals)
+
+    def _bump(self, what: str, n: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    async def _open(self) -> None:
+        from redis import asyncio as aioredis
+
+        self._wakeup = asyncio.Event()
+        self._manager = _redis_manager_class()(
+            self.url,
+            channel=self.channel,
+            write_only=True,
+            logger=logging.getLogger("kernel_ext.emit.redis"),
+            redis_options=dict(self._options),
+        )
+        self._ping_client = aioredis.Redis.from_url(self.url, **self._options)
+        self._monitor = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _close(self) -> None:
+        self._stopping = True
+        self._wakeup.set()
+        task, self._monitor = self._monitor, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for client in (self._ping_client, getattr(self._manager, "redis", None)):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+        self._ping_client = None
+        self._manager = None
+
+    def _set_healthy(self, healthy: bool, why: str = "") -> None:
+        if healthy == self._healthy:
+            return
+        self._healthy = healthy
+        if healthy:
+            logger.warning("redis emitter: Redis at %s is reachable again", _safe_url(self.url))
+        else:
+            self.outages += 1
+            logger.error(
+                "redis emitter: Redis at %s is unreachable (%s); running blocks are dropped "
+                "and terminals held until it is back",
+                _safe_url(self.url),
+                why,
+            )
+        if self._on_health is not None:
+            try:
+                self._on_health(healthy)
+            except Exception:
+                logger.exception("emitter: on_health callback failed")
+
+    async def _ping(self) -> bool:
+        try:
+            await self._ping_client.ping()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._set_healthy(False, f"ping failed: {exc}")
+            return False
+        self._set_healthy(True)
+        return True
+
+    async def _watch(self) -> None:
+        while not self._stopping:
+            if self._healthy and not len(self._terminals):
+                interval = self.health_interval
+            else:
+                interval = (
+                    max(0.01, self._retry_at - _now())
+                    if len(self._terminals)
+                    else (self.retry_interval)
+                )
+            self._wakeup.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), interval)
+            if self._stopping:
+                return
+            await self._ping()
+            if self._healthy and len(self._terminals) and self._consumer is not None:
+                self._consumer.poke()
+
+    async def _publish(self, event: str, data: Any, room: str) -> int | None:
+        """Emit one event; the receiver count, or ``None`` when Redis failed."""
+        manager = self._manager
+        manager.last_receivers = None
+        try:
+            await manager.emit(event, data, namespace=self.namespace, room=room)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._set_healthy(False, f"publish failed: {exc}")
+            return None
+        receivers: int | None = manager.last_receivers
+        if receivers is None:
+            self._set_healthy(False, "publish failed (see the socketio log)")
+            self._wakeup.set()
+        return receivers
+
+    async def _send(self, items: list[Outgoing]) -> None:
+        hub = self.hub
+        if self._healthy and len(self._terminals) and _now() >= self._retry_at:
+            await self._retry_terminals()
+        for item in items:
+            if isinstance(item, OutgoingChatEvent):
+                if (
+                    not self._healthy
+                    or await self._publish(CHAT_EVENT, item.event, item.room) is None
+                ):
+                    hub.record_dropped(REDIS_DOWN)
+                continue
+            if not self._healthy:
+                self._drop_or_hold(item, REDIS_DOWN)
+                continue
+            receivers = await self._publish(TOOL_EVENT_STREAM, item.block, item.room)
+            if receivers is None:
+                self._drop_or_hold(item, REDIS_DOWN)
+            elif receivers == 0:
+                self._bump("no_listener")
+                self._drop_or_hold(item, NO_LISTENER)
+            else:
+                hub.record_sent()
+
+    def _drop_or_hold(self, item: OutgoingBlock, reason: str) -> None:
+        if item.terminal:
+            entry = _Held(item, _now())
+            entry.attempts = 1
+            self._terminals.hold(entry)
+            self._schedule_retry()
+        else:
+            self.hub.record_dropped(reason, 1, item.call_id)
+
+    def _schedule_retry(self) -> None:
+        self._retry_at = _now() + _jittered(self._retry_delay)
+        self._retry_delay = min(self._retry_delay * 2, self.retry_interval_max)
+        self._wakeup.set()
+
+    async def _retry_terminals(self) -> None:
+        entries = self._terminals.take()
+        delivered = 0
+        for i, entry in enumerate(entries):
+            entry.attempts += 1
+            receivers = await self._publish(TOOL_EVENT_STREAM, entry.item.block, entry.item.room)
+            if receivers:
+                delivered += 1
+                self.hub.record_sent()
+                continue
+            self._terminals.hold(entry)
+            if receivers is None:  # Redis is down again: keep the rest as they are
+                for rest in entries[i + 1 :]:
+                    self._terminals.hold(rest)
+                break
+        if delivered:
+            self._bump("terminal_resends", delivered)
+        if len(self._terminals):
+            self._schedule_retry()
+        else:
+            self._retry_delay = self.retry_interval

@@ -137,6 +137,8 @@ class OutgoingBlock:
     call_id: str | None
     task_id: str
     terminal: bool
+    size: int = 0
+    """An estimate of the encoded size in characters (senders pack frames with it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -760,7 +762,7 @@ class StreamHub:
             return OutgoingChatEvent(room, item)
         terminal = state != "running"
         try:
-            block = self._wire(call_id, task_id, state, ts_ns // 1_000_000, item, seq)
+            block, size = self._wire(call_id, task_id, state, ts_ns // 1_000_000, item, seq)
         except (DecodeError, ValueError, TypeError) as exc:
             if not terminal:
                 reason = TOO_LARGE if isinstance(exc, BlockTooLargeError) else INVALID
@@ -771,12 +773,12 @@ class StreamHub:
             rebuilt = self._degraded_terminal(call_id, task_id, state, ts_ns, seq, exc)
             if rebuilt is None:
                 return None
-            block = rebuilt
+            block, size = rebuilt
         except Exception:
             self._count(ERROR)
             _rare(ERROR, "stream hub: could not build a block", exc_info=True)
             return None
-        return OutgoingBlock(room, block, call_id, task_id, terminal)
+        return OutgoingBlock(room, block, call_id, task_id, terminal, size)
 
     def _drop_on_call(self, call_id: str | None) -> None:
         if call_id is None:
@@ -789,7 +791,7 @@ class StreamHub:
 
     def _degraded_terminal(
         self, call_id: str | None, task_id: str, state: str, ts_ns: int, seq: int, exc: Exception
-    ) -> dict[str, Any] | None:
+    ) -> tuple[dict[str, Any], int] | None:
         self._count(DEGRADED)
         _rare(DEGRADED, "publish: %s block of task %r rebuilt: %s", state, task_id, exc)
         text = "" if state == "done" else "the tool call was aborted (its final block was invalid)"
@@ -806,8 +808,9 @@ class StreamHub:
 
     def _wire(
         self, call_id: str | None, task_id: str, state: str, ts: int, item: Any, seq: int
-    ) -> dict[str, Any]:
-        """The wire dict of one block; validated unless built here from trusted parts."""
+    ) -> tuple[dict[str, Any], int]:
+        """The wire dict of one block and an estimate of its encoded size in characters;
+        validated unless built here from trusted parts."""
         if item.__class__ is str and 0 < len(task_id) <= _MAX_TASK_ID:
             key = "message" if state == "aborted" else "text"
             wire = {
@@ -825,8 +828,9 @@ class StreamHub:
                     "payload": {key: item},
                 },
             }
-            if (len(item) + len(task_id) * 2 + 256) * 4 <= self.max_block_bytes:
-                return wire
+            size = len(item) + len(task_id) * 2 + 256
+            if size * 4 <= self.max_block_bytes:
+                return wire, size
             return self._bounded(Block.model_validate(wire))
         if isinstance(item, _ToolCallItem):
             envelope: dict[str, Any] = {
@@ -867,14 +871,15 @@ class StreamHub:
             "envelope": envelope,
         }
         block = Block.model_validate(wire)
-        if len(repr(wire)) * 4 <= self.max_block_bytes:
-            return wire
+        size = len(repr(wire))
+        if size * 4 <= self.max_block_bytes:
+            return wire, size
         return self._bounded(block)
 
-    def _bounded(self, block: Block) -> dict[str, Any]:
+    def _bounded(self, block: Block) -> tuple[dict[str, Any], int]:
         encoded = encode(block, max_bytes=self.max_block_bytes)
         result: dict[str, Any] = json.loads(encoded)
-        return result
+        return result, len(encoded)
 
 
 class HubConsumer:

@@ -1,0 +1,539 @@
+"""The web-process side: the ``/chat`` relay from internal senders to browsers' rooms.
+
+:class:`ChatRelay` is a python-socketio ``AsyncNamespace`` to register on an existing
+``AsyncServer`` (:func:`mount_relay`), or to subclass as the application's own ``/chat``
+namespace (define more ``on_<event>`` handlers; call ``super()`` in ``on_connect`` and
+``on_disconnect``). Wire (docs/contracts.md):
+
+* connect ``auth``: ``{"internal": "<secret>"}`` for internal senders (compared in constant
+  time; a wrong or non-string secret is refused, never treated as a browser); anything else
+  is a browser, checked by the ``authenticate`` hook.
+* browser → ``join_conversation`` / ``leave_conversation`` with ``{"conversationId"}``,
+  acknowledged ``{"ok": true}`` or ``{"ok": false, "error"}`` (the ``authorize_join`` hook).
+* internal → ``kx_blocks`` ``{"v": 1, "room", "blocks": [...]}``: each block is validated
+  (:func:`kernel_ext.protocol.decode`, size bound) and each valid one goes out unchanged as
+  one ``tool_event_stream`` event to the room, in frame order; acknowledged
+  ``{"ok": true, "accepted": n, "rejected": m}`` once emitted.
+* internal → ``kx_chat_event`` ``{"room", "event"}`` → ``chat_event`` to the room.
+
+Guarantees:
+
+* Only authenticated internal senders make the relay emit: anything else a browser sends
+  (``tool_event_stream``, ``kx_blocks``, unknown events) reaches no one; it is dropped,
+  logged (1st, 2nd, 4th … time per reason) and counted, as are invalid blocks and frames
+  over the bounds.
+* Order: frames of one internal connection are emitted in arrival order, one after the
+  other, whatever the server's ``async_handlers`` setting (handlers queue synchronously
+  into a per-connection worker).
+* A terminal (callId, taskId) already emitted by this relay recently (a sender re-sending
+  after a lost acknowledgement) is acknowledged but not emitted again.
+* Late joiners: a terminal emitted into a room with no browser connected to this process
+  (typically: the web process restarted, the worker re-sent the terminal before the
+  browsers re-joined) is kept for ``hold_ttl`` seconds (at most ``hold_terminals`` of
+  them) and sent to each browser that joins that room on this process meanwhile, once.
+* Works with ``AsyncRedisManager`` as the server's client manager: rooms then span every
+  web process on the same Redis channel.
+
+Run a standalone relay with ``python -m kernel_ext.relay --port 8765`` (secret from
+``KERNEL_EXT_SECRET``; ``--redis-url`` for a Redis client manager); it binds 127.0.0.1
+unless ``--host`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import inspect
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import socketio
+
+from kernel_ext import metrics
+from kernel_ext._telemetry import RareLog
+from kernel_ext.errors import ConfigError, DecodeError
+from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, decode
+
+__all__ = [
+    "CHAT_EVENT",
+    "JOIN_EVENT",
+    "KX_BLOCKS",
+    "KX_CHAT_EVENT",
+    "LEAVE_EVENT",
+    "TOOL_EVENT_STREAM",
+    "ChatRelay",
+    "RelayApp",
+    "allow_all",
+    "create_app",
+    "main",
+    "mount_relay",
+]
+
+logger = logging.getLogger(__name__)
+_rare = RareLog(logger)
+
+TOOL_EVENT_STREAM = "tool_event_stream"
+CHAT_EVENT = "chat_event"
+KX_BLOCKS = "kx_blocks"
+KX_CHAT_EVENT = "kx_chat_event"
+JOIN_EVENT = "join_conversation"
+LEAVE_EVENT = "leave_conversation"
+_ROOM_MAX = 512
+
+BrowserAuth = Callable[[Any, Mapping[str, Any]], Any]
+"""``authenticate(auth, environ) -> identity``: ``None``/``False`` refuses the browser;
+anything else is its identity, handed to ``authorize_join``. May be async; may raise
+``socketio.exceptions.ConnectionRefusedError`` for a custom message."""
+
+JoinAuth = Callable[[Any, str], Any]
+"""``authorize_join(identity, conversation_id) -> bool`` (may be async)."""
+
+
+def allow_all(*args: object) -> bool:
+    """A hook that accepts everything (demos and tests)."""
+    return True
+
+
+async def _call_hook(hook: Callable[..., Any], *args: Any) -> Any:
+    result = hook(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class _Internal:
+    """One internal sender's connection: its ordered emit queue and worker."""
+
+    __slots__ = ("queue", "task")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[tuple[str, str, Any, asyncio.Future[int]] | None] = (
+            asyncio.Queue()
+        )
+        self.task: asyncio.Task[None] | None = None
+
+
+class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
+    """The ``/chat`` relay namespace (module docstring for the wire and the guarantees).
+
+    Args:
+        secret: the shared secret of internal senders (non-empty).
+        namespace: the namespace (default ``/chat``).
+        authenticate: browser auth hook (default: accept every browser).
+        authorize_join: room authorization hook (default: allow every join, logged once
+            as a warning — pass a real hook in production).
+        max_block_bytes: the size bound of one block (encoded JSON).
+        max_frame_blocks: blocks per ``kx_blocks`` frame.
+        max_pending_frames: frames queued per internal connection before ``busy``.
+        dedup_terminals: terminals remembered to suppress re-sends (0 disables).
+        dedup_ttl: seconds a terminal is remembered.
+        hold_terminals: terminals kept for late joiners of empty rooms (0 disables).
+        hold_ttl: seconds such a terminal is kept.
+
+    Raises:
+        ConfigError: an empty secret or a bad bound.
+    """
+
+    def __init__(
+        self,
+        secret: str,
+        *,
+        namespace: str = "/chat",
+        authenticate: BrowserAuth | None = None,
+        authorize_join: JoinAuth | None = None,
+        max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+        max_frame_blocks: int = 1_000,
+        max_pending_frames: int = 10_000,
+        dedup_terminals: int = 4_096,
+        dedup_ttl: float = 300.0,
+        hold_terminals: int = 256,
+        hold_ttl: float = 30.0,
+    ) -> None:
+        if not isinstance(secret, str) or not secret:
+            raise ConfigError("secret must be a non-empty string")
+        for name, value in (
+            ("max_block_bytes", max_block_bytes),
+            ("max_frame_blocks", max_frame_blocks),
+            ("max_pending_frames", max_pending_frames),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        super().__init__(namespace)
+        self._secret = secret.encode("utf-8")
+        self._authenticate = authenticate
+        if authorize_join is None:
+            logger.warning(
+                "ChatRelay: no authorize_join hook; every browser may join any conversation"
+            )
+        self._authorize_join: JoinAuth = authorize_join or allow_all
+        self.max_block_bytes = max_block_bytes
+        self.max_frame_blocks = max_frame_blocks
+        self.max_pending_frames = max_pending_frames
+        self.dedup_terminals = dedup_terminals
+        self.dedup_ttl = dedup_ttl
+        self._internal: dict[str, _Internal] = {}
+        self._browsers: dict[str, Any] = {}
+        self._terminals: dict[tuple[Any, Any], float] = {}
+        self.hold_terminals = hold_terminals
+        self.hold_ttl = hold_ttl
+        # (forget-after, room, block, sids served), oldest first.
+        self._held: list[tuple[float, str, Any, set[str]]] = []
+        self._counts: dict[str, int] = {}
+
+    # -- stats ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counts by outcome since start (``frames``, ``blocks_emitted``, ``rejected_*`` …)
+        and the current ``internal``/``browsers`` connections."""
+        counts = dict(self._counts)
+        counts["internal"] = len(self._internal)
+        counts["browsers"] = len(self._browsers)
+        return counts
+
+    def _count(self, outcome: str, n: int = 1) -> None:
+        self._counts[outcome] = self._counts.get(outcome, 0) + n
+
+    def _reject(self, sid: str, reason: str, what: str) -> None:
+        self._count("rejected_" + reason)
+        with contextlib.suppress(Exception):
+            metrics.relay_frames.add(1, {"outcome": reason})
+        _rare("relay_" + reason, "relay: dropped %s from %s (%s)", what, sid, reason)
+
+    # -- connections ----------------------------------------------------------------------
+
+    async def on_connect(self, sid: str, environ: Mapping[str, Any], auth: Any = None) -> bool:
+        """Internal sender (shared secret) or browser (hook); refuse everything else."""
+        if isinstance(auth, Mapping) and "internal" in auth:
+            given = auth.get("internal")
+            ok = isinstance(given, str) and hmac.compare_digest(given.encode("utf-8"), self._secret)
+            if not ok:
+                self._reject(sid, "bad_secret", "an internal connection")
+                raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+            conn = _Internal()
+            conn.task = asyncio.get_running_loop().create_task(self._worker(sid, conn))
+            self._internal[sid] = conn
+            self._count("internal_connects")
+            return True
+        identity: Any = True
+        if self._authenticate is not None:
+            try:
+                identity = await _call_hook(self._authenticate, auth, environ)
+            except socketio.exceptions.ConnectionRefusedError:
+                self._count("browser_refused")
+                raise
+            except Exception:
+                logger.exception("relay: browser authentication hook failed")
+                identity = None
+        if identity is None or identity is False:
+            self._count("browser_refused")
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+        self._browsers[sid] = identity
+        return True
+
+    async def on_disconnect(self, sid: str, reason: Any = None) -> None:
+        """Forget the connection; an internal sender's queued frames are still emitted."""
+        self._browsers.pop(sid, None)
+        conn = self._internal.pop(sid, None)
+        if conn is not None:
+            conn.queue.put_nowait(None)
+
+    async def trigger_event(self, event: str, *args: Any) -> Any:
+        """Dispatch; an event with no handler is dropped, logged and counted."""
+        if event not in ("connect", "disconnect") and not hasattr(self, "on_" + (event or "")):
+            sid = args[0] if args else "?"
+            who = "internal sender" if sid in self._internal else "browser"
+            self._reject(sid, "unknown_event", f"event {event!r} from a {who}")
+            return None
+        return await super().trigger_event(event, *args)
+
+    # -- browsers -------------------------------------------------------------------------
+
+    async def on_join_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """Put a browser into the room of ``data["conversationId"]`` if the hook allows."""
+        room = self._room_of(data)
+        if sid not in self._browsers:
+            self._reject(sid, "not_browser", JOIN_EVENT)
+            return {"ok": False, "error": "only browsers join conversations"}
+        if room is None:
+            self._reject(sid, "bad_join", JOIN_EVENT)
+            return {"ok": False, "error": "conversationId must be a non-empty string"}
+        try:
+            allowed = await _call_hook(self._authorize_join, self._browsers[sid], room)
+        except Exception:
+            logger.exception("relay: authorize_join hook failed")
+            allowed = False
+        if not allowed:
+            self._count("join_refused")
+            return {"ok": False, "error": "forbidden"}
+        await self.enter_room(sid, room)
+        self._count("joins")
+        late = self._late_terminals(sid, room)
+        for raw in late:
+            await self.emit(TOOL_EVENT_STREAM, raw, to=sid)
+        if late:
+            self._count("late_terminals", len(late))
+        return {"ok": True}
+
+    async def on_leave_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """Take a browser out of a conversation's room."""
+        room = self._room_of(data)
+        if sid not in self._browsers or room is None:
+            self._reject(sid, "bad_leave", LEAVE_EVENT)
+            return {"ok": False, "error": "conversationId must be a non-empty string"}
+        await self.leave_room(sid, room)
+        return {"ok": True}
+
+    @staticmethod
+    def _room_of(data: Any) -> str | None:
+        if not isinstance(data, Mapping):
+            return None
+        room = data.get("conversationId")
+        if not isinstance(room, str) or not room or len(room) > _ROOM_MAX:
+            return None
+        return room
+
+    # -- internal senders -----------------------------------------------------------------
+
+    async def on_kx_blocks(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """Validate a frame of blocks from an internal sender and emit the valid ones."""
+        conn = self._internal.get(sid)
+        if conn is None:
+            self._reject(sid, "not_internal", KX_BLOCKS)
+            return {"ok": False, "error": "forbidden"}
+        # Everything up to the enqueue is synchronous: frames queue in arrival order even
+        # when the server runs each event as its own task (async_handlers=True).
+        if not isinstance(data, Mapping) or data.get("v") != 1:
+            self._reject(sid, "bad_frame", KX_BLOCKS)
+            return {"ok": False, "error": "a frame is {v: 1, room, blocks}"}
+        room = data.get("room")
+        blocks = data.get("blocks")
+        if not isinstance(room, str) or not room or len(room) > _ROOM_MAX:
+            self._reject(sid, "bad_frame", KX_BLOCKS)
+            return {"ok": False, "error": "room must be a non-empty string"}
+        if not isinstance(blocks, list):
+            self._reject(sid, "bad_frame", KX_BLOCKS)
+            return {"ok": False, "error": "blocks must be a list"}
+        if len(blocks) > self.max_frame_blocks:
+            self._reject(sid, "frame_too_large", KX_BLOCKS)
+            return {"ok": False, "error": f"more than {self.max_frame_blocks} blocks in a frame"}
+        valid: list[Any] = []
+        rejected = 0
+        for raw in blocks:
+            problem = self._check_block(raw)
+            if problem is None:
+                valid.append(raw)
+            else:
+                rejected += 1
+                self._reject(sid, problem, "a block")
+        if conn.queue.qsize() >= self.max_pending_frames:
+            self._reject(sid, "busy", KX_BLOCKS)
+            return {"ok": False, "error": "busy"}
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        conn.queue.put_nowait(("blocks", room, valid, done))
+        self._count("frames")
+        with contextlib.suppress(Exception):
+            metrics.relay_frames.add(1, {"outcome": "accepted"})
+        await done
+        return {"ok": True, "accepted": len(valid), "rejected": rejected}
+
+    async def on_kx_chat_event(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """Relay the kernel's ``chat_event`` snapshot from an internal sender to the room."""
+        conn = self._internal.get(sid)
+        if conn is None:
+            self._reject(sid, "not_internal", KX_CHAT_EVENT)
+            return {"ok": False, "error": "forbidden"}
+        room = data.get("room") if isinstance(data, Mapping) else None
+        event = data.get("event") if isinstance(data, Mapping) else None
+        if not isinstance(room, str) or not room or not isinstance(event, Mapping):
+            self._reject(sid, "bad_frame", KX_CHAT_EVENT)
+            return {"ok": False, "error": "a chat event frame is {room, event}"}
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        conn.queue.put_nowait(("chat_event", room, dict(event), done))
+        await done
+        return {"ok": True}
+
+    def _check_block(self, raw: Any) -> str | None:
+        """``None`` when ``raw`` is a valid block within the size bound, else the reason."""
+        if not isinstance(raw, Mapping):
+            return "invalid"
+        try:
+            # repr is a cheap upper bound: no JSON form is over 4 bytes per repr character.
+            if len(repr(raw)) * 4 > self.max_block_bytes:
+                size = len(json.dumps(raw, ensure_ascii=False).encode("utf-8"))
+                if size > self.max_block_bytes:
+                    return "too_large"
+            decode(raw, max_bytes=self.max_block_bytes)
+        except DecodeError:
+            return "invalid"
+        except (TypeError, ValueError, RecursionError):
+            return "invalid"
+        return None
+
+    def _seen_terminal(self, raw: Mapping[str, Any]) -> bool:
+        """Remember an emitted terminal; ``True`` when it was emitted recently already."""
+        if self.dedup_terminals <= 0:
+            return False
+        now = time.monotonic()
+        key = (raw.get("callId"), raw.get("taskId"))
+        seen = self._terminals.get(key)
+        if seen is not None and seen > now:
+            return True
+        self._terminals.pop(key, None)
+        self._terminals[key] = now + self.dedup_ttl
+        while len(self._terminals) > self.dedup_terminals:
+            del self._terminals[next(iter(self._terminals))]
+        while self._terminals:
+            first = next(iter(self._terminals))
+            if self._terminals[first] > now:
+                break
+            del self._terminals[first]
+        return False
+
+    def _late_terminals(self, sid: str, room: str) -> list[Any]:
+        """Held terminals of ``room`` that ``sid`` has not been sent yet (marks them)."""
+        self._expire_held()
+        late = []
+        for _, held_room, raw, served in self._held:
+            if held_room == room and sid not in served:
+                served.add(sid)
+                late.append(raw)
+        return late
+
+    def _hold_if_nobody_listens(self, room: str, raw: Any) -> None:
+        if self.hold_terminals <= 0:
+            return
+        participants = self.server.manager.get_participants(self.namespace, room)
+        if next(iter(participants), None) is not None:
+            return
+        self._expire_held()
+        self._held.append((time.monotonic() + self.hold_ttl, room, raw, set()))
+        del self._held[: max(0, len(self._held) - self.hold_terminals)]
+        self._count("held_terminals")
+
+    def _expire_held(self) -> None:
+        now = time.monotonic()
+        expired = 0
+        for forget, *_ in self._held:
+            if forget > now:
+                break
+            expired += 1
+        if expired:
+            del self._held[:expired]
+
+    async def _worker(self, sid: str, conn: _Internal) -> None:
+        """Emit one connection's frames in arrival order, one after the other."""
+        while True:
+            job = await conn.queue.get()
+            if job is None:
+                return
+            kind, room, payload, done = job
+            emitted = 0
+            try:
+                if kind == "blocks":
+                    for raw in payload:
+                        if raw.get("state") in ("done", "aborted"):
+                            if self._seen_terminal(raw):
+                                self._count("duplicate_terminal")
+                                continue
+                            self._hold_if_nobody_listens(room, raw)
+                        await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+                        emitted += 1
+                    self._count("blocks_emitted", emitted)
+                else:
+                    await self.emit(CHAT_EVENT, payload, room=room)
+                    self._count("chat_events")
+            except asyncio.CancelledError:
+                if not done.done():
+                    done.cancel()
+                raise
+            except Exception:
+                _rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+            if not done.done():
+                done.set_result(emitted)
+
+
+def mount_relay(sio: socketio.AsyncServer, secret: str, **options: Any) -> ChatRelay:
+    """Register a :class:`ChatRelay` (``options`` as its constructor's) on ``sio``."""
+    relay = ChatRelay(secret, **options)
+    sio.register_namespace(relay)
+    return relay
+
+
+@dataclass(frozen=True)
+class RelayApp:
+    """A ready relay: the ASGI ``app`` to serve, its ``sio`` server and the ``relay``."""
+
+    app: Any
+    sio: socketio.AsyncServer
+    relay: ChatRelay
+
+
+def create_app(
+    secret: str,
+    *,
+    redis_url: str | None = None,
+    redis_channel: str = "socketio",
+    other_asgi_app: Any = None,
+    cors_allowed_origins: str | list[str] | None = None,
+    max_http_buffer_size: int = 4 * 1024 * 1024,
+    **relay_options: Any,
+) -> RelayApp:
+    """An ``AsyncServer`` (Redis client manager when ``redis_url`` is given) with a
+    :class:`ChatRelay` mounted, wrapped in ``socketio.ASGIApp`` — for tests and the demo.
+
+    ``max_http_buffer_size`` bounds one incoming message (a whole ``kx_blocks`` frame).
+    """
+    manager = None
+    if redis_url is not None:
+        manager = socketio.AsyncRedisManager(redis_url, channel=redis_channel)
+    sio = socketio.AsyncServer(
+        async_mode="asgi",
+        client_manager=manager,
+        cors_allowed_origins=cors_allowed_origins if cors_allowed_origins is not None else [],
+        max_http_buffer_size=max_http_buffer_size,
+    )
+    relay = mount_relay(sio, secret, **relay_options)
+    app = socketio.ASGIApp(sio, other_asgi_app=other_asgi_app)
+    return RelayApp(app=app, sio=sio, relay=relay)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kernel_ext.relay``: serve a standalone relay with uvicorn."""
+    parser = argparse.ArgumentParser(prog="python -m kernel_ext.relay", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--redis-url", default=os.environ.get("KERNEL_EXT_REDIS_URL"))
+    parser.add_argument("--namespace", default="/chat")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    secret = os.environ.get("KERNEL_EXT_SECRET", "")
+    if not secret:
+        parser.error("set KERNEL_EXT_SECRET to the internal senders' shared secret")
+    import uvicorn
+
+    logging.basicConfig(level=args.log_level.upper())
+    ready = create_app(
+        secret,
+        redis_url=args.redis_url,
+        namespace=args.namespace,
+        authorize_join=allow_all,
+    )
+    uvicorn.run(
+        ready.app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="off",
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

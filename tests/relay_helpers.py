@@ -1,0 +1,156 @@
+"""Test helpers for the relay: real python-socketio browsers, a relay in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import socketio
+from conftest import free_port
+
+SECRET = "s3cret-for-tests"
+NS = "/chat"
+
+
+class Browser:
+    """A real ``socketio.AsyncClient`` acting as a browser: records what reaches it and
+    re-joins its conversations after a reconnect."""
+
+    def __init__(self, name: str = "browser", reconnect: bool = True) -> None:
+        self.name = name
+        self.client = socketio.AsyncClient(
+            reconnection=reconnect,
+            reconnection_delay=0.05,
+            reconnection_delay_max=0.25,
+            randomization_factor=0.1,
+        )
+        self.blocks: list[dict[str, Any]] = []
+        self.chat_events: list[dict[str, Any]] = []
+        self.order: list[str] = []
+        self.rooms: list[str] = []
+        self.connects = 0
+        self.rejoined = asyncio.Event()
+        self._changed = asyncio.Event()
+        self.client.on("tool_event_stream", self._on_block, namespace=NS)
+        self.client.on("chat_event", self._on_chat_event, namespace=NS)
+        self.client.on("connect", self._on_connect, namespace=NS)
+
+    def _on_block(self, block: dict[str, Any]) -> None:
+        self.blocks.append(block)
+        self.order.append("tool_event_stream")
+        self._changed.set()
+
+    def _on_chat_event(self, event: dict[str, Any]) -> None:
+        self.chat_events.append(event)
+        self.order.append("chat_event")
+        self._changed.set()
+
+    async def _on_connect(self) -> None:
+        self.connects += 1
+        if self.connects > 1 and self.rooms:
+            asyncio.get_running_loop().create_task(self._rejoin())
+
+    async def _rejoin(self) -> None:
+        for room in self.rooms:
+            ack = await self.client.call(
+                "join_conversation", {"conversationId": room}, namespace=NS, timeout=10
+            )
+            assert ack == {"ok": True}, ack
+        self.rejoined.set()
+
+    async def connect(self, port: int, auth: Any = None) -> None:
+        await asyncio.wait_for(
+            self.client.connect(
+                f"http://127.0.0.1:{port}",
+                namespaces=[NS],
+                auth=auth,
+                transports=["websocket"],
+                wait_timeout=5,
+            ),
+            timeout=10,
+        )
+
+    async def join(self, room: str) -> Any:
+        ack = await self.client.call(
+            "join_conversation", {"conversationId": room}, namespace=NS, timeout=5
+        )
+        if isinstance(ack, dict) and ack.get("ok"):
+            self.rooms.append(room)
+        return ack
+
+    async def wait_for(
+        self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate(self.blocks):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError(f"{self.name}: {len(self.blocks)} blocks, condition not met")
+            self._changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+        return self.blocks
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.shutdown(), timeout=5)
+
+
+async def barrier(browser: Browser, port: int) -> None:
+    """Everything sent to ``browser`` before now has arrived: a round trip through the
+    server on the same connection (events are delivered in order)."""
+    await browser.client.call(
+        "leave_conversation", {"conversationId": "__barrier__"}, namespace=NS, timeout=5
+    )
+
+
+class RelayProcess:
+    """``python -m kernel_ext.relay`` in a subprocess on a fixed port; killed in ``stop``."""
+
+    def __init__(self, port: int | None = None, redis_url: str | None = None) -> None:
+        self.port = port or free_port()
+        self.redis_url = redis_url
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
+        cmd = [sys.executable, "-m", "kernel_ext.relay", "--port", str(self.port)]
+        if self.redis_url:
+            cmd += ["--redis-url", self.redis_url]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+
+    async def wait_ready(self, timeout: float = 20.0) -> None:
+        """Poll (with a deadline) until the relay accepts a connection."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"relay exited with {self.proc.returncode}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                await writer.wait_closed()
+                return
+            except OSError:
+                if loop.time() > deadline:
+                    raise TimeoutError("relay did not listen in time") from None
+                await asyncio.sleep(0.05)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None

@@ -1,0 +1,200 @@
+"""The loopback emitter against a real relay: order, batching, acks, reconnects, restarts."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from conftest import free_port, serve_asgi
+from relay_helpers import SECRET, Browser, RelayProcess, barrier
+
+from kernel_ext.context import ToolCall, use_tool_call
+from kernel_ext.emit import LoopbackEmitter
+from kernel_ext.relay import ChatRelay, allow_all, create_app
+from kernel_ext.stream import StreamHub
+from kernel_ext.tap import Tap
+
+pytestmark = pytest.mark.network
+
+CALL = "00f067aa0ba902b7"
+CONV = "conv-1"
+
+
+def in_call(call_id: str = CALL) -> Any:
+    return use_tool_call(ToolCall(call_id, "ask_colleague", CONV))
+
+
+def count(n: int) -> Callable[[list[dict[str, Any]]], bool]:
+    return lambda blocks: len(blocks) >= n
+
+
+def terminals(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [b for b in blocks if b["state"] != "running"]
+
+
+@asynccontextmanager
+async def relay_in_loop(port: int | None = None) -> AsyncIterator[tuple[int, ChatRelay]]:
+    ready = create_app(SECRET, authorize_join=allow_all)
+    async with serve_asgi(ready.app, port) as bound:
+        yield bound, ready.relay
+
+
+@asynccontextmanager
+async def browser_in(port: int, room: str = CONV) -> AsyncIterator[Browser]:
+    b = Browser()
+    try:
+        await b.connect(port)
+        assert await b.join(room) == {"ok": True}
+        yield b
+    finally:
+        await b.close()
+
+
+def emitter_for(port: int, hub: StreamHub, **options: Any) -> LoopbackEmitter:
+    options.setdefault("reconnect_delay", 0.05)
+    options.setdefault("reconnect_delay_max", 0.3)
+    return LoopbackEmitter(f"http://127.0.0.1:{port}", SECRET, hub=hub, **options)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.01)  # polling with a deadline
+
+
+async def test_blocks_reach_the_browser_in_order_batched_with_one_terminal() -> None:
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    async with relay_in_loop() as (port, relay), browser_in(port) as b:
+        emitter = emitter_for(port, hub)
+        async with emitter:
+            await wait_until(lambda: emitter.healthy)
+            with in_call():
+                hub.publish_chat_event({"eventId": CALL, "status": "running"})
+                for i in range(300):
+                    hub.publish(f"step {i}", task_id=f"task-{i % 3}")
+                for t in range(3):
+                    hub.publish(f"answer {t}", task_id=f"task-{t}", state="done")
+            await b.wait_for(count(303))
+            assert await emitter.flush(10)
+        await barrier(b, port)
+        assert b.order[0] == "chat_event"
+        for t in range(3):
+            stream = [x for x in b.blocks if x["taskId"] == f"task-{t}"]
+            seqs = [x["envelope"]["seq"] for x in stream]
+            assert seqs == list(range(1, 102))
+            assert stream[-1]["state"] == "done"
+        assert len(terminals(b.blocks)) == 3
+        assert relay.stats()["frames"] < 303  # batched on the internal hop
+        assert hub.stats()["sent"] == 303
+
+
+async def test_running_blocks_are_dropped_while_disconnected_and_the_terminal_waits() -> None:
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    port = free_port()
+    health: list[bool] = []
+    emitter = emitter_for(port, hub, on_health=health.append)
+    async with emitter:
+        with in_call():
+            hub.publish("lost 1")
+            hub.publish("lost 2")
+            hub.publish("final", state="done")
+        await wait_until(lambda: hub.stats()["disconnected"] == 2)
+        assert emitter._pending() == 1
+        assert not emitter.healthy
+        async with relay_in_loop(port) as (_, _relay), browser_in(port) as b:
+            await b.wait_for(count(1))
+            assert await emitter.flush(10)
+            await barrier(b, port)
+            assert [x["envelope"]["payload"] for x in b.blocks] == [{"text": "final"}]
+    assert health[:1] == [True]
+
+
+async def test_a_wrong_secret_never_connects_and_is_counted() -> None:
+    hub = StreamHub(tap=Tap())
+    async with relay_in_loop() as (port, relay):
+        emitter = LoopbackEmitter(
+            f"http://127.0.0.1:{port}", "not-the-secret", hub=hub, reconnect_delay=0.05
+        )
+        async with emitter:
+            await wait_until(lambda: emitter.counts.get("connect_failures", 0) >= 2)
+            assert not emitter.healthy
+        assert relay.stats()["rejected_bad_secret"] >= 2
+        assert relay.stats()["internal"] == 0
+
+
+async def test_web_process_killed_and_restarted_mid_stream_terminal_arrives_once() -> None:
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    relay = RelayProcess()
+    relay.start()
+    try:
+        await relay.wait_ready()
+        b = Browser()
+        try:
+            await b.connect(relay.port)
+            assert await b.join(CONV) == {"ok": True}
+            emitter = emitter_for(relay.port, hub)
+            async with emitter:
+                await wait_until(lambda: emitter.healthy)
+                with in_call():
+                    for i in range(5):
+                        hub.publish(f"before {i}")
+                await b.wait_for(count(5))
+                relay.kill()  # SIGKILL mid-stream
+                with in_call():
+                    hub.publish("while down")
+                    hub.publish("the answer", state="done")
+                await wait_until(lambda: not emitter.healthy)
+                relay.start()  # same port
+                await relay.wait_ready()
+                await b.wait_for(lambda blocks: len(terminals(blocks)) >= 1, timeout=20)
+                assert await emitter.flush(10)
+                assert emitter.connections >= 2
+            await barrier(b, relay.port)
+            finals = terminals(b.blocks)
+            assert len(finals) == 1
+            assert finals[0]["envelope"]["payload"] == {"text": "the answer"}
+            assert [x["envelope"]["payload"]["text"] for x in b.blocks[:5]] == [
+                f"before {i}" for i in range(5)
+            ]
+        finally:
+            await b.close()
+    finally:
+        relay.stop()
+
+
+async def test_a_frozen_web_process_forces_a_reconnect_and_the_terminal_arrives_once() -> None:
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    relay = RelayProcess()
+    relay.start()
+    try:
+        await relay.wait_ready()
+        b = Browser()
+        try:
+            await b.connect(relay.port)
+            assert await b.join(CONV) == {"ok": True}
+            emitter = emitter_for(relay.port, hub, ack_timeout=0.5, connect_timeout=0.5)
+            async with emitter:
+                await wait_until(lambda: emitter.healthy)
+                assert relay.proc is not None
+                relay.proc.send_signal(signal.SIGSTOP)  # frozen: sockets stay open
+                try:
+                    with in_call():
+                        hub.publish("the answer", state="done")
+                    await wait_until(lambda: emitter.counts.get("ack_timeouts", 0) >= 1)
+                finally:
+                    relay.proc.send_signal(signal.SIGCONT)
+                await b.wait_for(count(1), timeout=20)
+                assert await emitter.flush(15)
+            await barrier(b, relay.port)
+            assert len(terminals(b.blocks)) == 1
+        finally:
+            await b.close()
+    finally:
+        relay.stop()
