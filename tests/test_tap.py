@@ -1,0 +1,159 @@
+"""The trajectory tap: live tool calls per conversation, bounded, thread-safe."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+
+from kernel_ext import ConfigError, LiveCall, Tap, default_tap
+
+
+def call(n: int, name: str = "ask_colleague", conversation: str | None = "conv-1") -> LiveCall:
+    return LiveCall(f"{n:016x}", name, conversation, started_ns=n)
+
+
+def test_added_call_is_live_and_found_by_id_until_discarded() -> None:
+    tap = Tap()
+    first = call(1)
+    assert tap.add(first) is True
+    assert tap.get(first.call_id) is first
+    assert first.call_id in tap
+    assert len(tap) == 1
+    assert tap.discard(first.call_id) is first
+    assert tap.get(first.call_id) is None
+    assert len(tap) == 0
+
+
+def test_discarding_an_unknown_call_returns_none() -> None:
+    assert Tap().discard("00000000000000ff") is None
+
+
+def test_adding_a_live_call_id_again_is_refused_and_changes_nothing() -> None:
+    tap = Tap()
+    tap.add(call(1))
+    assert tap.add(call(1, name="other")) is False
+    assert tap.get(call(1).call_id) == call(1)
+
+
+def test_live_lists_a_conversations_calls_in_start_order_filtered_by_name() -> None:
+    tap = Tap()
+    for n, name in [(3, "ask_colleague"), (1, "search"), (2, "ask_colleague")]:
+        tap.add(call(n, name))
+    tap.add(call(9, conversation="conv-2"))
+    assert [c.started_ns for c in tap.live("conv-1")] == [3, 1, 2]
+    assert [c.started_ns for c in tap.live("conv-1", "ask_colleague")] == [3, 2]
+    assert tap.live("conv-3") == ()
+
+
+def test_near_match_gives_the_single_live_call_of_that_name_in_that_conversation() -> None:
+    tap = Tap()
+    tap.add(call(1, "ask_colleague"))
+    tap.add(call(2, "search"))
+    tap.add(call(3, "ask_colleague", conversation="conv-2"))
+    assert tap.near_match("conv-1", "ask_colleague") == (call(1), 1)
+
+
+def test_near_match_with_two_candidates_gives_no_call() -> None:
+    tap = Tap()
+    tap.add(call(1))
+    tap.add(call(2))
+    assert tap.near_match("conv-1", "ask_colleague") == (None, 2)
+
+
+def test_near_match_without_candidates_gives_no_call() -> None:
+    tap = Tap()
+    tap.add(call(1, "search"))
+    assert tap.near_match("conv-1", "ask_colleague") == (None, 0)
+    assert tap.near_match("conv-9", "search") == (None, 0)
+
+
+def test_calls_without_conversation_are_found_only_under_none() -> None:
+    tap = Tap()
+    tap.add(call(1, conversation=None))
+    assert tap.near_match(None, "ask_colleague") == (call(1, conversation=None), 1)
+    assert tap.near_match("conv-1", "ask_colleague") == (None, 0)
+
+
+def test_the_tap_is_empty_again_when_every_call_ended() -> None:
+    tap = Tap()
+    for n in range(50):
+        tap.add(call(n, conversation=f"conv-{n % 7}"))
+    assert tap.conversations() == 7
+    for n in range(50):
+        tap.discard(call(n).call_id)
+    assert len(tap) == 0
+    assert tap.conversations() == 0
+    assert tap.snapshot() == ()
+
+
+def test_a_full_conversation_evicts_its_oldest_call_and_counts_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    tap = Tap(max_per_conversation=2)
+    tap.add(call(1))
+    tap.add(call(2, conversation="conv-2"))
+    tap.add(call(3))
+    with caplog.at_level(logging.WARNING, logger="kernel_ext.tap"):
+        assert tap.add(call(4)) is True
+    assert [c.started_ns for c in tap.live("conv-1")] == [3, 4]
+    assert tap.get(call(2).call_id) is not None  # other conversations untouched
+    assert tap.evicted == 1
+    assert "evicted live call 0000000000000001" in caplog.text
+
+
+def test_a_full_tap_evicts_the_oldest_call_overall() -> None:
+    tap = Tap(max_calls=3)
+    for n in range(1, 5):
+        tap.add(call(n, conversation=f"conv-{n}"))
+    assert [c.started_ns for c in tap.snapshot()] == [2, 3, 4]
+    assert tap.conversations() == 3
+    assert tap.evicted == 1
+
+
+def test_evicting_the_last_call_of_a_conversation_keeps_the_new_one_indexed() -> None:
+    tap = Tap(max_per_conversation=1)
+    tap.add(call(1))
+    tap.add(call(2))
+    assert tap.live("conv-1") == (call(2),)
+    assert tap.near_match("conv-1", "ask_colleague") == (call(2), 1)
+    tap.discard(call(2).call_id)
+    assert tap.conversations() == 0
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"max_calls": 0}, {"max_per_conversation": -1}, {"max_calls": True}]
+)
+def test_bad_bounds_are_rejected_at_construction(kwargs: dict[str, int]) -> None:
+    with pytest.raises(ConfigError, match=next(iter(kwargs))):
+        Tap(**kwargs)
+
+
+def test_default_tap_is_one_process_wide_tap() -> None:
+    assert default_tap() is default_tap()
+
+
+def test_concurrent_adds_and_discards_from_many_threads_leave_a_consistent_tap() -> None:
+    tap = Tap(max_calls=100_000)
+    barrier = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def worker(t: int) -> None:
+        try:
+            barrier.wait(10)
+            for n in range(t * 1000, t * 1000 + 1000):
+                assert tap.add(call(n, conversation=f"conv-{n % 5}"))
+                tap.near_match(f"conv-{n % 5}", "ask_colleague")
+                assert tap.discard(call(n).call_id) is not None
+        except BaseException as exc:  # collected for the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    assert len(tap) == 0
+    assert tap.conversations() == 0
