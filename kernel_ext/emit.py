@@ -865,6 +865,7 @@ class RedisEmitter(Emitter):
         return True
 
     async def _watch(self) -> None:
+        await self._ping()
         while not self._stopping:
             if self._healthy and not len(self._terminals):
                 interval = self.health_interval

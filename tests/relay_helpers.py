@@ -14,8 +14,14 @@ from typing import Any
 import socketio
 from conftest import free_port
 
+from kernel_ext.context import ToolCall, use_tool_call
+from kernel_ext.emit import LoopbackEmitter
+from kernel_ext.stream import StreamHub
+
 SECRET = "s3cret-for-tests"
 NS = "/chat"
+CALL = "00f067aa0ba902b7"
+CONV = "conv-1"
 
 
 class Browser:
@@ -154,3 +160,30 @@ class RelayProcess:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.proc = None
+
+
+def in_call(call_id: str = CALL) -> Any:
+    return use_tool_call(ToolCall(call_id, "ask_colleague", CONV))
+
+
+def count(n: int) -> Callable[[list[dict[str, Any]]], bool]:
+    return lambda blocks: len(blocks) >= n
+
+
+def terminals(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [b for b in blocks if b["state"] != "running"]
+
+
+def emitter_for(port: int, hub: StreamHub, **options: Any) -> LoopbackEmitter:
+    options.setdefault("reconnect_delay", 0.05)
+    options.setdefault("reconnect_delay_max", 0.3)
+    return LoopbackEmitter(f"http://127.0.0.1:{port}", SECRET, hub=hub, **options)
+
+
+async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise TimeoutError("condition not met in time")
+        await asyncio.sleep(0.01)  # polling with a deadline

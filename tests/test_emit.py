@@ -2,38 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
 import signal
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import pytest
 from conftest import free_port, serve_asgi
-from relay_helpers import SECRET, Browser, RelayProcess, barrier
+from relay_helpers import (
+    CALL,
+    CONV,
+    SECRET,
+    Browser,
+    RelayProcess,
+    barrier,
+    count,
+    emitter_for,
+    in_call,
+    terminals,
+    wait_until,
+)
 
-from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import LoopbackEmitter
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import StreamHub
 from kernel_ext.tap import Tap
 
 pytestmark = pytest.mark.network
-
-CALL = "00f067aa0ba902b7"
-CONV = "conv-1"
-
-
-def in_call(call_id: str = CALL) -> Any:
-    return use_tool_call(ToolCall(call_id, "ask_colleague", CONV))
-
-
-def count(n: int) -> Callable[[list[dict[str, Any]]], bool]:
-    return lambda blocks: len(blocks) >= n
-
-
-def terminals(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [b for b in blocks if b["state"] != "running"]
 
 
 @asynccontextmanager
@@ -52,21 +46,6 @@ async def browser_in(port: int, room: str = CONV) -> AsyncIterator[Browser]:
         yield b
     finally:
         await b.close()
-
-
-def emitter_for(port: int, hub: StreamHub, **options: Any) -> LoopbackEmitter:
-    options.setdefault("reconnect_delay", 0.05)
-    options.setdefault("reconnect_delay_max", 0.3)
-    return LoopbackEmitter(f"http://127.0.0.1:{port}", SECRET, hub=hub, **options)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.01)  # polling with a deadline
 
 
 async def test_blocks_reach_the_browser_in_order_batched_with_one_terminal() -> None:
