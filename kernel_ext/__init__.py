@@ -13,6 +13,7 @@ from kernel_ext.context import (
     set_tool_call,
     use_tool_call,
 )
+from kernel_ext.emit import Emitter, LoopbackEmitter, MemoryEmitter, RedisEmitter
 from kernel_ext.errors import (
     BlockTooLargeError,
     ColleagueError,
@@ -21,9 +22,18 @@ from kernel_ext.errors import (
     KernelExtError,
 )
 from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
+from kernel_ext.plugin import disable, enable
 from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.protocol import Block, Envelope, decode, encode, pseudo_envelope
+from kernel_ext.relay import ChatRelay, create_app, mount_relay
 from kernel_ext.resolve import Resolution, ResolutionPath, resolve_call_id
+from kernel_ext.stream import (
+    StreamHub,
+    get_default_hub,
+    publish,
+    publish_chat_event,
+    set_default_hub,
+)
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
 
 __version__ = "0.1.0"
@@ -32,28 +42,42 @@ __all__ = [
     "Block",
     "BlockTooLargeError",
     "CallSink",
+    "ChatRelay",
     "ColleagueError",
     "ConfigError",
     "DecodeError",
+    "Emitter",
     "Envelope",
     "KernelExtError",
     "LiveCall",
+    "LoopbackEmitter",
+    "MemoryEmitter",
+    "RedisEmitter",
     "Resolution",
     "ResolutionPath",
+    "StreamHub",
     "Tap",
     "ToolCall",
     "ToolDescription",
     "ToolRuntimeInstrumentor",
     "ToolSpanProcessor",
     "__version__",
+    "create_app",
     "current_call_id",
     "current_tool_call",
     "decode",
     "default_tap",
+    "disable",
+    "enable",
     "encode",
+    "get_default_hub",
+    "mount_relay",
     "pseudo_envelope",
+    "publish",
+    "publish_chat_event",
     "reset_tool_call",
     "resolve_call_id",
+    "set_default_hub",
     "set_tool_call",
     "use_tool_call",
 ]
