@@ -170,6 +170,9 @@ class Emitter:
     async def _run(self) -> None:
         consumer = self._consumer
         assert consumer is not None
+        # Until the transport's first attempt is over, blocks wait in the hub's bounded
+        # queue instead of being dropped as "disconnected".
+        await self._ready()
         while not consumer.closed:
             items = await consumer.get(self.batch_max)
             self._busy = True
@@ -197,6 +200,9 @@ class Emitter:
     def _pending(self) -> int:
         """Items held back by the transport (e.g. terminals awaiting acknowledgement)."""
         return 0
+
+    async def _ready(self) -> None:
+        """Return once the transport's first connection attempt is over (either way)."""
 
 
 class MemoryEmitter(Emitter):
@@ -431,6 +437,7 @@ class LoopbackEmitter(Emitter):
         self._connections = 0
         self._connector: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
+        self._first_attempt = asyncio.Event()
         self.counts: dict[str, int] = {}
 
     @property
@@ -460,10 +467,14 @@ class LoopbackEmitter(Emitter):
 
     # -- the connection -------------------------------------------------------------------
 
+    async def _ready(self) -> None:
+        await self._first_attempt.wait()
+
     async def _open(self) -> None:
         import socketio
 
         self._wakeup = asyncio.Event()
+        self._first_attempt = asyncio.Event()
         client = socketio.AsyncClient(reconnection=False)
         client.on("connect", self._on_connect, namespace=self.namespace)
         client.on("disconnect", self._on_disconnect, namespace=self.namespace)
@@ -516,8 +527,6 @@ class LoopbackEmitter(Emitter):
         self._wakeup.set()
 
     async def _connect_loop(self) -> None:
-        import socketio
-
         delay = self.reconnect_delay
         while not self._stopping:
             client = self._client
@@ -532,7 +541,7 @@ class LoopbackEmitter(Emitter):
                 )
             except asyncio.CancelledError:
                 raise
-            except (socketio.exceptions.ConnectionError, OSError, ValueError) as exc:
+            except Exception as exc:  # ConnectionError, OSError, refused auth, …
                 self._bump("connect_failures")
                 _rare(
                     "connect_failed",
@@ -542,10 +551,12 @@ class LoopbackEmitter(Emitter):
                     level=logging.WARNING,
                 )
                 self._terminals.held = self._terminals.take()  # expire old ones meanwhile
+                self._first_attempt.set()
                 await self._pause(_jittered(delay))
                 delay = min(delay * 2, self.reconnect_delay_max)
                 continue
             delay = self.reconnect_delay
+            self._first_attempt.set()
             await self._watch()
 
     async def _pause(self, seconds: float) -> None:
@@ -788,6 +799,7 @@ class RedisEmitter(Emitter):
         self._ping_client: Any = None
         self._monitor: asyncio.Task[None] | None = None
         self._wakeup = asyncio.Event()
+        self._first_ping = asyncio.Event()
         self._retry_at = 0.0
         self._retry_delay = self.retry_interval
         self.outages = 0
@@ -816,7 +828,11 @@ class RedisEmitter(Emitter):
             redis_options=dict(self._options),
         )
         self._ping_client = aioredis.Redis.from_url(self.url, **self._options)
+        self._first_ping = asyncio.Event()
         self._monitor = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _ready(self) -> None:
+        await self._first_ping.wait()
 
     async def _close(self) -> None:
         self._stopping = True
@@ -865,7 +881,10 @@ class RedisEmitter(Emitter):
         return True
 
     async def _watch(self) -> None:
-        await self._ping()
+        try:
+            await self._ping()
+        finally:
+            self._first_ping.set()
         while not self._stopping:
             if self._healthy and not len(self._terminals):
                 interval = self.health_interval
