@@ -7,7 +7,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from kernel_ext import tail
+from kernel_ext import demo, tail
 from kernel_ext.protocol import block_json_schema
 
 
@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
     follow = sub.add_parser("tail", help="follow a conversation's tool calls live, like tail -f")
     tail.add_arguments(follow)
     follow.set_defaults(func=tail.run)
+    show = sub.add_parser("demo", help="the whole path on this machine, in a browser")
+    demo.add_arguments(show)
+    show.set_defaults(func=demo.run)
     return parser
 
 

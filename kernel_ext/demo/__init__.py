@@ -1,0 +1,106 @@
+"""``kernel-ext demo``: the whole path on one machine.
+
+An agent conversation whose ``ask_colleague`` calls stream their colleague's work live into
+the browser: two A2A colleagues, a pydantic-ai worker instrumented by kernel_ext, and the
+``/chat`` relay serving a page that shows one node per tool call, each with its live detail
+pane (:mod:`kernel_ext.demo.launcher` for what runs and what is guaranteed).
+
+Importing this package is cheap and works on every supported Python; :func:`run` checks
+that the demo can run here (Python ≥ 3.11 for pydantic-ai, the ``demo`` extra installed)
+and says what is missing otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from typing import TextIO
+
+__all__ = ["EXIT_UNAVAILABLE", "add_arguments", "missing_requirements", "run"]
+
+EXIT_UNAVAILABLE = 2
+_NEEDED = {
+    "pydantic_ai": "pydantic-ai-slim",
+    "a2a": "a2a-sdk",
+    "httpx": "httpx",
+    "uvicorn": "uvicorn",
+    "starlette": "starlette",
+}
+
+
+def missing_requirements() -> str | None:
+    """Why the demo cannot run on this interpreter, or ``None`` when it can."""
+    if sys.version_info < (3, 11):
+        version = ".".join(str(n) for n in sys.version_info[:3])
+        return (
+            f"kernel-ext demo needs Python 3.11 or newer (its agent uses pydantic-ai, which "
+            f"requires 3.11); this is Python {version}. The library itself works here."
+        )
+    missing = [dist for module, dist in _NEEDED.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        return (
+            f"kernel-ext demo needs {', '.join(missing)}: install the demo extra, "
+            "pip install 'kernel-ext[demo]' (or pip install '.[demo]' in a checkout)"
+        )
+    return None
+
+
+def _seconds(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {value!r}")
+    return number
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``demo``'s options to ``parser``."""
+    parser.add_argument("--host", default="127.0.0.1", help="web bind address (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="web port (8000)")
+    parser.add_argument(
+        "--headless",
+        action="store_true",
+        help="run one scripted conversation, print it like `kernel-ext tail`, exit 0 when "
+        "every tool call has its terminal",
+    )
+    parser.add_argument(
+        "--redis", default=None, metavar="URL", help="run the web side through Redis (URL)"
+    )
+    parser.add_argument(
+        "--time-limit",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="stop after S seconds (default: none; 60 with --headless, then it is a failure)",
+    )
+    parser.add_argument(
+        "--step-delay",
+        type=float,
+        default=0.4,
+        metavar="S",
+        help="seconds between a colleague's steps (0.4)",
+    )
+
+
+def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
+    """Run ``kernel-ext demo`` with parsed ``args``; returns the exit code
+    (:data:`EXIT_UNAVAILABLE` when the demo cannot run on this interpreter)."""
+    err = err if err is not None else sys.stderr
+    problem = missing_requirements()
+    if problem is not None:
+        err.write(problem + "\n")
+        return EXIT_UNAVAILABLE
+    from kernel_ext.demo.launcher import Options, launch
+
+    time_limit = args.time_limit
+    if time_limit is None and args.headless:
+        time_limit = 60.0
+    options = Options(
+        host=args.host,
+        port=args.port,
+        headless=args.headless,
+        redis=args.redis,
+        time_limit=time_limit,
+        step_delay=max(0.0, args.step_delay),
+    )
+    return launch(options, err=err)

@@ -1,0 +1,459 @@
+"""``kernel-ext demo``: start the whole path as separate processes, watch them, stop them.
+
+Processes (each ``sys.executable -m …``, output to a log file in a temporary directory):
+
+* two colleagues (:mod:`kernel_ext.demo.colleague`), on free ports of 127.0.0.1;
+* the web process (:mod:`kernel_ext.demo.web`) on ``--host``/``--port``;
+* the worker (:mod:`kernel_ext.demo.worker`), connected to the web process.
+
+Guarantees:
+
+* No orphans: every child is stopped (SIGTERM, then SIGKILL after 5 s) and reaped when the
+  demo ends for any reason — Ctrl-C, SIGTERM, the time limit, an error, or a child that
+  died (then the demo stops the others and exits 1, showing the end of that child's log).
+  On Linux each child also gets SIGTERM if the demo process itself is killed outright.
+  Children run in their own sessions, so a terminal's Ctrl-C reaches the demo only.
+* The URL is printed once every process is ready (colleagues listening, agent connected).
+* ``--headless``: one scripted conversation (:data:`kernel_ext.demo.script.QUESTIONS`),
+  sent over ``/chat`` as a browser would, printed as ``kernel-ext tail`` prints (plus the
+  user's and the agent's messages, ``»``/``«``). Exit 0 once the agent answered every
+  question and every tool call has its terminal, all ``done``; 1 otherwise (time limit,
+  an aborted call, a refused message, a child that died); 130 after Ctrl-C/SIGTERM.
+* Logs are removed after a clean run and kept (path printed) after a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import ctypes.util
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from kernel_ext.demo.script import COLLEAGUES, QUESTIONS
+from kernel_ext.tail import TailPrinter, clean
+
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Child", "Supervisor", "launch"]
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INTERRUPTED = 130
+_STOP_GRACE = 5.0
+_STARTUP_LIMIT = 60.0
+_NAMESPACE = "/chat"
+
+
+class DemoFailed(Exception):
+    """The demo cannot go on; the message says why (printed on stderr)."""
+
+
+# -- children ----------------------------------------------------------------------------
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that asks Linux to SIGTERM the child when the demo dies, or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+    parent = os.getpid()
+
+    def preexec() -> None:  # runs in the child between fork and exec: no imports, no locks
+        prctl(pr_set_pdeathsig, signal.SIGTERM)
+        if os.getppid() != parent:  # the demo died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
+@dataclass
+class Child:
+    """One child process: its name, command line and log file."""
+
+    name: str
+    argv: list[str]
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int | None:
+        """The process id once started."""
+        return self.proc.pid if self.proc is not None else None
+
+    def log_tail(self, lines: int = 20) -> str:
+        """The last ``lines`` lines of the child's log (empty when there is none)."""
+        try:
+            text = self.log.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+@dataclass
+class Supervisor:
+    """Starts children with ``sys.executable -m`` and stops every one of them."""
+
+    log_dir: Path
+    env: Mapping[str, str]
+    children: list[Child] = field(default_factory=list)
+
+    def start(self, name: str, module: str, *args: str) -> Child:
+        """Start ``python -m module args…`` as ``name`` (stdout+stderr to its log)."""
+        child = Child(name, [sys.executable, "-m", module, *args], self.log_dir / f"{name}.log")
+        self.children.append(child)
+        with open(child.log, "wb") as log:
+            child.proc = subprocess.Popen(
+                child.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(self.env),
+                start_new_session=True,
+                preexec_fn=_parent_death_signal(),
+            )
+        return child
+
+    def dead(self) -> Child | None:
+        """The first child that has exited, if any."""
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is not None:
+                return child
+        return None
+
+    def stop(self, grace: float = _STOP_GRACE) -> None:
+        """SIGTERM every running child, SIGKILL what is left after ``grace`` seconds, and
+        reap them all. Idempotent; never raises."""
+        procs = [c.proc for c in self.children if c.proc is not None]
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    proc.terminate()
+        deadline = time.monotonic() + grace
+        for proc in procs:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(OSError):
+                    proc.kill()
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=grace)
+
+
+# -- readiness ---------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_taken(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+async def _until(
+    supervisor: Supervisor, what: str, check: Callable[[], Any], deadline: float
+) -> None:
+    """Poll ``check()`` (sync or async) until true; fail when a child dies or at
+    ``deadline`` (loop time)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        dead = supervisor.dead()
+        if dead is not None:
+            raise DemoFailed(_died(dead))
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise DemoFailed(f"{what} was not ready in time")
+        await asyncio.sleep(0.05)  # polling with a deadline
+
+
+async def _listening(port: int) -> bool:
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
+async def _agent_connected(client: Any, url: str) -> bool:
+    try:
+        response = await client.get(url + "/demo/health")
+        return bool(response.status_code == 200 and response.json().get("agent") is True)
+    except Exception:
+        return False
+
+
+def _died(child: Child) -> str:
+    code = child.proc.returncode if child.proc is not None else None
+    tail = child.log_tail()
+    return f"the {child.name} process exited (code {code})" + (
+        f"; the end of its log:\n{tail}" if tail else ""
+    )
+
+
+# -- headless ----------------------------------------------------------------------------
+
+
+class _Transcript:
+    """What a headless run saw: the tail printer's panes plus the chat messages."""
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+        self.printer = TailPrinter(out)
+        self.tool_calls: list[str] = []
+        self.answers = 0
+        self.changed = asyncio.Event()
+
+    def _say(self, mark: str, text: str) -> None:
+        for line in clean(text).split("\n"):
+            self.out.write(f"{mark} {line}\n")
+        self.out.flush()
+
+    def on_block(self, block: Any) -> None:
+        self.printer.block(block)
+        self.changed.set()
+
+    def on_chat_event(self, event: Any) -> None:
+        if isinstance(event, Mapping) and event.get("eventScene") == "message":
+            content = event.get("content")
+            if isinstance(content, Mapping) and isinstance(content.get("text"), str):
+                if content.get("role") == "assistant":
+                    self.answers += 1
+                    self._say("«", content["text"])
+                else:
+                    self._say("»", content["text"])
+        elif isinstance(event, Mapping) and event.get("eventScene") == "tool":
+            call_id = event.get("eventId")
+            if isinstance(call_id, str) and call_id not in self.tool_calls:
+                self.tool_calls.append(call_id)
+            self.printer.snapshot(event)
+        self.changed.set()
+
+    def open_calls(self) -> list[str]:
+        """Tool calls without a terminal on every stream."""
+        open_ = []
+        for call_id in self.tool_calls:
+            pane = self.printer.store.pane(call_id)
+            if pane is None or not pane.tasks or not all(t.ended for t in pane.tasks.values()):
+                open_.append(call_id)
+        return open_
+
+    def aborted_calls(self) -> list[str]:
+        """Tool calls with an ``aborted`` stream."""
+        return [
+            call_id
+            for call_id in self.tool_calls
+            if (pane := self.printer.store.pane(call_id)) is not None
+            and any(t.outcome == "aborted" for t in pane.tasks.values())
+        ]
+
+    async def wait(self, predicate: Callable[[], bool]) -> None:
+        while not predicate():
+            self.changed.clear()
+            await self.changed.wait()
+
+
+async def _converse(url: str, out: TextIO, err: TextIO) -> int:
+    """Play :data:`QUESTIONS` through ``/chat`` like a browser; the exit code."""
+    import socketio
+
+    transcript = _Transcript(out)
+    conversation_id = f"demo-headless-{uuid.uuid4().hex[:12]}"
+    sio = socketio.AsyncClient(reconnection=False)
+    sio.on("tool_event_stream", transcript.on_block, namespace=_NAMESPACE)
+    sio.on("chat_event", transcript.on_chat_event, namespace=_NAMESPACE)
+    await sio.connect(url, namespaces=[_NAMESPACE], transports=["websocket"], wait_timeout=10)
+    try:
+        ack = await sio.call(
+            "join_conversation",
+            {"conversationId": conversation_id},
+            namespace=_NAMESPACE,
+            timeout=10,
+        )
+        if not (isinstance(ack, Mapping) and ack.get("ok") is True):
+            raise DemoFailed(f"joining {conversation_id} was refused: {ack!r}")
+        for number, question in enumerate(QUESTIONS, start=1):
+            ack = await sio.call(
+                "user_message",
+                {"conversationId": conversation_id, "text": question},
+                namespace=_NAMESPACE,
+                timeout=15,
+            )
+            if not (isinstance(ack, Mapping) and ack.get("ok") is True):
+                raise DemoFailed(f"the message was refused: {ack!r}")
+            await transcript.wait(lambda n=number: transcript.answers >= n)  # type: ignore[misc]
+        await transcript.wait(lambda: not transcript.open_calls())
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(sio.disconnect(), 5)
+    aborted = transcript.aborted_calls()
+    calls = len(transcript.tool_calls)
+    if aborted:
+        err.write(f"kernel-ext demo: {len(aborted)} of {calls} tool calls aborted: {aborted}\n")
+        return EXIT_FAILED
+    err.write(f"kernel-ext demo: {calls} tool calls, each ended with its final answer\n")
+    return EXIT_OK
+
+
+# -- the command -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    """``kernel-ext demo``'s options (see :func:`kernel_ext.demo.add_arguments`)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    headless: bool = False
+    redis: str | None = None
+    time_limit: float | None = None
+    step_delay: float = 0.4
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
+
+
+async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> int:
+    import httpx
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, stop.set)
+
+    if _port_taken(options.host, options.port):
+        raise DemoFailed(f"port {options.port} on {options.host} is in use; pick another: --port")
+    env = {
+        **os.environ,
+        "KERNEL_EXT_SECRET": secrets.token_urlsafe(32),
+        "PYTHONUNBUFFERED": "1",
+    }
+    supervisor = Supervisor(log_dir, env)
+    url = f"http://{_url_host(options.host)}:{options.port}"
+    colleague_urls: list[str] = []
+    try:
+        for spec in COLLEAGUES:
+            port = _free_port()
+            supervisor.start(
+                f"colleague-{spec.key}",
+                "kernel_ext.demo.colleague",
+                "--port", str(port),
+                "--name", spec.title,
+                "--delay", str(options.step_delay),
+            )  # fmt: skip
+            colleague_urls.append(f"http://127.0.0.1:{port}/")
+        web_args = ["--host", options.host, "--port", str(options.port)]
+        if options.redis:
+            web_args += ["--redis", options.redis]
+        supervisor.start("web", "kernel_ext.demo.web", *web_args)
+        worker_args = ["--relay", url]
+        for spec, colleague_url in zip(COLLEAGUES, colleague_urls, strict=True):
+            worker_args += ["--colleague", f"{spec.key}={colleague_url}"]
+        supervisor.start("worker", "kernel_ext.demo.worker", *worker_args)
+        for child in supervisor.children:
+            err.write(f"kernel-ext demo: {child.name} started (pid {child.pid})\n")
+        err.flush()
+
+        async def run() -> int:
+            deadline = loop.time() + _STARTUP_LIMIT
+            for colleague_url in colleague_urls:
+                port = int(colleague_url.rsplit(":", 1)[1].strip("/"))
+                await _until(supervisor, "a colleague", lambda p=port: _listening(p), deadline)  # type: ignore[misc]
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                await _until(
+                    supervisor, "the agent", lambda: _agent_connected(client, url), deadline
+                )
+            if options.headless:
+                err.write(f"kernel-ext demo: ready at {url}; running the scripted conversation\n")
+                err.flush()
+                return await _converse(url, out, err)
+            out.write(
+                f"kernel-ext demo is running. Open {url}/ in a browser.\n"
+                "The page starts a conversation by itself; Ctrl-C stops everything.\n"
+            )
+            out.flush()
+            while True:  # until a signal, the time limit or a child's death
+                dead = supervisor.dead()
+                if dead is not None:
+                    raise DemoFailed(_died(dead))
+                await asyncio.sleep(0.2)  # watching the children, not synchronising
+
+        job = asyncio.ensure_future(run())
+        stopper = asyncio.ensure_future(stop.wait())
+        done, _ = await asyncio.wait(
+            {job, stopper}, timeout=options.time_limit, return_when=asyncio.FIRST_COMPLETED
+        )
+        if job in done:
+            stopper.cancel()
+            return job.result()
+        job.cancel()
+        stopper.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await job
+        if stopper in done:
+            err.write("kernel-ext demo: stopping\n")
+            return EXIT_INTERRUPTED
+        if options.headless:
+            raise DemoFailed(f"the conversation did not finish within {options.time_limit:g} s")
+        err.write(f"kernel-ext demo: time limit of {options.time_limit:g} s reached; stopping\n")
+        return EXIT_OK
+    finally:
+        supervisor.stop()
+
+
+def launch(options: Options, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run the demo; returns the exit code (module docstring). Never leaves a child."""
+    out = out if out is not None else sys.stdout
+    err = err if err is not None else sys.stderr
+    log_dir = Path(tempfile.mkdtemp(prefix="kernel-ext-demo-"))
+    code = EXIT_FAILED
+    try:
+        code = asyncio.run(_main(options, out, err, log_dir))
+    except DemoFailed as exc:
+        err.write(f"kernel-ext demo: {exc}\n")
+    except KeyboardInterrupt:  # a Ctrl-C before the loop's handler was in place
+        code = EXIT_INTERRUPTED
+    finally:
+        if code in (EXIT_OK, EXIT_INTERRUPTED):
+            shutil.rmtree(log_dir, ignore_errors=True)
+        else:
+            err.write(f"kernel-ext demo: the processes' logs are in {log_dir}\n")
+        err.flush()
+    return code

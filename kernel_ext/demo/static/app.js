@@ -1,0 +1,202 @@
+// The demo page: a chat flow with one node per tool call, each opening its live detail pane.
+//
+// * Conversation: `?c=demo-…` joins that conversation (nothing is sent); without it, the page
+//   starts a new conversation and sends the first question itself once joined (`?auto=0`
+//   starts one without sending).
+// * The flow is driven by `chat_event` snapshots: scene "message" (role user/assistant) is a
+//   bubble, scene "tool" is a tool-call node (once per eventId = callId). Each node mounts
+//   the renderer's pane for its callId (kernel_ext/web/renderer.js), fed by the same socket.
+// * The box sends `user_message` {conversationId, text}; the web process forwards it to the
+//   agent. Nothing else can be sent from here but join_conversation.
+// * All data goes into the page through textContent and attribute values; never as markup.
+import { PaneStore, attachSocket, labelsFor, mountPane } from "/renderer.js";
+import { connect } from "/static/sio.js";
+
+const params = new URLSearchParams(location.search);
+const ID_PATTERN = /^demo-[A-Za-z0-9_-]{1,64}$/;
+const requested = params.get("c");
+const conversationId = requested && ID_PATTERN.test(requested) ? requested : `demo-${randomId()}`;
+const autoSend = requested === null && params.get("auto") !== "0";
+const locale = params.get("lang") === "en" ? "en" : "zh";
+const labels = labelsFor(locale);
+
+const flow = document.getElementById("flow");
+const notice = document.getElementById("notice");
+const form = document.getElementById("composer");
+const input = document.getElementById("message");
+const sendButton = document.getElementById("send");
+const connection = document.getElementById("connection");
+
+const config = await loadConfig();
+const titles = new Map(config.colleagues.map((c) => [c.key, c.title]));
+input.maxLength = config.maxMessageChars;
+document.getElementById("tail-command").textContent =
+  `kernel-ext tail --url ${location.origin} --conversation ${conversationId}`;
+for (const suggestion of config.suggestions) {
+  const chip = element("button", "suggestion", suggestion);
+  chip.type = "button";
+  chip.addEventListener("click", () => {
+    input.value = suggestion;
+    input.focus();
+  });
+  document.getElementById("suggestions").append(chip);
+}
+
+const store = new PaneStore();
+const socket = connect("/chat");
+const nodes = new Map(); // eventId -> tool node view
+const seenMessages = new Set();
+let firstSent = false;
+
+attachSocket(socket, store, {
+  conversationId,
+  onJoin(ack) {
+    if (!ack || ack.ok !== true) {
+      showNotice(`Could not join ${conversationId}: ${(ack && ack.error) || "no answer"}`);
+      return;
+    }
+    document.body.dataset.joined = "1";
+    if (autoSend && !firstSent) {
+      firstSent = true;
+      send(config.firstQuestion);
+    }
+  },
+});
+socket.on("chat_event", onChatEvent);
+socket.on("connect", () => setConnection("connected", "connected"));
+socket.on("disconnect", () => setConnection("disconnected", "reconnecting…"));
+socket.on("connect_error", () => setConnection("disconnected", "refused"));
+store.subscribe((applied) => {
+  if (applied.outcome === "orphan" && applied.final) addOrphan(applied.final);
+});
+
+form.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const text = input.value.trim();
+  if (text) send(text).then((ok) => ok && (input.value = ""));
+});
+
+window.kxDemo = { store, socket, conversationId };
+document.body.dataset.ready = "1";
+
+// ---------------------------------------------------------------------------------------
+
+async function send(text) {
+  sendButton.disabled = true;
+  try {
+    const ack = await socket.request("user_message", { conversationId, text }, 15000);
+    if (!ack || ack.ok !== true) {
+      showNotice(`The agent did not take the message: ${(ack && ack.error) || "no answer"}`);
+      return false;
+    }
+    notice.hidden = true;
+    return true;
+  } catch (error) {
+    showNotice(`The message was not sent: ${error.message}`);
+    return false;
+  } finally {
+    sendButton.disabled = false;
+  }
+}
+
+function onChatEvent(event) {
+  if (!event || typeof event !== "object" || typeof event.eventId !== "string") return;
+  const content = event.content && typeof event.content === "object" ? event.content : {};
+  if (event.eventScene === "message") {
+    if (seenMessages.has(event.eventId) || typeof content.text !== "string") return;
+    seenMessages.add(event.eventId);
+    addMessage(content.role === "assistant" ? "assistant" : "user", content.text);
+  } else if (event.eventScene === "tool") {
+    if (!nodes.has(event.eventId)) nodes.set(event.eventId, addToolNode(event.eventId, content));
+  }
+}
+
+function addMessage(role, text) {
+  const item = element("li", "node node-message");
+  item.dataset.role = role;
+  const bubble = element("div", "bubble");
+  bubble.append(element("span", "who", role === "assistant" ? "agent" : "you"), document.createTextNode(text));
+  item.append(bubble);
+  append(item);
+}
+
+function addToolNode(callId, content) {
+  const call = content.toolCall && typeof content.toolCall === "object" ? content.toolCall : {};
+  const fn = call.functionCall && typeof call.functionCall === "object" ? call.functionCall : {};
+  const args = fn.arguments && typeof fn.arguments === "object" ? fn.arguments : {};
+  const name = typeof fn.name === "string" ? fn.name : typeof call.toolId === "string" ? call.toolId : "tool";
+  const colleague = typeof args.colleague === "string" ? titles.get(args.colleague) || args.colleague : null;
+
+  const item = element("li", "node node-tool");
+  item.dataset.callId = callId;
+  const head = element("button", "node-head");
+  head.type = "button";
+  head.setAttribute("aria-expanded", "true");
+  const state = element("span", "node-state");
+  head.append(element("span", "node-icon", "⚙"), element("span", "node-title", name));
+  if (colleague) head.append(element("span", "node-arg", `→ ${colleague}`));
+  head.append(state, element("span", "chevron", "▾"));
+  const detail = element("div", "node-detail");
+  item.append(head, detail);
+  head.addEventListener("click", () => {
+    const open = head.getAttribute("aria-expanded") !== "true";
+    head.setAttribute("aria-expanded", String(open));
+    detail.hidden = !open;
+  });
+  append(item);
+  const pane = mountPane(detail, store, callId, { locale });
+  const update = () => {
+    const current = store.pane(callId);
+    const status = current ? current.status : "calling";
+    item.dataset.status = status;
+    state.textContent = { calling: labels.calling, streaming: labels.streaming, ended: labels.ended, no_details: labels.noDetails }[status];
+  };
+  const unsubscribe = store.subscribe((applied) => applied.callId === callId && update());
+  update();
+  return { item, pane, unsubscribe };
+}
+
+function addOrphan(final) {
+  const item = element("li", "node node-message node-orphan");
+  item.dataset.role = "assistant";
+  const bubble = element("div", "bubble");
+  const word = final.from === "aborted" ? labels.aborted : labels.final;
+  bubble.append(element("span", "who", `${labels.unattributed} · ${word}`), document.createTextNode(final.text));
+  item.append(bubble);
+  append(item);
+}
+
+function append(item) {
+  const follow = window.innerHeight + window.scrollY >= document.body.scrollHeight - 40;
+  flow.append(item);
+  if (follow) item.scrollIntoView({ block: "end" });
+}
+
+function showNotice(text) {
+  notice.textContent = text;
+  notice.hidden = false;
+}
+
+function setConnection(state, text) {
+  connection.dataset.state = state;
+  connection.textContent = text;
+}
+
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function randomId() {
+  const bytes = new Uint8Array(6);
+  crypto.getRandomValues(bytes);
+  return Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+async function loadConfig() {
+  const response = await fetch("/demo/config.json", { cache: "no-store" });
+  if (!response.ok) throw new Error(`config: HTTP ${response.status}`);
+  return response.json();
+}

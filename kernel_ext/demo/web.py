@@ -1,0 +1,245 @@
+"""The demo's web process: the ``/chat`` relay plus the demo page, on one uvicorn port.
+
+* ``/`` — the page (``static/index.html``, ``app.js``, ``app.css``, ``sio.js``) and
+  ``/renderer.js`` (the package's detail-pane renderer, :mod:`kernel_ext.web`).
+  Served with a Content-Security-Policy that allows scripts from this origin only.
+* ``/socket.io/`` — a python-socketio ``AsyncServer`` (ASGI) with :class:`DemoRelay` on
+  ``/chat``; with ``--redis URL`` its client manager is python-socketio's
+  ``AsyncRedisManager``. Browsers must come from the page's own origin.
+* ``/demo/config.json`` — the questions and colleagues of :mod:`kernel_ext.demo.script`;
+  ``/demo/health`` — ``{"agent": bool}``, whether the worker's agent is connected.
+
+The browser → worker path (the only thing a browser may send besides join/leave):
+a browser that has joined conversation ``C`` emits ``user_message`` ``{conversationId: C,
+text}``; :class:`DemoRelay` checks it and forwards ``{conversationId, text}`` as
+``kx_user_message`` to the agent's internal connection (the one that authenticated with
+``{"internal": <secret>, "role": "agent"}``), and hands the agent's acknowledgement back.
+The worker only ever *answers* a message: blocks and snapshots still come from internal
+senders alone, and every other browser event reaches no one (:class:`~kernel_ext.relay.
+ChatRelay`).
+
+Run by ``kernel-ext demo``; on its own: ``KERNEL_EXT_SECRET=s python -m
+kernel_ext.demo.web --port 8000`` (binds 127.0.0.1 unless ``--host`` says otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Mapping
+from importlib.resources import files
+from pathlib import Path
+from typing import Any
+
+import socketio
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from kernel_ext.demo.script import (
+    COLLEAGUES,
+    FIRST_QUESTION,
+    MAX_MESSAGE_CHARS,
+    SECOND_QUESTION,
+    is_conversation_id,
+)
+from kernel_ext.relay import ChatRelay
+from kernel_ext.web import asset_path
+
+__all__ = [
+    "ENV_SECRET",
+    "USER_MESSAGE",
+    "USER_MESSAGE_TO_AGENT",
+    "DemoApp",
+    "DemoRelay",
+    "create_demo_app",
+    "main",
+    "static_root",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_SECRET = "KERNEL_EXT_SECRET"
+USER_MESSAGE = "user_message"
+USER_MESSAGE_TO_AGENT = "kx_user_message"
+_AGENT_ACK_TIMEOUT = 10.0
+
+CSP = (
+    "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
+    "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
+)
+"""The page's policy. ``style-src 'unsafe-inline'`` is for the renderer's one constant
+``<style>`` element; no script runs unless it comes from this origin."""
+
+
+def static_root() -> Path:
+    """The directory of the page's files (package data)."""
+    return Path(str(files("kernel_ext.demo") / "static"))
+
+
+def _join_allowed(identity: Any, conversation_id: str) -> bool:
+    """Browsers may join demo conversations (``demo-…`` ids) only."""
+    return is_conversation_id(conversation_id)
+
+
+class DemoRelay(ChatRelay):
+    """The ``/chat`` relay of the demo: :class:`~kernel_ext.relay.ChatRelay` (every rule
+    kept) plus the forwarding of a joined browser's ``user_message`` to the agent.
+
+    ``user_message`` is acknowledged ``{"ok": true}`` once the agent queued it, else
+    ``{"ok": false, "error"}``: not a browser, not joined to that conversation, text empty
+    or over :data:`~kernel_ext.demo.script.MAX_MESSAGE_CHARS`, no agent connected, or the
+    agent's own refusal (``busy``) or silence (10 s).
+    """
+
+    def __init__(self, secret: str, **options: Any) -> None:
+        options.setdefault("authorize_join", _join_allowed)
+        super().__init__(secret, **options)
+        self._agents: dict[str, None] = {}  # insertion-ordered: the newest agent answers
+        self._browser_sids: set[str] = set()
+
+    @property
+    def agent_connected(self) -> bool:
+        """Whether an agent's internal connection is up."""
+        return bool(self._agents)
+
+    async def on_connect(self, sid: str, environ: Mapping[str, Any], auth: Any = None) -> bool:
+        """The relay's checks (a refused connection raises), then note who connected."""
+        accepted = await super().on_connect(sid, environ, auth)
+        internal = isinstance(auth, Mapping) and "internal" in auth
+        if internal and auth.get("role") == "agent":
+            self._agents[sid] = None
+        elif not internal:
+            self._browser_sids.add(sid)
+        return accepted
+
+    async def on_disconnect(self, sid: str, reason: Any = None) -> None:
+        """Forget the connection (the relay's bookkeeping included)."""
+        self._agents.pop(sid, None)
+        self._browser_sids.discard(sid)
+        await super().on_disconnect(sid, reason)
+
+    async def on_user_message(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """Forward a joined browser's message to the agent (class docstring)."""
+        if sid not in self._browser_sids:
+            self._count("rejected_user_message")
+            return {"ok": False, "error": "only browsers send user messages"}
+        conversation_id = data.get("conversationId") if isinstance(data, Mapping) else None
+        text = data.get("text") if isinstance(data, Mapping) else None
+        if not isinstance(conversation_id, str) or conversation_id not in self.rooms(sid):
+            self._count("rejected_user_message")
+            return {"ok": False, "error": "join the conversation first"}
+        if not isinstance(text, str) or not text.strip() or len(text) > MAX_MESSAGE_CHARS:
+            self._count("rejected_user_message")
+            return {"ok": False, "error": f"text must be 1 to {MAX_MESSAGE_CHARS} characters"}
+        if not self._agents:
+            return {"ok": False, "error": "the agent is not connected"}
+        agent = next(reversed(self._agents))
+        try:
+            ack = await self.call(
+                USER_MESSAGE_TO_AGENT,
+                {"conversationId": conversation_id, "text": text.strip()},
+                to=agent,
+                timeout=_AGENT_ACK_TIMEOUT,
+            )
+        except Exception as exc:  # TimeoutError, or the agent went away meanwhile
+            logger.warning("demo relay: the agent did not take a message: %r", exc)
+            return {"ok": False, "error": "the agent did not answer"}
+        self._count("user_messages")
+        if isinstance(ack, Mapping) and ack.get("ok") is True:
+            return {"ok": True}
+        error = ack.get("error") if isinstance(ack, Mapping) else None
+        return {"ok": False, "error": error if isinstance(error, str) else "refused"}
+
+
+class DemoApp:
+    """The web process's ASGI ``app``, its ``sio`` server and its ``relay``."""
+
+    def __init__(self, app: Any, sio: socketio.AsyncServer, relay: DemoRelay) -> None:
+        self.app = app
+        self.sio = sio
+        self.relay = relay
+
+
+def create_demo_app(secret: str, *, redis_url: str | None = None) -> DemoApp:
+    """The demo's web app: page, renderer, config and health routes, and the ``/chat``
+    :class:`DemoRelay` on an ``AsyncServer`` (same-origin browsers only; Redis client
+    manager when ``redis_url`` is given)."""
+    manager = socketio.AsyncRedisManager(redis_url) if redis_url else None
+    sio = socketio.AsyncServer(
+        async_mode="asgi",
+        client_manager=manager,
+        cors_allowed_origins=None,  # python-engineio: same origin only
+        max_http_buffer_size=4 * 1024 * 1024,
+    )
+    relay = DemoRelay(secret)
+    sio.register_namespace(relay)
+    root = static_root()
+
+    def page(request: Request) -> Response:
+        response = FileResponse(root / "index.html", media_type="text/html; charset=utf-8")
+        response.headers["Content-Security-Policy"] = CSP
+        response.headers["Cache-Control"] = "no-store"
+        return response
+
+    def renderer(request: Request) -> Response:
+        return FileResponse(asset_path("renderer.js"), media_type="text/javascript; charset=utf-8")
+
+    def config(request: Request) -> Response:
+        return JSONResponse(
+            {
+                "firstQuestion": FIRST_QUESTION,
+                "suggestions": [SECOND_QUESTION],
+                "colleagues": [{"key": c.key, "title": c.title} for c in COLLEAGUES],
+                "maxMessageChars": MAX_MESSAGE_CHARS,
+            }
+        )
+
+    def health(request: Request) -> Response:
+        return JSONResponse({"agent": relay.agent_connected})
+
+    starlette = Starlette(
+        routes=[
+            Route("/", page),
+            Route("/renderer.js", renderer),
+            Route("/demo/config.json", config),
+            Route("/demo/health", health),
+            Mount("/static", StaticFiles(directory=root), name="static"),
+        ]
+    )
+    return DemoApp(socketio.ASGIApp(sio, other_asgi_app=starlette), sio, relay)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kernel_ext.demo.web [--host H] [--port P] [--redis URL]``."""
+    parser = argparse.ArgumentParser(prog="python -m kernel_ext.demo.web")
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--redis", default=None, help="redis:// URL for the client manager")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    secret = os.environ.get(ENV_SECRET, "")
+    if not secret:
+        parser.error(f"set {ENV_SECRET} to the internal senders' secret")
+    logging.basicConfig(level=args.log_level.upper(), format="web %(levelname)s %(message)s")
+    import uvicorn
+
+    demo = create_demo_app(secret, redis_url=args.redis)
+    uvicorn.run(
+        demo.app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        lifespan="off",
+        timeout_graceful_shutdown=3,
+    )
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,464 @@
+"""The demo's worker process: a real pydantic-ai agent whose ``ask_colleague`` tool streams
+each colleague's work, live, into that tool call's detail pane.
+
+* The model is a scripted :class:`~pydantic_ai.models.function.FunctionModel` (no network,
+  no API key): for a user message it calls ``ask_colleague`` once per colleague the message
+  names (:func:`kernel_ext.demo.script.colleagues_for`), all in one model response, so
+  pydantic-ai runs those calls concurrently; then it answers from what they returned.
+* Instrumentation: :func:`kernel_ext.enable` wires the stream hub, a
+  :class:`~kernel_ext.ToolSpanProcessor` on a private ``TracerProvider`` and the loopback
+  emitter; pydantic-ai's own ``Instrumentation`` capability opens each tool call's
+  ``execute_tool`` span on that provider;
+  :class:`~kernel_ext.integrations.pydantic_ai.KernelExtCapability` sets the active tool
+  call (callId = that span's id) while the tool runs.
+* :class:`ChatEventCapability` plays the kernel's part: the tool-event snapshot
+  (``chat_event``, scene ``tool``, status ``calling``) is queued when the call starts, so
+  it leaves before any block of the call, and again with ``toolReturn`` (status
+  ``finished``) when it returns. User and assistant messages are ``chat_event`` snapshots
+  of scene ``message``.
+* Everything reaches the web process through one :class:`~kernel_ext.emit.LoopbackEmitter`
+  (``kx_blocks`` / ``kx_chat_event``, internal credential).
+
+User messages arrive over a second internal connection to the relay, made with
+``auth={"internal": <secret>, "role": "agent"}``: the web process forwards a joined
+browser's ``user_message`` to it as ``kx_user_message`` (see :mod:`kernel_ext.demo.web`).
+
+Run by ``kernel-ext demo``; on its own::
+
+    KERNEL_EXT_SECRET=s python -m kernel_ext.demo.worker --relay http://127.0.0.1:8000 \\
+        --colleague orders=http://127.0.0.1:8801/ --colleague carrier=http://127.0.0.1:8802/
+
+Requires Python ≥ 3.11 (pydantic-ai-slim) and the ``a2a`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import socketio
+from opentelemetry.sdk.trace import TracerProvider
+from pydantic_ai import Agent, RunContext, Tool
+from pydantic_ai.capabilities import AbstractCapability, Instrumentation
+from pydantic_ai.capabilities.abstract import (
+    CapabilityOrdering,
+    ValidatedToolArgs,
+    WrapToolExecuteHandler,
+)
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.instrumented import InstrumentationSettings
+from pydantic_ai.tools import ToolDefinition
+
+from kernel_ext.a2a import ask_colleague as ask_colleague_over_a2a
+from kernel_ext.context import current_tool_call
+from kernel_ext.demo.script import COLLEAGUES, MAX_MESSAGE_CHARS, colleagues_for
+from kernel_ext.errors import ColleagueError
+from kernel_ext.integrations.pydantic_ai import KernelExtCapability
+from kernel_ext.plugin import disable, enable
+from kernel_ext.stream import StreamHub, get_default_hub
+
+__all__ = [
+    "ENV_SECRET",
+    "USER_MESSAGE_EVENT",
+    "ChatEventCapability",
+    "Colleague",
+    "DemoAgent",
+    "main",
+    "message_event",
+    "scripted_model",
+    "serve",
+]
+
+logger = logging.getLogger(__name__)
+
+ENV_SECRET = "KERNEL_EXT_SECRET"
+USER_MESSAGE_EVENT = "kx_user_message"
+NAMESPACE = "/chat"
+_MAX_CONVERSATIONS = 64
+_MAX_QUEUED_PER_CONVERSATION = 4
+
+
+@dataclass(frozen=True)
+class Colleague:
+    """A colleague the agent can ask: its A2A URL and the peer script to request."""
+
+    key: str
+    title: str
+    url: str
+    script: str
+
+
+@dataclass(frozen=True)
+class _Deps:
+    colleagues: Mapping[str, Colleague]
+    conversation_id: str
+    timeout: float
+
+
+# -- the scripted model ------------------------------------------------------------------
+
+
+def scripted_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    """The demo's model: tool calls for a new user message, an answer after tool returns.
+
+    For the latest user prompt it returns one ``ask_colleague`` call per colleague the
+    prompt names (several calls in one response run concurrently); once the calls have
+    returned, a text answer quoting each colleague.
+    """
+    last = messages[-1]
+    parts = last.parts if isinstance(last, ModelRequest) else []
+    returns = [part for part in parts if isinstance(part, ToolReturnPart)]
+    if returns:
+        lines = [str(part.content) for part in returns]
+        return ModelResponse(
+            parts=[TextPart("Here is what my colleagues said:\n" + "\n".join(lines))]
+        )
+    prompt = next(
+        (part.content for part in reversed(parts) if isinstance(part, UserPromptPart)), ""
+    )
+    text = prompt if isinstance(prompt, str) else " ".join(str(item) for item in prompt)
+    return ModelResponse(
+        parts=[
+            ToolCallPart("ask_colleague", {"colleague": key, "question": text})
+            for key in colleagues_for(text)
+        ]
+    )
+
+
+# -- the kernel's tool-event snapshots ---------------------------------------------------
+
+
+@dataclass
+class ChatEventCapability(AbstractCapability[Any]):
+    """Sends the kernel's ``chat_event`` snapshot of each tool call: ``calling`` before the
+    tool's code runs (so before any of its blocks), ``finished`` with ``toolReturn`` after.
+
+    It runs inside :class:`KernelExtCapability`, so the active tool call (and with it the
+    callId, the ``execute_tool`` span's id) is known. A call without an active tool call (no
+    span) runs without snapshots. Exceptions from the tool propagate unchanged, after a
+    ``finished`` snapshot whose ``toolReturn`` is the error.
+    """
+
+    hub: StreamHub | None = None
+
+    @classmethod
+    def get_serialization_name(cls) -> str | None:
+        return None
+
+    def get_ordering(self) -> CapabilityOrdering:
+        return CapabilityOrdering(wrapped_by=[KernelExtCapability])
+
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
+        active = current_tool_call()
+        hub = self.hub if self.hub is not None else get_default_hub()
+        if active is None or active.conversation_id is None:
+            return await handler(args)
+        room = active.conversation_id
+        event: dict[str, Any] = {
+            "eventId": active.call_id,
+            "eventScene": "tool",
+            "status": "calling",
+            "conversationId": room,
+            "content": {
+                "toolCall": {
+                    "toolId": tool_def.name,
+                    "functionCall": {"name": call.tool_name, "arguments": call.args_as_dict()},
+                },
+            },
+        }
+        hub.publish_chat_event(event, conversation_id=room)
+        try:
+            result = await handler(args)
+        except Exception as exc:
+            finished = {**event, "status": "finished"}
+            finished["content"] = {**event["content"], "toolReturn": f"error: {exc}"}
+            hub.publish_chat_event(finished, conversation_id=room)
+            raise
+        finished = {**event, "status": "finished"}
+        finished["content"] = {**event["content"], "toolReturn": str(result)}
+        hub.publish_chat_event(finished, conversation_id=room)
+        return result
+
+
+def message_event(conversation_id: str, role: str, text: str) -> dict[str, Any]:
+    """A ``chat_event`` snapshot of a chat message (scene ``message``; ``role`` is ``user``
+    or ``assistant``). Renderers of tool panes ignore it; the demo page shows it."""
+    return {
+        "eventId": f"msg-{uuid.uuid4().hex}",
+        "eventScene": "message",
+        "status": "finished",
+        "conversationId": conversation_id,
+        "content": {"role": role, "text": text},
+    }
+
+
+# -- the agent ---------------------------------------------------------------------------
+
+
+async def _ask_colleague(ctx: RunContext[_Deps], colleague: str, question: str) -> str:
+    """Ask a colleague (``orders`` or ``carrier``) a question; returns their answer."""
+    deps = ctx.deps
+    spec = deps.colleagues.get(colleague)
+    if spec is None:
+        return f"There is no colleague called {colleague!r}."
+    try:
+        answer = await ask_colleague_over_a2a(
+            spec.url,
+            question,
+            conversation_id=deps.conversation_id,
+            metadata={"kx.script": spec.script},
+            timeout=deps.timeout,
+        )
+    except ColleagueError as exc:  # the aborted block is out already; tell the model
+        return f"{spec.title} could not answer: {exc}"
+    return f"{spec.title}: {answer}"
+
+
+class DemoAgent:
+    """The demo's agent: one pydantic-ai ``Agent``, instrumented, and per-conversation
+    message history (the last 64 conversations).
+
+    Args:
+        colleagues: who can be asked, by key.
+        tracer_provider: where tool spans go; it must carry a
+            :class:`~kernel_ext.ToolSpanProcessor` for the tap (:func:`kernel_ext.enable`
+            adds one).
+        hub: the stream hub (default: the process-wide one).
+        timeout: the overall deadline of one colleague's answer, in seconds.
+
+    Guarantees: messages of one conversation are answered one after the other, in arrival
+    order; at most 4 wait per conversation (:meth:`submit` says ``busy`` beyond); an error in
+    a run becomes an assistant message, never an exception out of :meth:`answer`.
+    """
+
+    def __init__(
+        self,
+        colleagues: Sequence[Colleague],
+        tracer_provider: TracerProvider,
+        *,
+        hub: StreamHub | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        self.hub = hub if hub is not None else get_default_hub()
+        self.colleagues = {c.key: c for c in colleagues}
+        self.timeout = timeout
+        self.agent: Agent[_Deps, str] = Agent(
+            FunctionModel(scripted_model, model_name="scripted"),
+            deps_type=_Deps,
+            output_type=str,
+            name="demo-agent",
+            tools=[Tool(_ask_colleague, name="ask_colleague")],
+            capabilities=[
+                Instrumentation(InstrumentationSettings(tracer_provider=tracer_provider)),
+                KernelExtCapability(sink=self.hub, tracer_provider=tracer_provider),
+                ChatEventCapability(hub=self.hub),
+            ],
+        )
+        self._history: OrderedDict[str, list[ModelMessage]] = OrderedDict()
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._waiting: dict[str, int] = {}
+        self._tasks: set[asyncio.Task[str]] = set()
+
+    def submit(self, conversation_id: str, text: str) -> str | None:
+        """Queue a user message for answering; ``None`` when queued, else the reason it was
+        not (``busy``). Call on the event loop; the answer goes out as ``chat_event``s."""
+        if self._waiting.get(conversation_id, 0) >= _MAX_QUEUED_PER_CONVERSATION:
+            return "busy"
+        self._waiting[conversation_id] = self._waiting.get(conversation_id, 0) + 1
+        task = asyncio.get_running_loop().create_task(self._answer_in_turn(conversation_id, text))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return None
+
+    async def _answer_in_turn(self, conversation_id: str, text: str) -> str:
+        lock = self._locks.setdefault(conversation_id, asyncio.Lock())
+        try:
+            async with lock:
+                return await self.answer(conversation_id, text)
+        finally:
+            left = self._waiting.get(conversation_id, 1) - 1
+            if left > 0:
+                self._waiting[conversation_id] = left
+            else:
+                self._waiting.pop(conversation_id, None)
+                self._locks.pop(conversation_id, None)
+
+    async def answer(self, conversation_id: str, text: str) -> str:
+        """Show the user's message, run the agent on it, show and return the answer."""
+        hub = self.hub
+        hub.publish_chat_event(
+            message_event(conversation_id, "user", text), conversation_id=conversation_id
+        )
+        history = self._history.get(conversation_id)
+        try:
+            result = await self.agent.run(
+                text,
+                deps=_Deps(self.colleagues, conversation_id, self.timeout),
+                message_history=history,
+                conversation_id=conversation_id,
+            )
+            answer = result.output
+            self._remember(conversation_id, result.all_messages())
+        except Exception as exc:
+            logger.exception("demo agent: the run failed")
+            answer = f"Sorry, the agent failed: {type(exc).__name__}: {exc}"
+        hub.publish_chat_event(
+            message_event(conversation_id, "assistant", answer), conversation_id=conversation_id
+        )
+        return answer
+
+    def _remember(self, conversation_id: str, messages: list[ModelMessage]) -> None:
+        self._history[conversation_id] = messages
+        self._history.move_to_end(conversation_id)
+        while len(self._history) > _MAX_CONVERSATIONS:
+            self._history.popitem(last=False)
+
+    async def aclose(self) -> None:
+        """Cancel the runs still going (their tool calls get their aborted terminals)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+# -- the process -------------------------------------------------------------------------
+
+
+def _valid_message(data: Any) -> tuple[str, str] | None:
+    from kernel_ext.demo.script import is_conversation_id
+
+    if not isinstance(data, Mapping):
+        return None
+    conversation_id, text = data.get("conversationId"), data.get("text")
+    if not is_conversation_id(conversation_id) or not isinstance(text, str):
+        return None
+    text = text.strip()
+    if not text or len(text) > MAX_MESSAGE_CHARS:
+        return None
+    return conversation_id, text  # type: ignore[return-value]
+
+
+async def serve(
+    relay_url: str,
+    secret: str,
+    colleagues: Sequence[Colleague],
+    *,
+    stop: asyncio.Event | None = None,
+    timeout: float = 120.0,
+) -> None:
+    """Run the worker until ``stop`` is set (or the task is cancelled): connect the loopback
+    emitter and the agent's control connection to the relay at ``relay_url``, answer every
+    ``kx_user_message``. The pipeline is wired by :func:`kernel_ext.enable` (stream hub,
+    span processor on a private ``TracerProvider``, loopback emitter) and undone by
+    :func:`kernel_ext.disable`. Cleans up in ``finally``: runs cancelled (their streams end
+    with an aborted terminal), queued blocks flushed for up to 5 s, connections closed."""
+    stop = stop if stop is not None else asyncio.Event()
+    provider = TracerProvider()  # private: spans give callIds here and are exported nowhere
+    wired = enable(relay_url=relay_url, secret=secret, tracer_provider=provider)
+    agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=timeout)
+    control = socketio.AsyncClient(reconnection=True, reconnection_delay_max=2)
+
+    async def on_user_message(data: Any = None) -> dict[str, Any]:
+        message = _valid_message(data)
+        if message is None:
+            return {"ok": False, "error": "a message is {conversationId, text}"}
+        problem = agent.submit(*message)
+        return {"ok": True} if problem is None else {"ok": False, "error": problem}
+
+    control.on(USER_MESSAGE_EVENT, on_user_message, namespace=NAMESPACE)
+    try:
+        await control.connect(
+            relay_url,
+            auth={"internal": secret, "role": "agent"},
+            namespaces=[NAMESPACE],
+            transports=["websocket"],
+            wait_timeout=10,
+            retry=True,
+        )
+        logger.info("demo worker: connected to %s", relay_url)
+        await stop.wait()
+    finally:
+        await agent.aclose()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(control.disconnect(), 5)
+        if wired.emitter is not None:
+            await wired.emitter.flush(5)
+        closing = disable()
+        if closing is not None:
+            await closing
+        provider.shutdown()
+
+
+def _colleague_arg(value: str) -> tuple[str, str]:
+    key, sep, url = value.partition("=")
+    if not sep or not key or not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"expected KEY=URL, got {value!r}")
+    return key, url
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kernel_ext.demo.worker --relay URL --colleague KEY=URL ...``."""
+    parser = argparse.ArgumentParser(prog="python -m kernel_ext.demo.worker")
+    parser.add_argument("--relay", required=True, help="the web process, http://127.0.0.1:8000")
+    parser.add_argument(
+        "--colleague",
+        action="append",
+        type=_colleague_arg,
+        default=[],
+        help="KEY=URL of a colleague (keys: " + ", ".join(s.key for s in COLLEAGUES) + ")",
+    )
+    parser.add_argument("--timeout", type=float, default=120.0, help="per colleague answer (s)")
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="worker %(levelname)s %(message)s")
+    secret = os.environ.get(ENV_SECRET, "")
+    if not secret:
+        parser.error(f"set {ENV_SECRET} to the relay's internal secret")
+    urls = dict(args.colleague)
+    colleagues = [
+        Colleague(spec.key, spec.title, urls[spec.key], spec.script)
+        for spec in COLLEAGUES
+        if spec.key in urls
+    ]
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(signum, stop.set)
+        await serve(args.relay, secret, colleagues, stop=stop, timeout=args.timeout)
+
+    asyncio.run(run())
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,530 @@
+"""``kernel-ext demo``: the scripted agent, the demo relay's browser → worker path, and the
+whole demo as a subprocess (``--headless``, ``--redis``, a child that dies, Ctrl-C/SIGTERM).
+
+The agent needs pydantic-ai (Python ≥ 3.11): those tests skip without it; the relay and
+the "needs Python 3.11" message are tested everywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import io
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager, suppress
+from typing import Any
+
+import pytest
+import socketio
+from conftest import RedisServer, free_port, serve_asgi
+
+from kernel_ext.demo import EXIT_UNAVAILABLE, add_arguments, run
+from kernel_ext.demo.script import (
+    FIRST_QUESTION,
+    MAX_MESSAGE_CHARS,
+    SECOND_QUESTION,
+    colleagues_for,
+    is_conversation_id,
+)
+
+NS = "/chat"
+SECRET = "demo-test-secret"
+PY_REASON = "kernel-ext demo needs pydantic-ai, which needs Python >= 3.11"
+CALL_HEADER = re.compile(r"^\[([0-9a-f]{8})\] ── ask_colleague ([0-9a-f]{16})$")
+
+
+def _pydantic_ai() -> None:
+    pytest.importorskip("pydantic_ai", reason=PY_REASON)
+
+
+# -- what runs everywhere -----------------------------------------------------------------
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_demo_on_python_3_10_exits_with_a_clear_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "version_info", (3, 10, 13, "final", 0))
+    err = io.StringIO()
+    assert run(_args("--headless"), err=err) == EXIT_UNAVAILABLE
+    message = err.getvalue()
+    assert "Python 3.11 or newer" in message
+    assert "3.10.13" in message
+
+
+def test_the_agent_asks_the_colleagues_a_message_names() -> None:
+    assert colleagues_for(FIRST_QUESTION) == ["orders", "carrier"]
+    assert colleagues_for(SECOND_QUESTION) == ["orders"]
+    assert colleagues_for("what does the carrier say?") == ["carrier"]
+    assert colleagues_for("hello") == ["orders"]
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [("demo-abc_1-2", True), ("demo-", False), ("conv-1", False), ("demo-a b", False), (3, False)],
+)
+def test_browsers_may_join_demo_conversations_only(value: object, ok: bool) -> None:
+    assert is_conversation_id(value) is ok
+
+
+# -- the web process: page and the browser -> worker path ---------------------------------
+
+
+@asynccontextmanager
+async def _web() -> AsyncIterator[tuple[Any, int]]:
+    from kernel_ext.demo.web import create_demo_app
+
+    demo = create_demo_app(SECRET)
+    async with serve_asgi(demo.app) as port:
+        yield demo, port
+
+
+async def _client(port: int, auth: Any = None) -> socketio.AsyncClient:
+    client = socketio.AsyncClient(reconnection=False)
+    await client.connect(
+        f"http://127.0.0.1:{port}",
+        namespaces=[NS],
+        auth=auth,
+        transports=["websocket"],
+        wait_timeout=5,
+    )
+    return client
+
+
+class _Agent:
+    """A stand-in for the worker's control connection: records what it is forwarded."""
+
+    def __init__(self, answer: dict[str, Any] | None = None) -> None:
+        self.messages: list[Any] = []
+        self.answer = answer if answer is not None else {"ok": True}
+        self.client: socketio.AsyncClient | None = None
+
+    async def connect(self, port: int) -> None:
+        self.client = socketio.AsyncClient(reconnection=False)
+
+        def on_message(data: Any) -> dict[str, Any]:
+            self.messages.append(data)
+            return self.answer
+
+        self.client.on("kx_user_message", on_message, namespace=NS)
+        await self.client.connect(
+            f"http://127.0.0.1:{port}",
+            namespaces=[NS],
+            auth={"internal": SECRET, "role": "agent"},
+            transports=["websocket"],
+            wait_timeout=5,
+        )
+
+
+async def _join(client: socketio.AsyncClient, room: str) -> Any:
+    return await client.call("join_conversation", {"conversationId": room}, namespace=NS, timeout=5)
+
+
+async def _say(client: socketio.AsyncClient, room: str, text: Any) -> Any:
+    return await client.call(
+        "user_message", {"conversationId": room, "text": text}, namespace=NS, timeout=15
+    )
+
+
+@pytest.mark.network
+@pytest.mark.timeout(30)
+async def test_a_joined_browsers_message_reaches_the_agent() -> None:
+    async with _web() as (_, port):
+        agent = _Agent()
+        await agent.connect(port)
+        browser = await _client(port)
+        try:
+            assert await _join(browser, "demo-room") == {"ok": True}
+            assert await _say(browser, "demo-room", "  hello agent  ") == {"ok": True}
+            assert agent.messages == [{"conversationId": "demo-room", "text": "hello agent"}]
+        finally:
+            await browser.disconnect()
+            assert agent.client is not None
+            await agent.client.disconnect()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(30)
+async def test_messages_that_may_not_reach_the_agent_are_refused() -> None:
+    async with _web() as (_, port):
+        agent = _Agent()
+        await agent.connect(port)
+        browser = await _client(port)
+        internal = await _client(port, auth={"internal": SECRET})
+        try:
+            assert (await _say(browser, "demo-room", "not joined"))["ok"] is False
+            assert (await _join(browser, "conv-1"))["ok"] is False  # not a demo conversation
+            assert await _join(browser, "demo-room") == {"ok": True}
+            assert (await _say(browser, "demo-room", "   "))["ok"] is False
+            too_long = "x" * (MAX_MESSAGE_CHARS + 1)
+            assert (await _say(browser, "demo-room", too_long))["ok"] is False
+            assert (await _say(browser, "demo-room", {"text": "x"}))["ok"] is False
+            assert (await _say(internal, "demo-room", "from a sender"))["ok"] is False
+            assert agent.messages == []
+        finally:
+            for client in (browser, internal):
+                await client.disconnect()
+            assert agent.client is not None
+            await agent.client.disconnect()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(30)
+async def test_without_an_agent_or_with_a_busy_one_the_browser_is_told() -> None:
+    async with _web() as (_, port):
+        browser = await _client(port)
+        try:
+            assert await _join(browser, "demo-room") == {"ok": True}
+            ack = await _say(browser, "demo-room", "anyone?")
+            assert ack == {"ok": False, "error": "the agent is not connected"}
+            agent = _Agent(answer={"ok": False, "error": "busy"})
+            await agent.connect(port)
+            assert await _say(browser, "demo-room", "now?") == {"ok": False, "error": "busy"}
+        finally:
+            await browser.disconnect()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(30)
+async def test_a_browser_cannot_pose_as_the_agent_or_broadcast() -> None:
+    async with _web() as (_, port):
+        agent = _Agent()
+        await agent.connect(port)
+        impostor = _Agent()
+        # A browser claiming the agent's role without the secret is just a browser.
+        impostor.client = socketio.AsyncClient(reconnection=False)
+        impostor.client.on("kx_user_message", impostor.messages.append, namespace=NS)
+        await impostor.client.connect(
+            f"http://127.0.0.1:{port}",
+            namespaces=[NS],
+            auth={"role": "agent"},
+            transports=["websocket"],
+            wait_timeout=5,
+        )
+        viewer = await _client(port)
+        seen: list[Any] = []
+        viewer.on("tool_event_stream", seen.append, namespace=NS)
+        viewer.on("chat_event", seen.append, namespace=NS)
+        try:
+            assert await _join(viewer, "demo-room") == {"ok": True}
+            assert await _join(impostor.client, "demo-room") == {"ok": True}
+            await impostor.client.emit(
+                "kx_chat_event", {"room": "demo-room", "event": {"eventId": "x"}}, namespace=NS
+            )
+            await impostor.client.emit("tool_event_stream", {"v": 1}, namespace=NS)
+            await impostor.client.emit(
+                "kx_blocks", {"v": 1, "room": "demo-room", "blocks": []}, namespace=NS
+            )
+            assert await _say(viewer, "demo-room", "hello") == {"ok": True}
+            assert len(agent.messages) == 1
+            assert impostor.messages == []
+            stats = demo.relay.stats()
+            deadline = time.monotonic() + 5
+            rejected = ("rejected_not_internal", "rejected_unknown_event")
+            while sum(stats.get(key, 0) for key in rejected) < 3:
+                assert time.monotonic() < deadline, stats  # polling with a deadline
+                await asyncio.sleep(0.01)
+                stats = demo.relay.stats()
+            assert seen == []
+        finally:
+            for client in (viewer, impostor.client):
+                await client.disconnect()
+            assert agent.client is not None
+            await agent.client.disconnect()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(30)
+async def test_the_page_and_its_assets_are_served_with_a_strict_policy() -> None:
+    import httpx
+
+    async with _web() as (_, port), httpx.AsyncClient(timeout=5) as http:
+        base = f"http://127.0.0.1:{port}"
+        page = await http.get(base + "/")
+        assert page.status_code == 200
+        policy = page.headers["content-security-policy"]
+        assert "script-src 'self'" in policy
+        assert "default-src 'none'" in policy
+        for path in ("/renderer.js", "/static/app.js", "/static/sio.js", "/static/app.css"):
+            response = await http.get(base + path)
+            assert response.status_code == 200, path
+        config = (await http.get(base + "/demo/config.json")).json()
+        assert config["firstQuestion"] == FIRST_QUESTION
+        assert (await http.get(base + "/demo/health")).json() == {"agent": False}
+        app_js = (await http.get(base + "/static/app.js")).text
+        assert "innerHTML" not in app_js
+
+
+# -- the worker's agent, in process --------------------------------------------------------
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_both() -> None:
+    _pydantic_ai()
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kernel_ext.a2a_peer import ScriptedPeer
+    from kernel_ext.demo.script import COLLEAGUES
+    from kernel_ext.demo.worker import Colleague, DemoAgent
+    from kernel_ext.emit import MemoryEmitter
+    from kernel_ext.plugin import disable, enable
+
+    ports = [free_port() for _ in COLLEAGUES]
+    peers = [ScriptedPeer(f"http://127.0.0.1:{p}/", delay=0.05) for p in ports]
+    colleagues = [
+        Colleague(spec.key, spec.title, f"http://127.0.0.1:{p}/", spec.script)
+        for spec, p in zip(COLLEAGUES, ports, strict=True)
+    ]
+    provider = TracerProvider()
+    emitter = MemoryEmitter()
+    wired = enable(emitter=emitter, tracer_provider=provider)
+    try:
+        async with serve_asgi(peers[0].app, ports[0]), serve_asgi(peers[1].app, ports[1]):
+            await emitter.start()
+            agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=30)
+            answer = await agent.answer("demo-room", FIRST_QUESTION)
+            assert await emitter.flush(5)
+    finally:
+        closing = disable()
+        if closing is not None:
+            await closing
+        for peer in peers:
+            await peer.aclose()
+        provider.shutdown()
+
+    assert "Order 42 shipped on Monday; it arrives Friday." in answer
+    assert "Plain answer without envelopes." in answer
+    order = emitter.order
+    assert all(room == "demo-room" for _, room, _ in order)
+    tools = [e for kind, _, e in order if kind == "chat_event" and e["eventScene"] == "tool"]
+    calling = {e["eventId"]: e for e in tools if e["status"] == "calling"}
+    finished = {e["eventId"]: e for e in tools if e["status"] == "finished"}
+    assert len(calling) == 2
+    assert set(finished) == set(calling)
+    by_colleague = {
+        e["content"]["toolCall"]["functionCall"]["arguments"]["colleague"]: call_id
+        for call_id, e in calling.items()
+    }
+    assert set(by_colleague) == {"orders", "carrier"}
+
+    def index(predicate: Any) -> int:
+        return next(i for i, item in enumerate(order) if predicate(item))
+
+    for call_id in calling:
+        blocks = [
+            b for kind, _, b in order if kind == "tool_event_stream" and b["callId"] == call_id
+        ]
+        terminals = [b for b in blocks if b["state"] != "running"]
+        assert [b["state"] for b in terminals] == ["done"]
+        snapshot_at = index(lambda it, c=call_id: it[2].get("eventId") == c)
+        first_block_at = index(lambda it, c=call_id: it[2].get("callId") == c)
+        assert snapshot_at < first_block_at
+        done_at = index(lambda it, c=call_id: it[2].get("callId") == c and it[2]["state"] == "done")
+        returned_at = index(
+            lambda it, c=call_id: it[2].get("eventId") == c and it[2]["status"] == "finished"
+        )
+        assert done_at < returned_at
+        assert finished[call_id]["content"]["toolReturn"].endswith(
+            terminals[0]["envelope"]["payload"]["text"]
+        )
+    orders_kinds = {
+        b["envelope"]["kind"] for b in emitter.blocks() if b["callId"] == by_colleague["orders"]
+    }
+    carrier_kinds = {
+        b["envelope"]["kind"] for b in emitter.blocks() if b["callId"] == by_colleague["carrier"]
+    }
+    assert {"thinking", "tool_call", "text"} <= orders_kinds
+    assert carrier_kinds == {"text"}
+    # The calls ran at the same time: each one's first block came before the other's end.
+    orders, carrier = by_colleague["orders"], by_colleague["carrier"]
+    for mine, other in ((orders, carrier), (carrier, orders)):
+        first = index(lambda it, c=mine: it[2].get("callId") == c)
+        end = index(lambda it, c=other: it[2].get("callId") == c and it[2]["state"] == "done")
+        assert first < end
+
+
+# -- the whole demo as a subprocess --------------------------------------------------------
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+class Demo:
+    """``kernel-ext demo`` in a subprocess, its output read by threads."""
+
+    def __init__(self, *argv: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "kernel_ext.cli", "demo", "--port", str(self.port), *argv],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+        )
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self._lines: queue.Queue[tuple[str, str]] = queue.Queue()
+        self._threads = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.out, "out")),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.err, "err")),
+        ]
+        for thread in self._threads:
+            thread.daemon = True
+            thread.start()
+
+    def _read(self, stream: Any, into: list[str], name: str) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+            self._lines.put((name, line))
+
+    def wait_for(self, needle: str, timeout: float = 60) -> None:
+        """Wait until a line containing ``needle`` was printed (either stream)."""
+        deadline = time.monotonic() + timeout
+        while not any(needle in line for line in self.out + self.err):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or (self.proc.poll() is not None and self._lines.empty()):
+                raise AssertionError(f"no {needle!r} in time:\n" + "\n".join(self.err))
+            with suppress(queue.Empty):
+                self._lines.get(timeout=min(remaining, 1.0))
+
+    def finish(self, timeout: float = 90) -> int:
+        code = self.proc.wait(timeout=timeout)
+        for thread in self._threads:
+            thread.join(timeout=10)
+        return code
+
+    @property
+    def child_pids(self) -> list[int]:
+        return [int(m.group(1)) for line in self.err if (m := re.search(r"\(pid (\d+)\)", line))]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        for pid in self.child_pids:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+@contextmanager
+def demo(*argv: str) -> Iterator[Demo]:
+    running = Demo(*argv)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def _calls(lines: list[str]) -> dict[str, list[str]]:
+    """The transcript's lines per callId (from each call's header line on)."""
+    calls: dict[str, str] = {}
+    per_call: dict[str, list[str]] = {}
+    for line in lines:
+        header = CALL_HEADER.match(line)
+        if header:
+            calls[header.group(1)] = header.group(2)
+            per_call[header.group(2)] = []
+            continue
+        tag = line[1:9] if line.startswith("[") else None
+        if tag in calls:
+            per_call[calls[tag]].append(line[11:])
+    return per_call
+
+
+def _assert_no_child_left(running: Demo) -> None:
+    pids = running.child_pids
+    assert len(pids) == 4, running.err
+    assert [pid for pid in pids if _alive(pid)] == []
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_headless_demo_streams_every_call_to_its_terminal_and_exits_0() -> None:
+    _pydantic_ai()
+    with demo("--headless", "--step-delay", "0.2", "--time-limit", "60") as running:
+        code = running.finish()
+        assert code == 0, "\n".join(running.out + running.err)
+        calls = _calls(running.out)
+        assert len(calls) == 3  # two concurrent calls, then one
+        for call_id, lines in calls.items():
+            assert any(line.startswith("最终回复：") for line in lines), (call_id, lines)
+            assert lines[-1] == "── 已结束 ──", (call_id, lines)
+        first, second, third = calls
+        assert len({first[:8], second[:8], third[:8]}) == 3
+        orders = [c for c, lines in calls.items() if "▶ search_orders 开始" in lines]
+        carrier = [c for c, lines in calls.items() if "Looking it up" in lines]
+        assert len(orders) == 2
+        assert len(carrier) == 1
+        # Attribution: the envelope colleague's work never shows in the text colleague's
+        # pane, and the other way round.
+        assert "Looking it up" not in calls[orders[0]]
+        assert "▶ search_orders 开始" not in calls[carrier[0]]
+        assert "思考中…" in calls[orders[0]]
+        assert running.out[0] == f"» {FIRST_QUESTION}"
+        assert f"» {SECOND_QUESTION}" in running.out
+        assert sum(line.startswith("« Here is what") for line in running.out) == 2
+        _assert_no_child_left(running)
+
+
+@pytest.mark.network
+@pytest.mark.redis
+@pytest.mark.timeout(120)
+def test_headless_demo_through_redis(redis_server: RedisServer) -> None:
+    _pydantic_ai()
+    with demo(
+        "--headless", "--redis", redis_server.url, "--step-delay", "0.1", "--time-limit", "60"
+    ) as running:
+        code = running.finish()
+        assert code == 0, "\n".join(running.out + running.err)
+        assert len(_calls(running.out)) == 3
+        _assert_no_child_left(running)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_when_a_child_dies_the_demo_stops_the_others_and_fails() -> None:
+    _pydantic_ai()
+    with demo("--time-limit", "90") as running:
+        running.wait_for("Open http://")
+        worker = next(line for line in running.err if "worker started" in line)
+        os.kill(int(re.search(r"pid (\d+)", worker).group(1)), signal.SIGKILL)  # type: ignore[union-attr]
+        assert running.finish() == 1
+        assert any("the worker process exited" in line for line in running.err), running.err
+        _assert_no_child_left(running)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_or_sigterm_stops_every_process(signum: int) -> None:
+    _pydantic_ai()
+    with demo("--time-limit", "90") as running:
+        running.wait_for("Open http://")
+        assert f"http://127.0.0.1:{running.port}/" in "\n".join(running.out)
+        running.proc.send_signal(signum)
+        assert running.finish() == 130
+        _assert_no_child_left(running)
