@@ -33,6 +33,7 @@ method to wrap (the pydantic-ai integration uses it).
 
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 import logging
@@ -49,6 +50,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import contextmanager
+from contextvars import Token
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -61,8 +63,14 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
-from kernel_ext._telemetry import RareLog
-from kernel_ext.context import ToolCall, current_tool_call, reset_tool_call, set_tool_call
+from kernel_ext._telemetry import RareLog, slot_constructor
+from kernel_ext.context import (
+    ToolCall,
+    ToolCallToken,
+    current_tool_call,
+    reset_tool_call,
+    set_tool_call,
+)
 from kernel_ext.errors import ConfigError
 from kernel_ext.tap import CallSink
 
@@ -92,6 +100,7 @@ TOOL_CALL_ID = "gen_ai.tool.call.id"
 CONVERSATION_ID = "gen_ai.conversation.id"
 
 _T = TypeVar("_T")
+_new_tool_call = slot_constructor(ToolCall)  # half the cost of the frozen dataclass __init__
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +172,9 @@ def _str_or_none(value: object) -> str | None:
 # ---------------------------------------------------------------------------------------
 
 
+_Tokens = tuple["Token[otel_context.Context]", "ToolCallToken | None"]
+
+
 class _ActiveCall:
     """One attributed call: its span, whether we opened it, and its :class:`ToolCall`."""
 
@@ -176,19 +188,19 @@ class _ActiveCall:
         self.call = call
         self.context = context
 
-    def activate(self) -> tuple[object | None, object | None]:
+    def activate(self) -> _Tokens:
         """Make the span current and the call active in this context; return the tokens."""
         otel_token = otel_context.attach(self.context)
         call = self.call
         return otel_token, (set_tool_call(call) if call is not None else None)
 
     @staticmethod
-    def deactivate(tokens: tuple[object | None, object | None]) -> None:
+    def deactivate(tokens: _Tokens) -> None:
+        """Undo :meth:`activate` (same context, reverse order)."""
         otel_token, call_token = tokens
         if call_token is not None:
-            reset_tool_call(call_token)  # type: ignore[arg-type]
-        if otel_token is not None:
-            otel_context.detach(otel_token)  # type: ignore[arg-type]
+            reset_tool_call(call_token)
+        otel_context.detach(otel_token)
 
     def finish(self, error: BaseException | None, sink: CallSink | None) -> None:
         """Record ``error``, write the sink's call attributes, end the span if ours.
@@ -248,8 +260,8 @@ def _begin(tracer: Tracer, description: ToolDescription) -> _ActiveCall:
     span_context = span.get_span_context()
     call: ToolCall | None = None
     if span_context.is_valid:
-        call = ToolCall(
-            f"{span_context.span_id:016x}",
+        call = _new_tool_call(
+            span_context.span_id.to_bytes(8, "big").hex(),
             description.tool_name,
             conversation_id,
             llm_call_id,
@@ -267,10 +279,15 @@ def _begin(tracer: Tracer, description: ToolDescription) -> _ActiveCall:
 
 def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:
     """Is ``span`` the ``execute_tool`` span the runtime opened for this very call?"""
+    if not span.is_recording():  # no span, or one we cannot read
+        return False
     attributes = getattr(span, "attributes", None)
     if not attributes or attributes.get(OPERATION) != EXECUTE_TOOL:
         return False
-    if parent is not None and parent.call_id == f"{span.get_span_context().span_id:016x}":
+    if (
+        parent is not None
+        and parent.call_id == span.get_span_context().span_id.to_bytes(8, "big").hex()
+    ):
         return False  # the enclosing call's span: this is a nested call
     span_llm_call_id = attributes.get(TOOL_CALL_ID)
     if description.llm_call_id is not None and span_llm_call_id is not None:
@@ -341,7 +358,10 @@ def tool_call_scope(
         active.finish(error, sink)
 
 
+@functools.lru_cache(maxsize=16)
 def _tracer(tracer_provider: TracerProvider | None) -> Tracer:
+    """kernel_ext's tracer from ``tracer_provider`` (None: the global provider, resolved
+    lazily by OpenTelemetry's proxy)."""
     from kernel_ext import __version__
 
     return trace.get_tracer("kernel_ext", __version__, tracer_provider=tracer_provider)

@@ -38,16 +38,14 @@ fault                      outcome
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import StatusCode
 
 from kernel_ext import resolve
-from kernel_ext._telemetry import RareLog
+from kernel_ext._telemetry import RareLog, slot_constructor
 from kernel_ext.context import current_tool_call
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
 
@@ -96,7 +94,7 @@ class ToolSpanProcessor(SpanProcessor):
         """Add a tool span's call to the tap; report a nested call to the sink. Never raises."""
         try:
             attributes = span.attributes
-            operation = attributes.get(OPERATION) if attributes else None
+            operation = attributes.get(OPERATION) if attributes is not None else None
             if operation != EXECUTE_TOOL and (
                 operation is not None or not _named_as_tool(span.name)
             ):
@@ -111,7 +109,7 @@ class ToolSpanProcessor(SpanProcessor):
         """Remove a tool span's call from the tap; tell the sink it ended. Never raises."""
         try:
             attributes = span.attributes
-            operation = attributes.get(OPERATION) if attributes else None
+            operation = attributes.get(OPERATION) if attributes is not None else None
             if operation != EXECUTE_TOOL and (
                 operation is not None or not _named_as_tool(span.name)
             ):
@@ -150,7 +148,7 @@ class ToolSpanProcessor(SpanProcessor):
             self._rare("invalid_span_id", "tool span %r has no valid span id", span.name)
             return
         call_id = span_id.to_bytes(8, "big").hex()
-        get = attributes.get if attributes else _no_attribute
+        get = attributes.get if attributes is not None else _no_attribute
         tool_name = get(TOOL_NAME)
         if tool_name.__class__ is not str or not tool_name:
             tool_name = self._text(tool_name, TOOL_NAME) or self._name_from_span(span)
@@ -215,7 +213,7 @@ class ToolSpanProcessor(SpanProcessor):
                 "processor); the sink is told anyway",
                 call_id,
             )
-            get = attributes.get if attributes else _no_attribute
+            get = attributes.get if attributes is not None else _no_attribute
             parent_span = span.parent
             parent_id = parent_span.span_id if parent_span is not None else 0
             call = LiveCall(
@@ -265,49 +263,8 @@ class ToolSpanProcessor(SpanProcessor):
         return tool_name
 
 
-def _live_call_factory() -> Callable[[str, str, str | None, str | None, str | None, int], LiveCall]:
-    """A ``LiveCall`` constructor that fills the slots directly: the frozen dataclass's
-    ``__init__`` costs ~0.6 µs, half the processor's budget. Falls back to ``LiveCall``
-    itself if its fields are not the expected ones."""
-    names = (
-        "call_id",
-        "tool_name",
-        "conversation_id",
-        "llm_call_id",
-        "parent_call_id",
-        "started_ns",
-    )
-    if tuple(f.name for f in dataclasses.fields(LiveCall)) != names:
-        return LiveCall
-    try:
-        slots = vars(LiveCall)
-        s0, s1, s2, s3, s4, s5 = (slots[name].__set__ for name in names)
-    except (KeyError, AttributeError):
-        return LiveCall
-    new = object.__new__
-
-    def make(
-        call_id: str,
-        tool_name: str,
-        conversation_id: str | None,
-        llm_call_id: str | None,
-        parent_call_id: str | None,
-        started_ns: int,
-    ) -> LiveCall:
-        call: LiveCall = new(LiveCall)
-        s0(call, call_id)
-        s1(call, tool_name)
-        s2(call, conversation_id)
-        s3(call, llm_call_id)
-        s4(call, parent_call_id)
-        s5(call, started_ns)
-        return call
-
-    sample = ("a", "b", "c", "d", "e", 1)
-    return make if make(*sample) == LiveCall(*sample) else LiveCall
-
-
-_new_live_call = _live_call_factory()
+# LiveCall's frozen-dataclass __init__ costs ~0.6 µs, a third of the processor's budget.
+_new_live_call = slot_constructor(LiveCall)
 _MAX_SPAN_ID = (1 << 64) - 1
 
 
