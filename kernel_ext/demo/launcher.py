@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -295,7 +296,10 @@ async def _converse(url: str, out: TextIO, err: TextIO) -> int:
     sio = socketio.AsyncClient(reconnection=False)
     sio.on("tool_event_stream", transcript.on_block, namespace=_NAMESPACE)
     sio.on("chat_event", transcript.on_chat_event, namespace=_NAMESPACE)
-    await sio.connect(url, namespaces=[_NAMESPACE], transports=["websocket"], wait_timeout=10)
+    try:
+        await sio.connect(url, namespaces=[_NAMESPACE], transports=["websocket"], wait_timeout=10)
+    except socketio.exceptions.ConnectionError as exc:
+        raise DemoFailed(f"cannot connect to the web process at {url}: {exc}") from exc
     try:
         ack = await sio.call(
             "join_conversation",
@@ -316,6 +320,8 @@ async def _converse(url: str, out: TextIO, err: TextIO) -> int:
                 raise DemoFailed(f"the message was refused: {ack!r}")
             await transcript.wait(lambda n=number: transcript.answers >= n)  # type: ignore[misc]
         await transcript.wait(lambda: not transcript.open_calls())
+    except socketio.exceptions.SocketIOError as exc:  # a call timed out, the link dropped
+        raise DemoFailed(f"talking to the web process failed: {exc!r}") from exc
     finally:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(sio.disconnect(), 5)
@@ -354,9 +360,11 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signum, stop.set)
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, stop.set)
 
     if _port_taken(options.host, options.port):
         raise DemoFailed(f"port {options.port} on {options.host} is in use; pick another: --port")
@@ -450,6 +458,9 @@ def launch(options: Options, out: TextIO | None = None, err: TextIO | None = Non
         err.write(f"kernel-ext demo: {exc}\n")
     except KeyboardInterrupt:  # a Ctrl-C before the loop's handler was in place
         code = EXIT_INTERRUPTED
+    except Exception:  # a defect: say so, the children are stopped already
+        err.write("kernel-ext demo: unexpected error\n")
+        traceback.print_exc(file=err)
     finally:
         if code in (EXIT_OK, EXIT_INTERRUPTED):
             shutil.rmtree(log_dir, ignore_errors=True)
