@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import socketio
+from socketio.async_pubsub_manager import AsyncPubSubManager
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
@@ -427,6 +428,27 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         if expired:
             del self._held[:expired]
 
+    async def _emit_in_order(self, blocks: list[Any], room: str) -> None:
+        """One ``tool_event_stream`` per block, in order.
+
+        With the in-process client manager every emit is queued to each participant's
+        connection synchronously when its task first runs, and asyncio runs new tasks in
+        creation order: the emits of a frame overlap and keep their order. A pub/sub manager
+        (Redis) publishes after an await, so there they go one after the other.
+        """
+        if len(blocks) > 1 and not isinstance(self.server.manager, AsyncPubSubManager):
+            loop = asyncio.get_running_loop()
+            tasks = [
+                loop.create_task(self.emit(TOOL_EVENT_STREAM, raw, room=room)) for raw in blocks
+            ]
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            return
+        for raw in blocks:
+            await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+
     async def _worker(self, sid: str, conn: _Internal) -> None:
         """Emit one connection's frames in arrival order, one after the other."""
         while True:
@@ -437,14 +459,16 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
             emitted = 0
             try:
                 if kind == "blocks":
+                    blocks = []
                     for raw in payload:
                         if raw.get("state") in ("done", "aborted"):
                             if self._seen_terminal(raw):
                                 self._count("duplicate_terminal")
                                 continue
                             self._hold_if_nobody_listens(room, raw)
-                        await self.emit(TOOL_EVENT_STREAM, raw, room=room)
-                        emitted += 1
+                        blocks.append(raw)
+                    await self._emit_in_order(blocks, room)
+                    emitted = len(blocks)
                     self._count("blocks_emitted", emitted)
                 else:
                     await self.emit(CHAT_EVENT, payload, room=room)

@@ -128,9 +128,10 @@ class _ToolCallItem(NamedTuple):
 _Raw = tuple[Any, ...]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutgoingBlock:
-    """One block ready for a sender: ``block`` is the wire form (a JSON-ready dict)."""
+    """One block ready for a sender: ``block`` is the wire form (a JSON-ready dict).
+    Read-only by convention (not frozen: a frozen dataclass costs ~1 µs more per block)."""
 
     room: str
     block: dict[str, Any]
@@ -141,7 +142,7 @@ class OutgoingBlock:
     """An estimate of the encoded size in characters (senders pack frames with it)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class OutgoingChatEvent:
     """The kernel's ``chat_event`` snapshot for ``room``, ordered with the blocks."""
 

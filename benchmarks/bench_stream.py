@@ -1,0 +1,575 @@
+"""Stream pipeline benchmarks: publish() cost, relay throughput and latency (design.md §7).
+
+Run: ``python benchmarks/bench_stream.py [--quick]``. Prints each figure with its target and
+PASS/MISS; :func:`run` returns the figures as a list of dicts for a benchmark runner.
+
+In process (medians of batches of ``BATCH`` calls after a warm-up, inside an active tool
+call, a sender draining the hub on the event loop):
+
+* ``publish()`` of a running block from the event-loop thread — target ≤ 2 µs.
+* the same from a worker thread while the loop's sender drains — target ≤ 2 µs.
+* a dropped block (over the T4 limit of 10/s) — target ≤ 1 µs.
+* (info) the consumer-side cost of building one block.
+
+Three processes on this machine (worker → relay → receiver, as a browser would be), each
+run measured side by side with a plain python-socketio relay (the worker emits one event per
+block; the relay emits it to the room, one emit per message, no validation):
+
+* throughput: ``N`` blocks as fast as the worker can publish them, counted at the receiver
+  from the first to the last block; kernel_ext (hub + LoopbackEmitter batching ``kx_blocks``
+  frames + ChatRelay validating every block) vs. plain — target ratio ≥ 1.0 (aim 1.5).
+  Rounds alternate plain/kernel_ext; the median rate of each is compared.
+* latency: 100 streams × 10 blocks/s for ``SECONDS`` s; latency from the ``publish()`` (or
+  plain ``emit``) call to the receiver's handler (the publish time travels in the block's
+  text); the median over alternating rounds of kernel_ext's p99 vs. plain's — target ratio
+  ≤ 1.5. The T4 throttle is off in
+  this run (pacing jitter would otherwise drop blocks of streams running exactly at the
+  limit); its cost is in the in-process figures.
+
+Nothing is tuned to pass: the figures are printed as measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import contextvars
+import json
+import logging
+import os
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+SECRET = "bench-secret"
+ROOM = "bench-room"
+NS = "/chat"
+CALL_ID = "00f067aa0ba902b7"
+BATCH = 200
+BATCHES = 300
+THROUGHPUT_N = 20_000
+QUICK_THROUGHPUT_N = 5_000
+ROUNDS = 3
+SECONDS = 4.0
+QUICK_SECONDS = 2.0
+STREAMS = 100
+RATE_PER_STREAM = 10
+PROCESS_TIMEOUT = 120.0
+
+
+# ---------------------------------------------------------------------------------------
+# In-process: publish() costs
+# ---------------------------------------------------------------------------------------
+
+
+def _median_per_call(fn: Any, batches: int = BATCHES, per: int = BATCH) -> float:
+    """Median ns per call over ``batches`` batches of ``per`` calls."""
+    results = []
+    clock = time.perf_counter_ns
+    for _ in range(batches):
+        start = clock()
+        for _ in range(per):
+            fn()
+        results.append((clock() - start) / per)
+    return statistics.median(results)
+
+
+async def _publish_costs() -> dict[str, float]:
+    from kernel_ext.context import ToolCall, use_tool_call
+    from kernel_ext.stream import StreamHub
+    from kernel_ext.tap import Tap
+
+    tap = Tap()
+    open_hub = StreamHub(max_running_per_second=None, max_queue=1_000_000, tap=tap)
+    throttled_hub = StreamHub(tap=tap)
+    drained = 0
+
+    async def drain(hub: StreamHub) -> None:
+        nonlocal drained
+        consumer = hub.consumer()
+        while not consumer.closed:
+            drained += len(await consumer.get(1024))
+
+    drainers = [asyncio.create_task(drain(open_hub)), asyncio.create_task(drain(throttled_hub))]
+    figures: dict[str, float] = {}
+    with use_tool_call(ToolCall(CALL_ID, "ask_colleague", ROOM)):
+        text = "x" * 64
+        publish_open = open_hub.publish
+        publish_throttled = throttled_hub.publish
+
+        # from the loop thread: the sender runs between batches
+        for _ in range(20):
+            publish_open(text, task_id="warm")
+        results = []
+        clock = time.perf_counter_ns
+        for _ in range(BATCHES):
+            start = clock()
+            for _ in range(BATCH):
+                publish_open(text, task_id="loop")
+            results.append((clock() - start) / BATCH)
+            await asyncio.sleep(0)
+        figures["loop"] = statistics.median(results)
+
+        for _ in range(20):
+            publish_throttled(text, task_id="full")  # the window is full after 10
+        figures["dropped"] = _median_per_call(lambda: publish_throttled(text, task_id="full"))
+
+        ctx = contextvars.copy_context()
+        box: dict[str, float] = {}
+
+        def worker() -> None:
+            box["thread"] = _median_per_call(lambda: publish_open(text, task_id="thread"))
+            box["thread_dropped"] = _median_per_call(
+                lambda: publish_throttled(text, task_id="full")
+            )
+
+        await asyncio.to_thread(ctx.run, worker)
+        figures.update(box)
+
+    # consumer side: build cost per block (no publisher running)
+    hub = StreamHub(max_running_per_second=None, max_queue=1_000_000, tap=tap)
+    consumer = hub.consumer()
+    built = 0
+    spent = 0
+    with use_tool_call(ToolCall(CALL_ID, "ask_colleague", ROOM)):
+        for _ in range(100):
+            for _ in range(500):
+                hub.publish("x" * 64, task_id="build")
+            start = time.perf_counter_ns()
+            built += len(consumer.take_nowait(1000))
+            spent += time.perf_counter_ns() - start
+    figures["build"] = spent / max(1, built)
+    consumer.close()
+    for task in drainers:
+        task.cancel()
+    await asyncio.gather(*drainers, return_exceptions=True)
+    return figures
+
+
+def bench_publish() -> list[dict[str, Any]]:
+    costs = asyncio.run(_publish_costs())
+    return [
+        _figure("publish() running block, event-loop thread", costs["loop"] / 1000, 2.0),
+        _figure("publish() running block, worker thread", costs["thread"] / 1000, 2.0),
+        _figure(
+            "publish() dropped block (throttled), event-loop thread", costs["dropped"] / 1000, 1.0
+        ),
+        _figure(
+            "publish() dropped block (throttled), worker thread",
+            costs["thread_dropped"] / 1000,
+            1.0,
+        ),
+        {
+            "name": "consumer-side build of one block (info)",
+            "value": round(costs["build"] / 1000, 3),
+            "unit": "µs",
+            "target": None,
+            "ok": None,
+            "detail": "queued tuple -> wire dict, off the tool's thread",
+        },
+    ]
+
+
+def _figure(name: str, micros: float, target: float) -> dict[str, Any]:
+    return {
+        "name": name,
+        "value": round(micros, 3),
+        "unit": "µs",
+        "target": target,
+        "ok": micros <= target,
+        "detail": f"median of {BATCHES} batches of {BATCH}",
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Three processes: the roles
+# ---------------------------------------------------------------------------------------
+
+
+def _block(i: int, text: str, task: str) -> dict[str, Any]:
+    return {
+        "v": 1,
+        "callId": CALL_ID,
+        "taskId": task,
+        "state": "running",
+        "ts": time.time_ns() // 1_000_000,
+        "envelope": {
+            "v": 1,
+            "kind": "text",
+            "streamKey": task,
+            "seq": i + 1,
+            "status": "running",
+            "payload": {"text": text},
+        },
+    }
+
+
+def role_plain_relay(port: int) -> None:
+    import socketio
+    import uvicorn
+
+    sio = socketio.AsyncServer(async_mode="asgi")
+
+    @sio.on("connect", namespace=NS)  # type: ignore[misc]
+    async def connect(sid: str, environ: Any, auth: Any = None) -> bool:
+        return True
+
+    @sio.on("join_conversation", namespace=NS)  # type: ignore[misc]
+    async def join(sid: str, data: Any) -> dict[str, Any]:
+        await sio.enter_room(sid, data["conversationId"], namespace=NS)
+        return {"ok": True}
+
+    @sio.on("relay_in", namespace=NS)  # type: ignore[misc]
+    async def relay_in(sid: str, data: Any) -> None:
+        await sio.emit("tool_event_stream", data["block"], room=data["room"], namespace=NS)
+
+    uvicorn.run(
+        socketio.ASGIApp(sio), host="127.0.0.1", port=port, log_level="error", lifespan="off"
+    )
+
+
+def role_kx_relay(port: int) -> None:
+    import uvicorn
+
+    from kernel_ext.relay import allow_all, create_app
+
+    ready = create_app(SECRET, authorize_join=allow_all)
+    uvicorn.run(ready.app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+
+
+async def role_receiver(port: int, expected: int, timeout: float) -> None:
+    import socketio
+
+    client = socketio.AsyncClient(reconnection=False)
+    latencies: list[int] = []
+    times: list[int] = []
+    done = asyncio.Event()
+
+    def on_block(block: dict[str, Any]) -> None:
+        now = time.time_ns()
+        times.append(now)
+        text = block["envelope"]["payload"]["text"]
+        head = text.split(" ", 1)[0]
+        if head.isdigit():
+            latencies.append(now - int(head))
+        if len(times) >= expected:
+            done.set()
+
+    client.on("tool_event_stream", on_block, namespace=NS)
+    await client.connect(
+        f"http://127.0.0.1:{port}", namespaces=[NS], transports=["websocket"], wait_timeout=10
+    )
+    ack = await client.call("join_conversation", {"conversationId": ROOM}, namespace=NS)
+    assert ack == {"ok": True}, ack
+    print("READY", flush=True)
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(done.wait(), timeout)
+    if os.environ.get("KX_BENCH_DEBUG"):
+        worst = sorted(range(len(latencies)), key=lambda i: -latencies[i])[:20]
+        print(
+            "DEBUG " + json.dumps([(i, latencies[i] / 1e6) for i in sorted(worst)]), file=sys.stderr
+        )
+    latencies.sort()
+    result = {
+        "count": len(times),
+        "elapsed": (times[-1] - times[0]) / 1e9 if len(times) > 1 else 0.0,
+        "p50": latencies[len(latencies) // 2] / 1e6 if latencies else None,
+        "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] / 1e6
+        if latencies
+        else None,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+    await client.disconnect()
+
+
+async def _paced(seconds: float, send: Any) -> int:
+    """Call ``send(stream, i)`` for 100 streams × 10/s, in 10 ms ticks, for ``seconds``."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    ticks = int(seconds * 100)
+    per_tick = STREAMS * RATE_PER_STREAM // 100
+    sent = 0
+    for tick in range(ticks):
+        wake = start + tick * 0.01
+        delay = wake - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        first = (tick % 10) * per_tick
+        for stream in range(first, first + per_tick):
+            await send(stream, sent)
+            sent += 1
+    return sent
+
+
+async def role_worker(port: int, kind: str, mode: str, n: int, seconds: float) -> None:
+    url = f"http://127.0.0.1:{port}"
+    if kind == "plain":
+        import socketio
+
+        client = socketio.AsyncClient(reconnection=False)
+        await client.connect(url, namespaces=[NS], transports=["websocket"], wait_timeout=10)
+
+        async def send(stream: int, i: int) -> None:
+            block = _block(i, f"{time.time_ns()} progress of stream {stream}", f"t{stream}")
+            await client.emit("relay_in", {"room": ROOM, "block": block}, namespace=NS)
+
+        if mode == "burst":
+            for i in range(n):
+                await send(i % STREAMS, i)
+                if i % 200 == 199:
+                    await asyncio.sleep(0)
+        else:
+            await _paced(seconds, send)
+        await client.call("join_conversation", {"conversationId": "__flush__"}, namespace=NS)
+        await asyncio.sleep(0.5)
+        await client.disconnect()
+        return
+
+    from kernel_ext.context import ToolCall, use_tool_call
+    from kernel_ext.emit import LoopbackEmitter
+    from kernel_ext.stream import StreamHub
+    from kernel_ext.tap import Tap
+
+    hub = StreamHub(max_running_per_second=None, max_queue=max(10_000, n), tap=Tap())
+    emitter = LoopbackEmitter(url, SECRET, hub=hub)
+    await emitter.start()
+    await emitter._ready()  # the first connection attempt is over
+    publish = hub.publish
+    with use_tool_call(ToolCall(CALL_ID, "ask_colleague", ROOM)):
+
+        async def send_kx(stream: int, i: int) -> None:
+            publish(f"{time.time_ns()} progress of stream {stream}", task_id=f"t{stream}")
+
+        if mode == "burst":
+            for i in range(n):
+                publish(
+                    f"{time.time_ns()} progress of stream {i % STREAMS}", task_id=f"t{i % STREAMS}"
+                )
+                if i % 200 == 199:
+                    await asyncio.sleep(0)
+        else:
+            await _paced(seconds, send_kx)
+    await emitter.flush(60)
+    await asyncio.sleep(0.5)
+    await emitter.stop(timeout=5)
+
+
+# ---------------------------------------------------------------------------------------
+# Three processes: orchestration
+# ---------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+_SCRIPT = os.path.abspath(__file__)
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        _SCRIPT,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=None,
+        stdin=asyncio.subprocess.DEVNULL,
+    )
+
+
+async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        if proc.returncode is not None:
+            raise RuntimeError("relay exited before listening")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await writer.wait_closed()
+            return
+        except OSError:
+            if loop.time() > deadline:
+                raise TimeoutError("relay did not listen in time") from None
+            await asyncio.sleep(0.05)
+
+
+async def _line(proc: asyncio.subprocess.Process, prefix: str, timeout: float) -> str:
+    assert proc.stdout is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise TimeoutError(f"no {prefix} line in time")
+        raw = await asyncio.wait_for(proc.stdout.readline(), remaining)
+        if not raw:
+            raise RuntimeError(f"process ended before its {prefix} line")
+        line = raw.decode().strip()
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
+
+
+async def _one_run(kind: str, mode: str, n: int, seconds: float) -> dict[str, Any]:
+    """Relay, receiver and worker as three processes; the receiver's result."""
+    port = _free_port()
+    procs: list[asyncio.subprocess.Process] = []
+    try:
+        relay = await _spawn("--role", f"{kind}-relay", "--port", str(port))
+        procs.append(relay)
+        await _wait_port(port, relay)
+        expected = n if mode == "burst" else int(seconds * STREAMS * RATE_PER_STREAM)
+        receiver = await _spawn(
+            "--role",
+            "receiver",
+            "--port",
+            str(port),
+            "--n",
+            str(expected),
+            "--timeout",
+            str(PROCESS_TIMEOUT / 2),
+        )
+        procs.append(receiver)
+        await _line(receiver, "READY", 30)
+        worker = await _spawn(
+            "--role",
+            "worker",
+            "--port",
+            str(port),
+            "--kind",
+            kind,
+            "--mode",
+            mode,
+            "--n",
+            str(n),
+            "--seconds",
+            str(seconds),
+        )
+        procs.append(worker)
+        result: dict[str, Any] = json.loads(await _line(receiver, "RESULT", PROCESS_TIMEOUT))
+        result["expected"] = expected
+        return result
+    finally:
+        for proc in reversed(procs):  # worker, receiver, then the relay
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+async def _relay_figures(n: int, seconds: float, rounds: int) -> dict[str, Any]:
+    rates: dict[str, list[float]] = {"plain": [], "kx": []}
+    counts: dict[str, list[int]] = {"plain": [], "kx": []}
+    for _ in range(rounds):
+        for kind in ("plain", "kx"):
+            result = await _one_run(kind, "burst", n, seconds)
+            counts[kind].append(result["count"])
+            rates[kind].append(result["count"] / result["elapsed"] if result["elapsed"] else 0.0)
+    latency: dict[str, list[dict[str, Any]]] = {"plain": [], "kx": []}
+    for _ in range(rounds):
+        for kind in ("plain", "kx"):
+            latency[kind].append(await _one_run(kind, "paced", n, seconds))
+    return {"rates": rates, "counts": counts, "latency": latency}
+
+
+def bench_relay(quick: bool = False) -> list[dict[str, Any]]:
+    n = QUICK_THROUGHPUT_N if quick else THROUGHPUT_N
+    seconds = QUICK_SECONDS if quick else SECONDS
+    figures = asyncio.run(_relay_figures(n, seconds, 1 if quick else ROUNDS))
+    plain_rate = statistics.median(figures["rates"]["plain"])
+    kx_rate = statistics.median(figures["rates"]["kx"])
+    ratio = kx_rate / plain_rate if plain_rate else 0.0
+    lat = {
+        kind: {
+            key: statistics.median(r[key] for r in runs if r[key] is not None)
+            if any(r[key] is not None for r in runs)
+            else None
+            for key in ("p50", "p99", "count", "expected")
+        }
+        for kind, runs in figures["latency"].items()
+    }
+    p99s = {kind: [r["p99"] for r in runs] for kind, runs in figures["latency"].items()}
+    plain_p99, kx_p99 = lat["plain"]["p99"], lat["kx"]["p99"]
+    lat_ratio = kx_p99 / plain_p99 if plain_p99 and kx_p99 else float("inf")
+    lost = {k: [n - c for c in v] for k, v in figures["counts"].items()}
+    return [
+        {
+            "name": "relay throughput, kernel_ext vs plain python-socketio relay",
+            "value": round(ratio, 2),
+            "unit": "×",
+            "target": 1.0,
+            "ok": ratio >= 1.0,
+            "detail": (
+                f"{kx_rate:,.0f} vs {plain_rate:,.0f} blocks/s (median of "
+                f"{len(figures['rates']['kx'])}; {n} blocks; aim 1.5×; not received: "
+                f"{lost})"
+            ),
+        },
+        {
+            "name": "latency p99 at 100 streams × 10/s, kernel_ext vs plain relay",
+            "value": round(lat_ratio, 2),
+            "unit": "×",
+            "target": 1.5,
+            "ok": lat_ratio <= 1.5,
+            "detail": (
+                f"p99 {kx_p99:.2f} ms vs {plain_p99:.2f} ms (medians of runs {p99s}); "
+                f"p50 {lat['kx']['p50']:.2f} vs {lat['plain']['p50']:.2f} ms; received "
+                f"{lat['kx']['count']:.0f}/{lat['kx']['expected']:.0f} vs "
+                f"{lat['plain']['count']:.0f}/{lat['plain']['expected']:.0f} (medians)"
+            )
+            if plain_p99 and kx_p99
+            else f"no latency measured: {lat}",
+        },
+    ]
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """Measure every figure; each dict has name, value, unit, target, ok, detail."""
+    return [*bench_publish(), *bench_relay(quick)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--role")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--kind", default="kx")
+    parser.add_argument("--mode", default="burst")
+    parser.add_argument("--n", type=int, default=THROUGHPUT_N)
+    parser.add_argument("--seconds", type=float, default=SECONDS)
+    parser.add_argument("--timeout", type=float, default=PROCESS_TIMEOUT)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    if args.role == "plain-relay":
+        role_plain_relay(args.port)
+        return 0
+    if args.role == "kx-relay":
+        role_kx_relay(args.port)
+        return 0
+    if args.role == "receiver":
+        asyncio.run(role_receiver(args.port, args.n, args.timeout))
+        return 0
+    if args.role == "worker":
+        logging.getLogger("kernel_ext").setLevel(logging.ERROR)  # quiet shutdown
+        asyncio.run(role_worker(args.port, args.kind, args.mode, args.n, args.seconds))
+        return 0
+    print(f"kernel_ext stream benchmarks — Python {sys.version.split()[0]}")
+    for figure in run(quick=args.quick):
+        if figure["ok"] is None:
+            verdict, target = "info", ""
+        else:
+            verdict = "PASS" if figure["ok"] else "MISS"
+            op = "≥" if figure["unit"] == "×" and "throughput" in figure["name"] else "≤"
+            target = f"(target {op} {figure['target']}{figure['unit']})"
+        print(
+            f"  {verdict:4}  {figure['name']:<64} {figure['value']:>8}{figure['unit']:<2} "
+            f"{target:<18} {figure['detail']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
