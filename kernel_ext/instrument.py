@@ -178,15 +178,21 @@ _Tokens = tuple["Token[otel_context.Context]", "ToolCallToken | None"]
 class _ActiveCall:
     """One attributed call: its span, whether we opened it, and its :class:`ToolCall`."""
 
-    __slots__ = ("call", "context", "opened", "span")
+    __slots__ = ("call", "context", "opened", "rare", "span")
 
     def __init__(
-        self, span: Span, opened: bool, call: ToolCall | None, context: otel_context.Context
+        self,
+        span: Span,
+        opened: bool,
+        call: ToolCall | None,
+        context: otel_context.Context,
+        rare: RareLog,
     ) -> None:
         self.span = span
         self.opened = opened
         self.call = call
         self.context = context
+        self.rare = rare
 
     def activate(self) -> _Tokens:
         """Make the span current and the call active in this context; return the tokens."""
@@ -220,16 +226,16 @@ class _ActiveCall:
                     if attributes:
                         span.set_attributes(attributes)
         except Exception:
-            _rare("finish_error", "tool span bookkeeping failed", exc_info=True)
+            self.rare("finish_error", "tool span bookkeeping failed", exc_info=True)
         finally:
             if self.opened:
                 try:
                     span.end()
                 except Exception:
-                    _rare("finish_error", "tool span could not be ended", exc_info=True)
+                    self.rare("finish_error", "tool span could not be ended", exc_info=True)
 
 
-def _begin(tracer: Tracer, description: ToolDescription) -> _ActiveCall:
+def _begin(tracer: Tracer, description: ToolDescription, rare: RareLog) -> _ActiveCall:
     """Find the runtime's ``execute_tool`` span for this call or start one; build the call."""
     parent = current_tool_call()
     span = trace.get_current_span()
@@ -268,13 +274,13 @@ def _begin(tracer: Tracer, description: ToolDescription) -> _ActiveCall:
             parent,
         )
     else:
-        _rare(
+        rare(
             "no_span_id",
             "no valid span for tool %r (no tracer provider?): its call id is unknown, "
             "the contextvar is not set",
             description.tool_name,
         )
-    return _ActiveCall(span, opened, call, trace.set_span_in_context(span))
+    return _ActiveCall(span, opened, call, trace.set_span_in_context(span), rare)
 
 
 def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:
@@ -296,7 +302,12 @@ def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | Non
 
 
 def _safe_begin(
-    tracer: Tracer, describe: Describe, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    tracer: Tracer,
+    describe: Describe,
+    rare: RareLog,
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> _ActiveCall | None:
     """:func:`_begin` for a wrapped call; ``None`` (call runs unattributed) on any fault."""
     try:
@@ -306,17 +317,15 @@ def _safe_begin(
         if not isinstance(description, ToolDescription) or not isinstance(
             description.tool_name, str
         ):
-            _rare(
+            rare(
                 "bad_description",
                 "describe hook returned %r, not a ToolDescription; call not attributed",
                 type(description).__name__,
             )
             return None
-        return _begin(tracer, description)
+        return _begin(tracer, description, rare)
     except Exception:
-        _rare(
-            "describe_error", "describe hook or tracer failed; call not attributed", exc_info=True
-        )
+        rare("describe_error", "describe hook or tracer failed; call not attributed", exc_info=True)
         return None
 
 
@@ -337,7 +346,7 @@ def tool_call_scope(
     task or thread that runs the tool's code; it restores everything in ``finally``.
     """
     try:
-        active: _ActiveCall | None = _begin(_tracer(tracer_provider), description)
+        active: _ActiveCall | None = _begin(_tracer(tracer_provider), description, _rare)
     except Exception:
         _rare(
             "describe_error", "tool span could not be started; call not attributed", exc_info=True
@@ -395,12 +404,16 @@ def _make_wrapper(
     tracer: Tracer,
     sink_of: Callable[[], CallSink | None],
 ) -> _Wrapper:
-    """The wrapt wrapper for one target, for its function ``kind``."""
+    """The wrapt wrapper for one target, for its function ``kind``. Its faults are logged
+    rarely, counted per wrapping."""
+    rare = RareLog(_log)
 
     def call_sync(
         wrapped: Callable[..., _T], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> _T:
-        active = _safe_begin(tracer, describe, instance, args, kwargs) if wrapping.active else None
+        active = (
+            _safe_begin(tracer, describe, rare, instance, args, kwargs) if wrapping.active else None
+        )
         if active is None:
             return wrapped(*args, **kwargs)
         tokens = active.activate()
@@ -420,7 +433,7 @@ def _make_wrapper(
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> _T:
-        active = _safe_begin(tracer, describe, instance, args, kwargs)
+        active = _safe_begin(tracer, describe, rare, instance, args, kwargs)
         if active is None:
             return await wrapped(*args, **kwargs)
         tokens = active.activate()
@@ -450,7 +463,7 @@ def _make_wrapper(
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> Generator[Any, Any, Any]:
-        active = _safe_begin(tracer, describe, instance, args, kwargs)
+        active = _safe_begin(tracer, describe, rare, instance, args, kwargs)
         if active is None:
             return (yield from wrapped(*args, **kwargs))
         error: BaseException | None = None
@@ -480,7 +493,7 @@ def _make_wrapper(
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
     ) -> AsyncGenerator[Any, Any]:
-        active = _safe_begin(tracer, describe, instance, args, kwargs)
+        active = _safe_begin(tracer, describe, rare, instance, args, kwargs)
         inner = wrapped(*args, **kwargs)
         error: BaseException | None = None
         try:

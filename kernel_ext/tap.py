@@ -73,9 +73,6 @@ class CallSink(Protocol):
         return {}
 
 
-_rare = RareLog(_log)
-
-
 class Tap:
     """The live tool calls of each conversation, in start order.
 
@@ -95,6 +92,7 @@ class Tap:
         "_calls",
         "_evicted",
         "_lock",
+        "_rare",
         "max_calls",
         "max_per_conversation",
     )
@@ -107,6 +105,7 @@ class Tap:
         self.max_calls = max_calls
         self.max_per_conversation = max_per_conversation
         self._lock = threading.Lock()
+        self._rare = RareLog(_log)
         # Insertion-ordered dicts: the first key is the oldest live call.
         self._calls: dict[str, LiveCall] = {}
         self._by_conversation: dict[str | None, dict[str, LiveCall]] = {}
@@ -248,11 +247,10 @@ class Tap:
             del self._by_conversation[call.conversation_id]
         return call
 
-    @staticmethod
-    def _report_eviction(call: LiveCall, scope: str) -> None:
+    def _report_eviction(self, call: LiveCall, scope: str) -> None:
         with contextlib.suppress(Exception):
             metrics.evictions.add(1, {"scope": scope})
-        _rare(
+        self._rare(
             "tap_eviction_" + scope,
             "trajectory tap full (%s bound): evicted live call %s (%s) of conversation %r",
             scope,
