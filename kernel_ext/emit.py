@@ -555,9 +555,17 @@ class LoopbackEmitter(Emitter):
                 await self._pause(_jittered(delay))
                 delay = min(delay * 2, self.reconnect_delay_max)
                 continue
-            delay = self.reconnect_delay
             self._first_attempt.set()
+            connected_at = _now()
             await self._watch()
+            # A connection that dropped at once (a relay that keeps closing it) backs off
+            # like a failed attempt; one that lived starts over from the shortest delay.
+            if _now() - connected_at < 1.0:
+                delay = min(delay * 2, self.reconnect_delay_max)
+            else:
+                delay = self.reconnect_delay
+            if not self._stopping:
+                await self._pause(_jittered(delay))
 
     async def _pause(self, seconds: float) -> None:
         self._wakeup.clear()
@@ -649,6 +657,7 @@ class LoopbackEmitter(Emitter):
                 self._lose(blocks, terminals)
                 continue
             payload = {"v": 1, "room": room, "blocks": [b.block for b in blocks]}
+            frame_id = 0
             try:
                 if terminals:
                     self._frame_ids += 1
@@ -667,8 +676,8 @@ class LoopbackEmitter(Emitter):
                     hub.record_sent(len(blocks))
             except Exception as exc:
                 _rare("emit_failed", "loopback emitter: emit failed: %s", exc)
-                if terminals:
-                    self._inflight.pop(self._frame_ids, None)
+                if terminals and self._inflight.pop(frame_id, None) is None:
+                    terminals = []  # the disconnect handler holds them already
                 self._lose(blocks, terminals)
 
     def _lose(self, blocks: list[OutgoingBlock], terminals: list[_Held]) -> None:
@@ -844,8 +853,9 @@ class RedisEmitter(Emitter):
                 await task
         for client in (self._ping_client, getattr(self._manager, "redis", None)):
             if client is not None:
+                close = getattr(client, "aclose", None) or client.close  # redis < 5.0.1
                 with contextlib.suppress(Exception):
-                    await client.aclose()
+                    await close()
         self._ping_client = None
         self._manager = None
 
