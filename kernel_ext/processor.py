@@ -8,8 +8,10 @@ is ``execute_tool`` at start, or, lacking that attribute, when its name starts w
 
 * ``on_start``: the call enters the tap (call id = the span id as 16 lower-case hex digits,
   tool name from ``gen_ai.tool.name``, conversation from ``gen_ai.conversation.id``, else
-  inherited from the enclosing live tool call). A tool span that starts under a live tool
-  call (a nested call) is reported to the sink: ``sink.tool_call_started(parent, child)``.
+  inherited from the enclosing live tool call). The enclosing call is the parent span when
+  that is a live tool span, else the active call of the contextvar (a tool that runs an
+  agent that runs tools). A tool span that starts under a live tool call (a nested call) is
+  reported to the sink: ``sink.tool_call_started(parent, child)``.
 * ``on_end``: the call leaves the tap and ``sink.tool_call_ended(call, error)`` is called,
   ``error`` being the span's error status description (or its exception event), ``None``
   when the span did not fail.
