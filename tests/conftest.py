@@ -35,6 +35,19 @@ def need_binary(name: str, env_var: str | None = None) -> str:
     pytest.skip(f"{name} is not installed (apt-get install {name}); CI runs this test")
 
 
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+"""Launch flags for Debian's chromium under Playwright (``executable_path``), as root in CI."""
+
+
 class RedisServer:
     """A real redis-server on 127.0.0.1, started and stopped by the test."""
 

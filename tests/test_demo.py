@@ -81,50 +81,67 @@ def test_browsers_may_join_demo_conversations_only(value: object, ok: bool) -> N
 # -- the web process: page and the browser -> worker path ---------------------------------
 
 
+class _Agent:
+    """A stand-in for the worker's control connection: records what it is forwarded."""
+
+    def __init__(self, client: socketio.AsyncClient, answer: dict[str, Any]) -> None:
+        self.client = client
+        self.messages: list[Any] = []
+        self.answer = answer
+        client.on("kx_user_message", self._on_message, namespace=NS)
+
+    def _on_message(self, data: Any) -> dict[str, Any]:
+        self.messages.append(data)
+        return self.answer
+
+
+class _Rig:
+    """The demo's web app on a port, and the clients a test connects (closed at the end)."""
+
+    def __init__(self, web: Any, port: int) -> None:
+        self.web = web
+        self.port = port
+        self.clients: list[socketio.AsyncClient] = []
+
+    async def client(self, auth: Any = None, **events: Any) -> socketio.AsyncClient:
+        client = socketio.AsyncClient(reconnection=False)
+        for event, handler in events.items():
+            client.on(event, handler, namespace=NS)
+        self.clients.append(client)
+        await client.connect(
+            f"http://127.0.0.1:{self.port}",
+            namespaces=[NS],
+            auth=auth,
+            transports=["websocket"],
+            wait_timeout=5,
+        )
+        return client
+
+    async def agent(self, answer: dict[str, Any] | None = None, **auth: Any) -> _Agent:
+        agent = _Agent(socketio.AsyncClient(reconnection=False), answer or {"ok": True})
+        self.clients.append(agent.client)
+        await agent.client.connect(
+            f"http://127.0.0.1:{self.port}",
+            namespaces=[NS],
+            auth=auth or {"internal": SECRET, "role": "agent"},
+            transports=["websocket"],
+            wait_timeout=5,
+        )
+        return agent
+
+
 @asynccontextmanager
-async def _web() -> AsyncIterator[tuple[Any, int]]:
+async def _web() -> AsyncIterator[_Rig]:
     from kernel_ext.demo.web import create_demo_app
 
     demo = create_demo_app(SECRET)
     async with serve_asgi(demo.app) as port:
-        yield demo, port
-
-
-async def _client(port: int, auth: Any = None) -> socketio.AsyncClient:
-    client = socketio.AsyncClient(reconnection=False)
-    await client.connect(
-        f"http://127.0.0.1:{port}",
-        namespaces=[NS],
-        auth=auth,
-        transports=["websocket"],
-        wait_timeout=5,
-    )
-    return client
-
-
-class _Agent:
-    """A stand-in for the worker's control connection: records what it is forwarded."""
-
-    def __init__(self, answer: dict[str, Any] | None = None) -> None:
-        self.messages: list[Any] = []
-        self.answer = answer if answer is not None else {"ok": True}
-        self.client: socketio.AsyncClient | None = None
-
-    async def connect(self, port: int) -> None:
-        self.client = socketio.AsyncClient(reconnection=False)
-
-        def on_message(data: Any) -> dict[str, Any]:
-            self.messages.append(data)
-            return self.answer
-
-        self.client.on("kx_user_message", on_message, namespace=NS)
-        await self.client.connect(
-            f"http://127.0.0.1:{port}",
-            namespaces=[NS],
-            auth={"internal": SECRET, "role": "agent"},
-            transports=["websocket"],
-            wait_timeout=5,
-        )
+        rig = _Rig(demo, port)
+        try:
+            yield rig
+        finally:
+            for client in rig.clients:
+                await client.disconnect()
 
 
 async def _join(client: socketio.AsyncClient, room: str) -> Any:
@@ -140,108 +157,69 @@ async def _say(client: socketio.AsyncClient, room: str, text: Any) -> Any:
 @pytest.mark.network
 @pytest.mark.timeout(30)
 async def test_a_joined_browsers_message_reaches_the_agent() -> None:
-    async with _web() as (_, port):
-        agent = _Agent()
-        await agent.connect(port)
-        browser = await _client(port)
-        try:
-            assert await _join(browser, "demo-room") == {"ok": True}
-            assert await _say(browser, "demo-room", "  hello agent  ") == {"ok": True}
-            assert agent.messages == [{"conversationId": "demo-room", "text": "hello agent"}]
-        finally:
-            await browser.disconnect()
-            assert agent.client is not None
-            await agent.client.disconnect()
+    async with _web() as rig:
+        agent = await rig.agent()
+        browser = await rig.client()
+        assert await _join(browser, "demo-room") == {"ok": True}
+        assert await _say(browser, "demo-room", "  hello agent  ") == {"ok": True}
+        assert agent.messages == [{"conversationId": "demo-room", "text": "hello agent"}]
 
 
 @pytest.mark.network
 @pytest.mark.timeout(30)
 async def test_messages_that_may_not_reach_the_agent_are_refused() -> None:
-    async with _web() as (_, port):
-        agent = _Agent()
-        await agent.connect(port)
-        browser = await _client(port)
-        internal = await _client(port, auth={"internal": SECRET})
-        try:
-            assert (await _say(browser, "demo-room", "not joined"))["ok"] is False
-            assert (await _join(browser, "conv-1"))["ok"] is False  # not a demo conversation
-            assert await _join(browser, "demo-room") == {"ok": True}
-            assert (await _say(browser, "demo-room", "   "))["ok"] is False
-            too_long = "x" * (MAX_MESSAGE_CHARS + 1)
-            assert (await _say(browser, "demo-room", too_long))["ok"] is False
-            assert (await _say(browser, "demo-room", {"text": "x"}))["ok"] is False
-            assert (await _say(internal, "demo-room", "from a sender"))["ok"] is False
-            assert agent.messages == []
-        finally:
-            for client in (browser, internal):
-                await client.disconnect()
-            assert agent.client is not None
-            await agent.client.disconnect()
+    async with _web() as rig:
+        agent = await rig.agent()
+        browser = await rig.client()
+        internal = await rig.client(auth={"internal": SECRET})
+        assert (await _say(browser, "demo-room", "not joined"))["ok"] is False
+        assert (await _join(browser, "conv-1"))["ok"] is False  # not a demo conversation
+        assert await _join(browser, "demo-room") == {"ok": True}
+        assert (await _say(browser, "demo-room", "   "))["ok"] is False
+        too_long = "x" * (MAX_MESSAGE_CHARS + 1)
+        assert (await _say(browser, "demo-room", too_long))["ok"] is False
+        assert (await _say(browser, "demo-room", {"text": "x"}))["ok"] is False
+        assert (await _say(internal, "demo-room", "from a sender"))["ok"] is False
+        assert agent.messages == []
 
 
 @pytest.mark.network
 @pytest.mark.timeout(30)
 async def test_without_an_agent_or_with_a_busy_one_the_browser_is_told() -> None:
-    async with _web() as (_, port):
-        browser = await _client(port)
-        try:
-            assert await _join(browser, "demo-room") == {"ok": True}
-            ack = await _say(browser, "demo-room", "anyone?")
-            assert ack == {"ok": False, "error": "the agent is not connected"}
-            agent = _Agent(answer={"ok": False, "error": "busy"})
-            await agent.connect(port)
-            assert await _say(browser, "demo-room", "now?") == {"ok": False, "error": "busy"}
-        finally:
-            await browser.disconnect()
+    async with _web() as rig:
+        browser = await rig.client()
+        assert await _join(browser, "demo-room") == {"ok": True}
+        ack = await _say(browser, "demo-room", "anyone?")
+        assert ack == {"ok": False, "error": "the agent is not connected"}
+        await rig.agent(answer={"ok": False, "error": "busy"})
+        assert await _say(browser, "demo-room", "now?") == {"ok": False, "error": "busy"}
 
 
 @pytest.mark.network
 @pytest.mark.timeout(30)
 async def test_a_browser_cannot_pose_as_the_agent_or_broadcast() -> None:
-    async with _web() as (_, port):
-        agent = _Agent()
-        await agent.connect(port)
-        impostor = _Agent()
+    async with _web() as rig:
+        agent = await rig.agent()
         # A browser claiming the agent's role without the secret is just a browser.
-        impostor.client = socketio.AsyncClient(reconnection=False)
-        impostor.client.on("kx_user_message", impostor.messages.append, namespace=NS)
-        await impostor.client.connect(
-            f"http://127.0.0.1:{port}",
-            namespaces=[NS],
-            auth={"role": "agent"},
-            transports=["websocket"],
-            wait_timeout=5,
-        )
-        viewer = await _client(port)
+        impostor = await rig.agent(role="agent")
         seen: list[Any] = []
-        viewer.on("tool_event_stream", seen.append, namespace=NS)
-        viewer.on("chat_event", seen.append, namespace=NS)
-        try:
-            assert await _join(viewer, "demo-room") == {"ok": True}
-            assert await _join(impostor.client, "demo-room") == {"ok": True}
-            await impostor.client.emit(
-                "kx_chat_event", {"room": "demo-room", "event": {"eventId": "x"}}, namespace=NS
-            )
-            await impostor.client.emit("tool_event_stream", {"v": 1}, namespace=NS)
-            await impostor.client.emit(
-                "kx_blocks", {"v": 1, "room": "demo-room", "blocks": []}, namespace=NS
-            )
-            assert await _say(viewer, "demo-room", "hello") == {"ok": True}
-            assert len(agent.messages) == 1
-            assert impostor.messages == []
-            stats = demo.relay.stats()
-            deadline = time.monotonic() + 5
-            rejected = ("rejected_not_internal", "rejected_unknown_event")
-            while sum(stats.get(key, 0) for key in rejected) < 3:
-                assert time.monotonic() < deadline, stats  # polling with a deadline
-                await asyncio.sleep(0.01)
-                stats = demo.relay.stats()
-            assert seen == []
-        finally:
-            for client in (viewer, impostor.client):
-                await client.disconnect()
-            assert agent.client is not None
-            await agent.client.disconnect()
+        viewer = await rig.client(tool_event_stream=seen.append, chat_event=seen.append)
+        assert await _join(viewer, "demo-room") == {"ok": True}
+        assert await _join(impostor.client, "demo-room") == {"ok": True}
+        event = {"room": "demo-room", "event": {"eventId": "x"}}
+        await impostor.client.emit("kx_chat_event", event, namespace=NS)
+        await impostor.client.emit("tool_event_stream", {"v": 1}, namespace=NS)
+        frame = {"v": 1, "room": "demo-room", "blocks": []}
+        await impostor.client.emit("kx_blocks", frame, namespace=NS)
+        assert await _say(viewer, "demo-room", "hello") == {"ok": True}
+        assert len(agent.messages) == 1
+        assert impostor.messages == []
+        rejected = ("rejected_not_internal", "rejected_unknown_event")
+        deadline = time.monotonic() + 5
+        while sum(rig.web.relay.stats().get(key, 0) for key in rejected) < 3:
+            assert time.monotonic() < deadline, rig.web.relay.stats()  # polling, with a deadline
+            await asyncio.sleep(0.01)
+        assert seen == []
 
 
 @pytest.mark.network
@@ -249,8 +227,8 @@ async def test_a_browser_cannot_pose_as_the_agent_or_broadcast() -> None:
 async def test_the_page_and_its_assets_are_served_with_a_strict_policy() -> None:
     import httpx
 
-    async with _web() as (_, port), httpx.AsyncClient(timeout=5) as http:
-        base = f"http://127.0.0.1:{port}"
+    async with _web() as rig, httpx.AsyncClient(timeout=5) as http:
+        base = f"http://127.0.0.1:{rig.port}"
         page = await http.get(base + "/")
         assert page.status_code == 200
         policy = page.headers["content-security-policy"]

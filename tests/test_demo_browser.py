@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need_binary
+from conftest import CHROMIUM_ARGS, need_binary
 from test_demo import PY_REASON, demo
 
 from kernel_ext.demo.script import SECOND_QUESTION
@@ -22,16 +22,6 @@ from kernel_ext.demo.script import SECOND_QUESTION
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(180)]
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WAIT_MS = 30_000
 
 # Every tool node in the flow has blocks in its pane while its final answer is not shown.
