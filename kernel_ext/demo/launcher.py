@@ -217,6 +217,24 @@ async def _agent_connected(client: Any, url: str) -> bool:
         return False
 
 
+async def _check_redis(url: str) -> None:
+    """Fail early, and say so, when Redis does not answer (python-socketio would only log
+    every lost message)."""
+    from redis import asyncio as aioredis
+
+    try:
+        client = aioredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
+    except ValueError as exc:
+        raise DemoFailed(f"--redis {url!r} is not a Redis URL: {exc}") from exc
+    try:
+        await client.ping()
+    except Exception as exc:
+        raise DemoFailed(f"Redis at {url} does not answer: {exc}") from exc
+    finally:
+        with contextlib.suppress(Exception):
+            await client.aclose()
+
+
 def _died(child: Child) -> str:
     code = child.proc.returncode if child.proc is not None else None
     tail = child.log_tail()
@@ -368,6 +386,8 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
 
     if _port_taken(options.host, options.port):
         raise DemoFailed(f"port {options.port} on {options.host} is in use; pick another: --port")
+    if options.redis:
+        await _check_redis(options.redis)
     env = {
         **os.environ,
         "KERNEL_EXT_SECRET": secrets.token_urlsafe(32),
@@ -462,7 +482,7 @@ def launch(options: Options, out: TextIO | None = None, err: TextIO | None = Non
         err.write("kernel-ext demo: unexpected error\n")
         traceback.print_exc(file=err)
     finally:
-        if code in (EXIT_OK, EXIT_INTERRUPTED):
+        if code in (EXIT_OK, EXIT_INTERRUPTED) or not any(log_dir.iterdir()):
             shutil.rmtree(log_dir, ignore_errors=True)
         else:
             err.write(f"kernel-ext demo: the processes' logs are in {log_dir}\n")
