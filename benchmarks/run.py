@@ -152,7 +152,7 @@ def format_value(value: Any, unit: str) -> str:
     """A value with its unit, as the report prints it."""
     if value is None:
         return "—"
-    if unit == "x":
+    if unit in ("x", "×"):
         return f"{_num(value)}×"
     return f"{_num(value)} {unit}".rstrip()
 
