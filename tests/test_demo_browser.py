@@ -2,7 +2,8 @@
 
 The demo runs as a subprocess (every process of it real); the page opens a conversation by
 itself, then the test sends a message through the page's box. It watches, with Playwright
-waits only: two concurrent calls each streaming into its own pane before any final answer,
+waits on what a MutationObserver records after every DOM change (no sleeps, no timings):
+two concurrent calls each streaming into its own pane before any final answer,
 thinking folded, the final answers pinned on top with the stream marked ended (已结束), and
 one more call filling live after the message. Screenshots go to ``artifacts/``.
 """
@@ -24,13 +25,24 @@ pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(180)
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 WAIT_MS = 30_000
 
-# Every tool node in the flow has blocks in its pane while its final answer is not shown.
-LIVE = """(count) => {
-  const nodes = Array.from(document.querySelectorAll(".node-tool"));
-  const live = nodes.slice(nodes.length - count);
-  return nodes.length >= count && live.every((node) =>
-    node.querySelectorAll(".kx-items > *").length > 0 && node.querySelector(".kx-final").hidden);
-}"""
+# Installed before the page's own scripts: after every DOM change (so after every socket
+# message the page handled, whatever the frame rate) it records which tool nodes were seen
+# live (blocks shown, final answer not yet) and the most nodes seen live at once.
+WATCH = """
+window.__kx = { liveBeforeFinal: [], mostLiveAtOnce: 0 };
+new MutationObserver(() => {
+  let live = 0;
+  for (const node of document.querySelectorAll(".node-tool")) {
+    const final = node.querySelector(".kx-final");
+    if (!final || !final.hidden || node.querySelectorAll(".kx-items > *").length === 0) continue;
+    live += 1;
+    if (!window.__kx.liveBeforeFinal.includes(node.dataset.callId)) {
+      window.__kx.liveBeforeFinal.push(node.dataset.callId);
+    }
+  }
+  window.__kx.mostLiveAtOnce = Math.max(window.__kx.mostLiveAtOnce, live);
+}).observe(document, { subtree: true, childList: true, attributes: true, characterData: true });
+"""
 
 ENDED = """([nodes, answers]) =>
   document.querySelectorAll(".node-tool[data-status='ended']").length === nodes &&
@@ -88,17 +100,21 @@ def test_the_page_shows_colleagues_working_live_in_each_calls_pane() -> None:
             )
             try:
                 page = browser.new_page(viewport={"width": 1100, "height": 960})
+                page.add_init_script(WATCH)
                 page.set_default_timeout(WAIT_MS)
                 errors: list[str] = []
                 page.on("pageerror", lambda error: errors.append(str(error)))
 
                 # The page starts the first conversation by itself: two calls at once.
                 page.goto(url, timeout=WAIT_MS)
-                page.wait_for_function(LIVE, arg=2, timeout=WAIT_MS)
+                page.wait_for_function("() => window.__kx.mostLiveAtOnce >= 2")
                 page.wait_for_function(ENDED, arg=[2, 1], timeout=WAIT_MS)
                 first = _by_colleague(page.evaluate(SUMMARY))
                 orders, carrier = first["→ Orders desk"], first["→ Carrier (third-party)"]
                 assert orders["callId"] != carrier["callId"]
+                live = page.evaluate("() => window.__kx.liveBeforeFinal")
+                assert orders["callId"] in live  # blocks were on screen before its answer
+                assert carrier["callId"] in live
                 for node in (orders, carrier):
                     assert node["callId"] == node["paneCallId"]
                     assert len(node["callId"]) == 16
@@ -119,10 +135,10 @@ def test_the_page_shows_colleagues_working_live_in_each_calls_pane() -> None:
                 # A message from the box: one more call, filling live before its answer.
                 page.fill("#message", SECOND_QUESTION)
                 page.click("#send")
-                page.wait_for_function(LIVE, arg=1, timeout=WAIT_MS)
                 page.wait_for_function(ENDED, arg=[3, 2], timeout=WAIT_MS)
                 nodes = page.evaluate(SUMMARY)
                 third = nodes[2]
+                assert third["callId"] in page.evaluate("() => window.__kx.liveBeforeFinal")
                 assert third["colleague"] == "→ Orders desk"
                 assert third["callId"] not in {orders["callId"], carrier["callId"]}
                 _check_ended(third, "Order 42 shipped on Monday; it arrives Friday.")
