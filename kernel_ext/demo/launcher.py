@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import os
 import secrets
 import shutil
@@ -281,6 +282,10 @@ class _Transcript:
             self.printer.snapshot(event)
         self.changed.set()
 
+    def answered(self, count: int) -> bool:
+        """Whether the agent has answered ``count`` messages."""
+        return self.answers >= count
+
     def open_calls(self) -> list[str]:
         """Tool calls without a terminal on every stream."""
         open_ = []
@@ -336,7 +341,7 @@ async def _converse(url: str, out: TextIO, err: TextIO) -> int:
             )
             if not (isinstance(ack, Mapping) and ack.get("ok") is True):
                 raise DemoFailed(f"the message was refused: {ack!r}")
-            await transcript.wait(lambda n=number: transcript.answers >= n)  # type: ignore[misc]
+            await transcript.wait(functools.partial(transcript.answered, number))
         await transcript.wait(lambda: not transcript.open_calls())
     except socketio.exceptions.SocketIOError as exc:  # a call timed out, the link dropped
         raise DemoFailed(f"talking to the web process failed: {exc!r}") from exc
@@ -423,7 +428,9 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
             deadline = loop.time() + _STARTUP_LIMIT
             for colleague_url in colleague_urls:
                 port = int(colleague_url.rsplit(":", 1)[1].strip("/"))
-                await _until(supervisor, "a colleague", lambda p=port: _listening(p), deadline)  # type: ignore[misc]
+                await _until(
+                    supervisor, "a colleague", functools.partial(_listening, port), deadline
+                )
             async with httpx.AsyncClient(timeout=2.0) as client:
                 await _until(
                     supervisor, "the agent", lambda: _agent_connected(client, url), deadline
@@ -437,24 +444,33 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
                 "The page starts a conversation by itself; Ctrl-C stops everything.\n"
             )
             out.flush()
-            while True:  # until a signal, the time limit or a child's death
+            await asyncio.Event().wait()  # until a signal, the time limit or a child's death
+            return EXIT_OK  # pragma: no cover
+
+        async def watch() -> int:
+            while True:
                 dead = supervisor.dead()
                 if dead is not None:
                     raise DemoFailed(_died(dead))
                 await asyncio.sleep(0.2)  # watching the children, not synchronising
 
         job = asyncio.ensure_future(run())
+        watcher = asyncio.ensure_future(watch())
         stopper = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait(
-            {job, stopper}, timeout=options.time_limit, return_when=asyncio.FIRST_COMPLETED
+            {job, watcher, stopper},
+            timeout=options.time_limit,
+            return_when=asyncio.FIRST_COMPLETED,
         )
+        for task in (job, watcher, stopper):
+            if task not in done:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         if job in done:
-            stopper.cancel()
             return job.result()
-        job.cancel()
-        stopper.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await job
+        if watcher in done:
+            return watcher.result()  # raises DemoFailed: a child died
         if stopper in done:
             err.write("kernel-ext demo: stopping\n")
             return EXIT_INTERRUPTED
