@@ -48,7 +48,7 @@ from typing import Any, TextIO
 from kernel_ext.demo.script import COLLEAGUES, QUESTIONS
 from kernel_ext.tail import TailPrinter, clean
 
-__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Child", "Supervisor", "launch"]
+__all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Child", "Options", "Supervisor", "launch"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
