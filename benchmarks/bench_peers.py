@@ -34,7 +34,11 @@ order, so drift hits all alike); the per-event cost of a round is
 (graph or agent setup, span, terminal). Two clocks: wall time (``perf_counter``) and the
 process's CPU time (``process_time``, all threads), the latter less disturbed by other work
 on a shared machine; each is held against the target. Figures are medians over the rounds
-after a warm-up. The time spent inside the tool's emit loop, per event, is reported too
+after a warm-up. Before the rounds the heap is frozen (``gc.freeze()``: the imported
+modules of all contenders share it, and a full collection scanning it would otherwise land on
+whichever contender triggers it, 15 µs per event in that round); each trial starts after a
+``gc.collect()``, and the garbage a contender makes during its trial is collected and
+counted as usual. The time spent inside the tool's emit loop, per event, is reported too
 (information: the caller-side part of the end-to-end cost). Target: kernel_ext faster than
 every peer (ratio < 1).
 
@@ -49,6 +53,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+import gc
 import importlib.metadata
 import itertools
 import statistics
@@ -311,6 +316,7 @@ class Measured:
 
 async def _timed(trial: Trial, n: int) -> tuple[float, float, float, int]:
     """One trial: wall seconds, process CPU seconds (all threads), in-tool seconds, events."""
+    gc.collect()  # every trial starts from the same heap state, outside the timed region
     cpu = time.process_time()
     wall, in_tool, seen = await trial(n)
     return wall, time.process_time() - cpu, in_tool, seen
@@ -323,6 +329,20 @@ async def _measure(trials: dict[str, Trial], events: int, repeats: int) -> dict[
             _, _, seen = await trials[name](n)
             if seen != n:
                 raise RuntimeError(f"{name}: {seen} of {n} events arrived")
+    # The contenders share one heap, most of it imported modules: a full collection that
+    # scans it would land on whichever contender happens to trigger it. Freeze what exists
+    # now; the garbage each contender makes is still collected, and counted, as usual.
+    gc.collect()
+    gc.freeze()
+    try:
+        return await _rounds(trials, names, events, repeats)
+    finally:
+        gc.unfreeze()
+
+
+async def _rounds(
+    trials: dict[str, Trial], names: list[str], events: int, repeats: int
+) -> dict[str, Measured]:
     wall: dict[str, list[float]] = {name: [] for name in names}
     cpu: dict[str, list[float]] = {name: [] for name in names}
     in_tool: dict[str, list[float]] = {name: [] for name in names}
