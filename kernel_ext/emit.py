@@ -27,6 +27,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import ConfigError
+from kernel_ext.protocol import CHAT_EVENT, KX_BLOCKS, KX_CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.stream import (
     HubConsumer,
     Outgoing,
@@ -51,11 +52,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 _rare = RareLog(logger)
 
-TOOL_EVENT_STREAM = "tool_event_stream"
-CHAT_EVENT = "chat_event"
-KX_BLOCKS = "kx_blocks"
-KX_CHAT_EVENT = "kx_chat_event"
-DEFAULT_NAMESPACE = "/chat"
+DEFAULT_NAMESPACE = NAMESPACE
 
 # Drop reasons counted by the senders (``kernel_ext.blocks`` outcome ``dropped``).
 DISCONNECTED = "disconnected"

@@ -55,11 +55,18 @@ from pydantic.alias_generators import to_camel
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 
 __all__ = [
+    "CHAT_EVENT",
     "DEFAULT_MAX_BLOCK_BYTES",
+    "JOIN_EVENT",
     "KNOWN_KINDS",
+    "KX_BLOCKS",
+    "KX_CHAT_EVENT",
+    "LEAVE_EVENT",
     "MAX_PAYLOAD_DEPTH",
+    "NAMESPACE",
     "PROTOCOL_VERSION",
     "TERMINAL_STATES",
+    "TOOL_EVENT_STREAM",
     "TRUNCATION_MARKER",
     "Block",
     "BlockState",
@@ -73,6 +80,15 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
+
+# Socket.IO names of the delivery path (decision T1; relay frames: docs/contracts.md).
+NAMESPACE = "/chat"
+TOOL_EVENT_STREAM = "tool_event_stream"
+CHAT_EVENT = "chat_event"
+JOIN_EVENT = "join_conversation"
+LEAVE_EVENT = "leave_conversation"
+KX_BLOCKS = "kx_blocks"
+KX_CHAT_EVENT = "kx_chat_event"
 KNOWN_KINDS: frozenset[str] = frozenset({"thinking", "tool_call", "text", "tool_output_append"})
 BlockState = Literal["running", "done", "aborted"]
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "aborted"})

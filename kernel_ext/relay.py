@@ -26,7 +26,9 @@ Guarantees:
   other, whatever the server's ``async_handlers`` setting (handlers queue synchronously
   into a per-connection worker).
 * A terminal (callId, taskId) already emitted by this relay recently (a sender re-sending
-  after a lost acknowledgement) is acknowledged but not emitted again.
+  after a lost acknowledgement) is acknowledged but not emitted again — unless every
+  browser it went to has disconnected since (this process was frozen: it emitted into
+  connections that were already dead); then it goes to the room again.
 * Late joiners: a terminal emitted into a room with no browser connected to this process
   (typically: the web process restarted, the worker re-sent the terminal before the
   browsers re-joined) is kept for ``hold_ttl`` seconds (at most ``hold_terminals`` of
@@ -60,7 +62,17 @@ from socketio.async_pubsub_manager import AsyncPubSubManager
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import ConfigError, DecodeError
-from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, decode
+from kernel_ext.protocol import (
+    CHAT_EVENT,
+    DEFAULT_MAX_BLOCK_BYTES,
+    JOIN_EVENT,
+    KX_BLOCKS,
+    KX_CHAT_EVENT,
+    LEAVE_EVENT,
+    NAMESPACE,
+    TOOL_EVENT_STREAM,
+    decode,
+)
 
 __all__ = [
     "CHAT_EVENT",
@@ -80,12 +92,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 _rare = RareLog(logger)
 
-TOOL_EVENT_STREAM = "tool_event_stream"
-CHAT_EVENT = "chat_event"
-KX_BLOCKS = "kx_blocks"
-KX_CHAT_EVENT = "kx_chat_event"
-JOIN_EVENT = "join_conversation"
-LEAVE_EVENT = "leave_conversation"
 _ROOM_MAX = 512
 
 BrowserAuth = Callable[[Any, Mapping[str, Any]], Any]
@@ -146,7 +152,7 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         self,
         secret: str,
         *,
-        namespace: str = "/chat",
+        namespace: str = NAMESPACE,
         authenticate: BrowserAuth | None = None,
         authorize_join: JoinAuth | None = None,
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
@@ -181,7 +187,8 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         self.dedup_ttl = dedup_ttl
         self._internal: dict[str, _Internal] = {}
         self._browsers: dict[str, Any] = {}
-        self._terminals: dict[tuple[Any, Any], float] = {}
+        # (callId, taskId) -> (forget-after, the sids it was emitted to), oldest first.
+        self._terminals: dict[tuple[Any, Any], tuple[float, tuple[str, ...]]] = {}
         self.hold_terminals = hold_terminals
         self.hold_ttl = hold_ttl
         # (forget-after, room, block, sids served), oldest first.
@@ -377,22 +384,28 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
             return "invalid"
         return None
 
-    def _seen_terminal(self, raw: Mapping[str, Any]) -> bool:
-        """Remember an emitted terminal; ``True`` when it was emitted recently already."""
+    def _seen_terminal(self, raw: Mapping[str, Any], room: str) -> bool:
+        """Remember a terminal emitted to ``room``'s browsers now; ``True`` when it was
+        emitted recently already to a browser that is still connected, or to none (it is
+        held for joiners then)."""
         if self.dedup_terminals <= 0:
             return False
         now = time.monotonic()
         key = (raw.get("callId"), raw.get("taskId"))
         seen = self._terminals.get(key)
-        if seen is not None and seen > now:
-            return True
+        if seen is not None and seen[0] > now:
+            went_to = seen[1]
+            if not went_to or any(sid in self._browsers for sid in went_to):
+                return True
+            self._count("terminal_reemitted")  # every connection it went to was dead
+        participants = self.server.manager.get_participants(self.namespace, room)
         self._terminals.pop(key, None)
-        self._terminals[key] = now + self.dedup_ttl
+        self._terminals[key] = (now + self.dedup_ttl, tuple(sid for sid, _ in participants))
         while len(self._terminals) > self.dedup_terminals:
             del self._terminals[next(iter(self._terminals))]
         while self._terminals:
             first = next(iter(self._terminals))
-            if self._terminals[first] > now:
+            if self._terminals[first][0] > now:
                 break
             del self._terminals[first]
         return False
@@ -462,7 +475,7 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
                     blocks = []
                     for raw in payload:
                         if raw.get("state") in ("done", "aborted"):
-                            if self._seen_terminal(raw):
+                            if self._seen_terminal(raw, room):
                                 self._count("duplicate_terminal")
                                 continue
                             self._hold_if_nobody_listens(room, raw)
@@ -530,16 +543,18 @@ def create_app(
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m kernel_ext.relay``: serve a standalone relay with uvicorn."""
+    from kernel_ext.plugin import ENV_REDIS_URL, ENV_SECRET
+
     parser = argparse.ArgumentParser(prog="python -m kernel_ext.relay", description=__doc__)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--redis-url", default=os.environ.get("KERNEL_EXT_REDIS_URL"))
-    parser.add_argument("--namespace", default="/chat")
+    parser.add_argument("--redis-url", default=os.environ.get(ENV_REDIS_URL))
+    parser.add_argument("--namespace", default=NAMESPACE)
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-    secret = os.environ.get("KERNEL_EXT_SECRET", "")
+    secret = os.environ.get(ENV_SECRET, "")
     if not secret:
-        parser.error("set KERNEL_EXT_SECRET to the internal senders' shared secret")
+        parser.error(f"set {ENV_SECRET} to the internal senders' shared secret")
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper())

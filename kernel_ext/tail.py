@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.view import Applied, Final, Item, PaneStatus, PaneStore, labels_for
 
 __all__ = [
@@ -49,7 +50,6 @@ __all__ = [
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
-_NAMESPACE = "/chat"
 
 # C0 controls but tab and newline, DEL, C1 controls, bidi embeddings/overrides/isolates.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -228,7 +228,7 @@ async def follow(
     printer: TailPrinter,
     *,
     token: str | None = None,
-    namespace: str = _NAMESPACE,
+    namespace: str = NAMESPACE,
     timeout: float = 10.0,
     err: TextIO | None = None,
     tick_interval: float = 0.5,
@@ -289,8 +289,8 @@ async def follow(
     sio.on("connect", on_connect, namespace=namespace)
     sio.on("disconnect", on_disconnect, namespace=namespace)
     sio.on("connect_error", on_connect_error, namespace=namespace)
-    sio.on("tool_event_stream", printer.block, namespace=namespace)
-    sio.on("chat_event", printer.snapshot, namespace=namespace)
+    sio.on(TOOL_EVENT_STREAM, printer.block, namespace=namespace)
+    sio.on(CHAT_EVENT, printer.snapshot, namespace=namespace)
     try:
         try:
             await sio.connect(
@@ -386,7 +386,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--token", default=None, help="sent as auth {'token': T} on connect")
     parser.add_argument("--json", action="store_true", help="print raw blocks, one per line")
     parser.add_argument("--lang", choices=("zh", "en"), default="zh", help="labels (default zh)")
-    parser.add_argument("--namespace", default=_NAMESPACE, help="Socket.IO namespace")
+    parser.add_argument("--namespace", default=NAMESPACE, help="Socket.IO namespace")
     parser.add_argument(
         "--timeout", type=float, default=10.0, help="seconds to connect and to join (10)"
     )

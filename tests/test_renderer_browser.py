@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import need_binary
+from conftest import CHROMIUM_ARGS, need_binary
 from test_vectors import VECTOR_FILES, expand, load
 
 from kernel_ext.web import web_root
@@ -24,16 +24,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WAIT_MS = 10_000
 CALL = "00f067aa0ba902b7"
 

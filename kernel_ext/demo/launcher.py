@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kernel_ext.demo.script import COLLEAGUES, QUESTIONS
+from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.tail import TailPrinter, clean
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Child", "Options", "Supervisor", "launch"]
@@ -55,7 +56,6 @@ EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
 _STOP_GRACE = 5.0
 _STARTUP_LIMIT = 60.0
-_NAMESPACE = "/chat"
 
 
 class DemoFailed(Exception):
@@ -317,17 +317,17 @@ async def _converse(url: str, out: TextIO, err: TextIO) -> int:
     transcript = _Transcript(out)
     conversation_id = f"demo-headless-{uuid.uuid4().hex[:12]}"
     sio = socketio.AsyncClient(reconnection=False)
-    sio.on("tool_event_stream", transcript.on_block, namespace=_NAMESPACE)
-    sio.on("chat_event", transcript.on_chat_event, namespace=_NAMESPACE)
+    sio.on(TOOL_EVENT_STREAM, transcript.on_block, namespace=NAMESPACE)
+    sio.on(CHAT_EVENT, transcript.on_chat_event, namespace=NAMESPACE)
     try:
-        await sio.connect(url, namespaces=[_NAMESPACE], transports=["websocket"], wait_timeout=10)
+        await sio.connect(url, namespaces=[NAMESPACE], transports=["websocket"], wait_timeout=10)
     except socketio.exceptions.ConnectionError as exc:
         raise DemoFailed(f"cannot connect to the web process at {url}: {exc}") from exc
     try:
         ack = await sio.call(
             "join_conversation",
             {"conversationId": conversation_id},
-            namespace=_NAMESPACE,
+            namespace=NAMESPACE,
             timeout=10,
         )
         if not (isinstance(ack, Mapping) and ack.get("ok") is True):
@@ -336,7 +336,7 @@ async def _converse(url: str, out: TextIO, err: TextIO) -> int:
             ack = await sio.call(
                 "user_message",
                 {"conversationId": conversation_id, "text": question},
-                namespace=_NAMESPACE,
+                namespace=NAMESPACE,
                 timeout=15,
             )
             if not (isinstance(ack, Mapping) and ack.get("ok") is True):

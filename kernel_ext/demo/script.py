@@ -17,6 +17,8 @@ __all__ = [
     "MAX_MESSAGE_CHARS",
     "QUESTIONS",
     "SECOND_QUESTION",
+    "USER_MESSAGE",
+    "USER_MESSAGE_TO_AGENT",
     "ColleagueSpec",
     "colleagues_for",
     "is_conversation_id",
@@ -48,6 +50,11 @@ SECOND_QUESTION = "Ask the orders desk once more: on which day did order 42 ship
 """Offered on the page (and sent second by ``--headless``): one call."""
 
 QUESTIONS: tuple[str, ...] = (FIRST_QUESTION, SECOND_QUESTION)
+
+USER_MESSAGE = "user_message"
+"""Browser → web process: a joined browser's message to the agent."""
+USER_MESSAGE_TO_AGENT = "kx_user_message"
+"""Web process → the agent's internal connection: that message, forwarded."""
 """The scripted conversation of ``kernel-ext demo --headless``, in order."""
 
 MAX_MESSAGE_CHARS = 2_000

@@ -44,15 +44,14 @@ from kernel_ext.demo.script import (
     FIRST_QUESTION,
     MAX_MESSAGE_CHARS,
     SECOND_QUESTION,
+    USER_MESSAGE_TO_AGENT,
     is_conversation_id,
 )
+from kernel_ext.plugin import ENV_SECRET
 from kernel_ext.relay import ChatRelay
 from kernel_ext.web import asset_path
 
 __all__ = [
-    "ENV_SECRET",
-    "USER_MESSAGE",
-    "USER_MESSAGE_TO_AGENT",
     "DemoApp",
     "DemoRelay",
     "create_demo_app",
@@ -62,9 +61,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ENV_SECRET = "KERNEL_EXT_SECRET"
-USER_MESSAGE = "user_message"
-USER_MESSAGE_TO_AGENT = "kx_user_message"
 _AGENT_ACK_TIMEOUT = 10.0
 
 CSP = (

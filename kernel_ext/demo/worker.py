@@ -69,15 +69,19 @@ from pydantic_ai.tools import ToolDefinition
 
 from kernel_ext.a2a import ask_colleague as ask_colleague_over_a2a
 from kernel_ext.context import current_tool_call
-from kernel_ext.demo.script import COLLEAGUES, MAX_MESSAGE_CHARS, colleagues_for
+from kernel_ext.demo.script import (
+    COLLEAGUES,
+    MAX_MESSAGE_CHARS,
+    USER_MESSAGE_TO_AGENT,
+    colleagues_for,
+)
 from kernel_ext.errors import ColleagueError
 from kernel_ext.integrations.pydantic_ai import KernelExtCapability
-from kernel_ext.plugin import disable, enable
+from kernel_ext.plugin import ENV_SECRET, disable, enable
+from kernel_ext.protocol import NAMESPACE
 from kernel_ext.stream import StreamHub, get_default_hub
 
 __all__ = [
-    "ENV_SECRET",
-    "USER_MESSAGE_EVENT",
     "ChatEventCapability",
     "Colleague",
     "DemoAgent",
@@ -89,9 +93,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-ENV_SECRET = "KERNEL_EXT_SECRET"
-USER_MESSAGE_EVENT = "kx_user_message"
-NAMESPACE = "/chat"
 _MAX_CONVERSATIONS = 64
 _MAX_QUEUED_PER_CONVERSATION = 4
 
@@ -393,7 +394,7 @@ async def serve(
         problem = agent.submit(*message)
         return {"ok": True} if problem is None else {"ok": False, "error": problem}
 
-    control.on(USER_MESSAGE_EVENT, on_user_message, namespace=NAMESPACE)
+    control.on(USER_MESSAGE_TO_AGENT, on_user_message, namespace=NAMESPACE)
     try:
         await control.connect(
             relay_url,
