@@ -1,0 +1,70 @@
+"""A relay web process for the reliability suite (run as a script, never imported by tests).
+
+``kernel_ext.relay.create_app`` as ``python -m kernel_ext.relay`` serves it, plus:
+
+* short Engine.IO pings (``--ping-interval``/``--ping-timeout``), so a frozen process is
+  noticed by its clients in about a second instead of 45;
+* ``GET /stats``: the relay's counters and the sizes of everything it keeps (held
+  terminals, remembered terminals, per-connection frame queues, rooms), so a test can
+  check that nothing grows.
+
+Usage: ``KERNEL_EXT_SECRET=s python tests/reliability_relay.py --port P [--redis-url U]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from kernel_ext.relay import ChatRelay, allow_all, create_app
+
+
+def sizes(relay: ChatRelay, sio: Any) -> dict[str, Any]:
+    """What the relay and its server hold right now."""
+    rooms = sio.manager.rooms.get(relay.namespace, {})
+    return {
+        "counts": relay.stats(),
+        "held_terminals": len(relay._held),
+        "remembered_terminals": len(relay._terminals),
+        "queued_frames": sum(conn.queue.qsize() for conn in relay._internal.values()),
+        "rooms": len(rooms),
+        "pid": os.getpid(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--redis-url", default=None)
+    parser.add_argument("--ping-interval", type=int, default=1)
+    parser.add_argument("--ping-timeout", type=float, default=0.5)
+    args = parser.parse_args()
+    holder: dict[str, Any] = {}
+
+    async def stats(request: Request) -> JSONResponse:
+        return JSONResponse(sizes(holder["relay"], holder["sio"]))
+
+    ready = create_app(
+        os.environ["KERNEL_EXT_SECRET"],
+        redis_url=args.redis_url,
+        authorize_join=allow_all,
+        other_asgi_app=Starlette(routes=[Route("/stats", stats)]),
+    )
+    holder.update(relay=ready.relay, sio=ready.sio)
+    ready.sio.eio.ping_interval = args.ping_interval
+    ready.sio.eio.ping_timeout = args.ping_timeout
+    logging.basicConfig(level=logging.WARNING, format="relay %(levelname)s %(name)s %(message)s")
+    import uvicorn
+
+    uvicorn.run(ready.app, host="127.0.0.1", port=args.port, log_level="warning", lifespan="off")
+
+
+if __name__ == "__main__":
+    main()
