@@ -22,13 +22,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 from opentelemetry.sdk.trace import TracerProvider
-from relay_helpers import SECRET, Browser, RelayProcess, emitter_for, wait_until
+from relay_helpers import CONV, SECRET, Browser, RelayProcess, emitter_for, terminals, wait_until
 
 from kernel_ext.emit import Emitter, LoopbackEmitter
 from kernel_ext.instrument import ToolDescription, tool_call_scope
@@ -217,6 +217,30 @@ class Tally(Browser):
             self._changed.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), remaining)
+
+
+@contextlib.asynccontextmanager
+async def browser_on(
+    port: int, room: str = CONV, name: str = "browser"
+) -> AsyncIterator[WatchedBrowser]:
+    """A :class:`WatchedBrowser` connected to the relay on ``port`` and joined to ``room``."""
+    browser = WatchedBrowser(name)
+    try:
+        await browser.connect(port)
+        assert await browser.join(room) == {"ok": True}
+        yield browser
+    finally:
+        await browser.close()
+
+
+def one_terminal_last(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The stream's blocks end with its only terminal; running seqs strictly increase."""
+    finals = terminals(blocks)
+    assert len(finals) == 1, finals
+    assert blocks[-1] is finals[0]
+    seqs = [b["envelope"]["seq"] for b in blocks if b["state"] == "running"]
+    assert seqs == sorted(set(seqs)), seqs
+    return finals[0]
 
 
 # -- the worker -------------------------------------------------------------------------

@@ -23,9 +23,9 @@ from conftest import free_port, serve_asgi
 from relay_helpers import CONV, NS, Browser, barrier, terminals, wait_until
 from reliability_support import (
     RUNS,
-    TestRelay,
-    WatchedBrowser,
     Worker,
+    browser_on,
+    one_terminal_last,
     report,
     running_relay,
     settled,
@@ -42,30 +42,9 @@ from kernel_ext.errors import ColleagueError
 pytestmark = [pytest.mark.network, pytest.mark.timeout(60 + 30 * RUNS)]
 
 
-@contextlib.asynccontextmanager
-async def browser_on(relay: TestRelay, room: str = CONV) -> AsyncIterator[WatchedBrowser]:
-    browser = WatchedBrowser()
-    try:
-        await browser.connect(relay.port)
-        assert await browser.join(room) == {"ok": True}
-        yield browser
-    finally:
-        await browser.close()
-
-
-def one_terminal_last(blocks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The stream's blocks end with its only terminal; running seqs strictly increase."""
-    finals = terminals(blocks)
-    assert len(finals) == 1, finals
-    assert blocks[-1] is finals[0]
-    seqs = [b["envelope"]["seq"] for b in blocks if b["state"] == "running"]
-    assert seqs == sorted(set(seqs)), seqs
-    return finals[0]
-
-
 async def test_web_process_killed_mid_stream_every_terminal_arrives_once() -> None:
     published = 0
-    async with running_relay() as relay, browser_on(relay) as browser:
+    async with running_relay() as relay, browser_on(relay.port) as browser:
         async with Worker(relay.port, ack_timeout=1.0) as worker:
             for run in range(RUNS):
                 with worker.call(CONV) as call:
@@ -108,7 +87,7 @@ async def test_web_process_killed_mid_stream_every_terminal_arrives_once() -> No
 
 async def test_web_process_frozen_past_the_ping_timeout_every_terminal_arrives_once() -> None:
     published = 0
-    async with running_relay() as relay, browser_on(relay) as browser:
+    async with running_relay() as relay, browser_on(relay.port) as browser:
         async with Worker(relay.port, ack_timeout=0.5, connect_timeout=1.0) as worker:
             for run in range(RUNS):
                 assert relay.proc is not None
@@ -256,7 +235,7 @@ SCENARIOS = {
 async def test_a2a_faults_each_end_every_stream_with_one_terminal_at_the_browser() -> None:
     async with (
         running_relay() as relay,
-        browser_on(relay) as browser,
+        browser_on(relay.port) as browser,
         colleague() as url,
         Worker(relay.port, ack_timeout=5.0) as worker,
     ):
