@@ -118,7 +118,11 @@ class Tap:
         same id is already live. Evicts the oldest call when a bound is reached."""
         call_id = call.call_id
         conversation_id = call.conversation_id
-        with self._lock:
+        # acquire/release rather than ``with``: half the cost on CPython 3.11 (a hot path:
+        # the span processor calls this for every tool span).
+        lock = self._lock
+        lock.acquire()
+        try:
             calls = self._calls
             if call_id in calls:
                 return False
@@ -133,6 +137,8 @@ class Tap:
                 calls[call_id] = call
                 return True
             evicted = self._add_evicting(call)
+        finally:
+            lock.release()
         for old, scope in evicted:
             self._report_eviction(old, scope)
         return True
@@ -157,14 +163,19 @@ class Tap:
 
     def discard(self, call_id: str) -> LiveCall | None:
         """Forget the live call ``call_id``; return it, or ``None`` when it was not live."""
-        with self._lock:
+        lock = self._lock
+        lock.acquire()  # not ``with``: see add()
+        try:
             call = self._calls.pop(call_id, None)
             if call is not None:
-                conversation = self._by_conversation[call.conversation_id]
+                conversation_id = call.conversation_id
+                conversation = self._by_conversation[conversation_id]
                 del conversation[call_id]
                 if not conversation:
-                    del self._by_conversation[call.conversation_id]
+                    del self._by_conversation[conversation_id]
             return call
+        finally:
+            lock.release()
 
     def clear(self) -> None:
         """Forget every live call (evictions are not counted)."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from types import MappingProxyType, SimpleNamespace
 from typing import Any
 
 import pytest
 from attribution_support import RecordingSink, Tracing, hex_id, make_tracing
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanContext, Status, StatusCode
 
 from kernel_ext import LiveCall, Tap, ToolCall, ToolSpanProcessor, default_tap, use_tool_call
 
@@ -309,3 +311,138 @@ def test_tool_spans_from_many_threads_at_once_all_start_and_end(tracing: Tracing
     assert len(tracing.sink.ended) == 8 * 250 * 2
     assert len(tracing.sink.started) == 8 * 250
     assert tracing.processor.faults == {}
+
+
+def _readable(span_id: int, attributes: Any, name: str = "execute_tool ask_colleague") -> Any:
+    """A span that is not the SDK's live span: its attributes are whatever was passed."""
+    return ReadableSpan(
+        name=name,
+        context=SpanContext(trace_id=1, span_id=span_id, is_remote=False),
+        attributes=attributes,
+        start_time=5,
+    )
+
+
+@pytest.mark.parametrize("attributes", [TOOL, dict(TOOL), None])
+def test_spans_without_the_sdk_attribute_layout_are_read_through_the_public_mapping(
+    attributes: Any,
+) -> None:
+    # on_start/on_end read the SDK's attribute dict directly; any other span must take
+    # the public ``span.attributes`` and give the same result.
+
+    sink = RecordingSink()
+    processor = ToolSpanProcessor(tap=Tap(), sink=sink)
+    wrapped = MappingProxyType(attributes) if attributes is not None else None
+    span = _readable(0xABC, wrapped)
+    processor.on_start(span)
+    live = processor.tap.get("0000000000000abc")
+    assert live is not None
+    if attributes is None:  # a tool by its name only
+        assert (live.tool_name, live.conversation_id, live.llm_call_id) == (
+            "ask_colleague",
+            None,
+            None,
+        )
+    else:
+        assert (live.tool_name, live.conversation_id, live.llm_call_id) == (
+            "ask_colleague",
+            "conv-1",
+            "llm-1",
+        )
+    assert live.started_ns == 5
+    processor.on_end(span)
+    assert sink.ended == [(live, None)]
+    assert len(processor.tap) == 0
+    processor.on_end(_readable(0xABC, {"gen_ai.operation.name": "chat"}))  # not a tool
+    assert len(sink.ended) == 1
+
+
+def test_the_sdk_span_and_the_public_mapping_give_the_same_call(tracing: Tracing) -> None:
+    span = tracing.provider.get_tracer("test").start_span(
+        "execute_tool ask_colleague", attributes=TOOL
+    )
+    fast = tracing.tap.get(hex_id(span))  # type: ignore[arg-type]
+    other = ToolSpanProcessor(tap=Tap(), sink=None)
+
+    public = _readable(span.get_span_context().span_id, MappingProxyType(TOOL))
+    public._start_time = fast.started_ns if fast else 0
+    other.on_start(public)
+    assert fast is not None
+    assert other.tap.get(fast.call_id) == fast
+    span.end()
+
+
+@pytest.mark.parametrize("span_id", [0, -1, 1 << 64, (1 << 64) + 5])
+def test_a_tool_span_with_an_invalid_span_id_is_ignored(
+    span_id: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    sink = RecordingSink()
+    processor = ToolSpanProcessor(tap=Tap(), sink=sink)
+    span = _readable(1, TOOL)
+    span._context = SimpleNamespace(span_id=span_id)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        processor.on_start(span)
+        processor.on_end(span)
+    assert len(processor.tap) == 0
+    assert sink.ended == []
+    assert processor.faults == {"invalid_span_id": 2}
+
+
+def test_the_largest_span_id_is_valid() -> None:
+    processor = ToolSpanProcessor(tap=Tap(), sink=None)
+    span = _readable((1 << 64) - 1, TOOL)
+    processor.on_start(span)
+    assert "ffffffffffffffff" in processor.tap
+    processor.on_end(span)
+    assert len(processor.tap) == 0
+    assert processor.faults == {}
+
+
+def test_the_calls_the_processor_builds_are_plain_frozen_live_calls(tracing: Tracing) -> None:
+    # The processor builds LiveCalls through a fast constructor (_telemetry.slot_constructor).
+    import dataclasses
+
+    span = tracing.provider.get_tracer("test").start_span(
+        "execute_tool ask_colleague", attributes=TOOL
+    )
+    live = tracing.tap.get(hex_id(span))  # type: ignore[arg-type]
+    assert live is not None
+    assert type(live) is LiveCall
+    same = LiveCall(*(getattr(live, f.name) for f in dataclasses.fields(LiveCall)))
+    assert live == same
+    assert hash(live) == hash(same)
+    assert repr(live) == repr(same)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        live.tool_name = "other"  # type: ignore[misc]
+    span.end()
+
+
+def test_slot_constructor_falls_back_for_classes_it_cannot_fill() -> None:
+    import dataclasses
+
+    from kernel_ext._telemetry import slot_constructor
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Plain:
+        a: int
+        b: str
+
+    @dataclasses.dataclass(frozen=True)
+    class NoSlots:
+        a: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Checked:
+        a: int
+
+        def __post_init__(self) -> None:
+            if self.a < 0:
+                raise ValueError("negative")
+
+    make = slot_constructor(Plain)
+    assert make is not Plain
+    built = make(1, "x")
+    assert type(built) is Plain
+    assert built == Plain(1, "x")
+    assert slot_constructor(NoSlots) is NoSlots
+    assert slot_constructor(Checked) is Checked  # __post_init__ must run
