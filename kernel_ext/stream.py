@@ -403,8 +403,13 @@ class StreamHub:
         """CallSink: every open stream of ``call`` gets exactly one ``aborted`` terminal
         (``error`` or a default message); the call's counters are released. Never raises."""
         try:
+            call_id = call.call_id
+            if call_id not in self._calls:
+                # Most calls publish nothing. Without the lock: a stream opened by a publish
+                # racing this end is the same as one opened just after it (under the lock).
+                return
             with self._lock:
-                stats = self._calls.pop(call.call_id, None)
+                stats = self._calls.pop(call_id, None)
                 if stats is None:
                     return
                 streams = list(stats.open.items())
@@ -421,6 +426,8 @@ class StreamHub:
         rules) and dropped (at the worker), open streams, and how the callId was resolved.
         Empty when the hub knows nothing of the call. Never raises."""
         try:
+            if call_id not in self._calls:  # no lock needed to learn there is nothing
+                return {}
             with self._lock:
                 stats = self._calls.get(call_id)
                 if stats is None:
