@@ -56,8 +56,10 @@ REPORT = os.environ.get("KERNEL_EXT_RELIABILITY_REPORT")
 
 # The test relay's Engine.IO ping interval and timeout, seconds (python-engineio sends the
 # interval in whole seconds): a frozen relay is noticed after about 1.5 s, not 45 s.
-PING_INTERVAL = 1
-PING_TIMEOUT = 0.5
+SHORT_PINGS = (1, 0.5)
+# python-socketio's defaults, for load: a browser client sharing its process with a worker
+# that floods must not be dropped for a late pong (it would lose what was queued for it).
+DEFAULT_PINGS = (25, 20)
 RELAY_SCRIPT = Path(__file__).with_name("reliability_relay.py")
 
 
@@ -79,15 +81,21 @@ class TestRelay(RelayProcess):
 
     __test__ = False
 
-    def __init__(self, port: int | None = None, redis_url: str | None = None) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        redis_url: str | None = None,
+        pings: tuple[float, float] = SHORT_PINGS,
+    ) -> None:
         super().__init__(port, redis_url)
+        self.pings = pings
         handle, self._log_path = tempfile.mkstemp(prefix="kx-relay-", suffix=".log")
         os.close(handle)
 
     def start(self) -> None:
         env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
         cmd = [sys.executable, str(RELAY_SCRIPT), "--port", str(self.port)]
-        cmd += ["--ping-interval", str(PING_INTERVAL), "--ping-timeout", str(PING_TIMEOUT)]
+        cmd += ["--ping-interval", str(self.pings[0]), "--ping-timeout", str(self.pings[1])]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
         with open(self._log_path, "ab") as log:  # the child keeps its own descriptor
@@ -112,8 +120,10 @@ class TestRelay(RelayProcess):
 
 
 @contextlib.asynccontextmanager
-async def running_relay(redis_url: str | None = None) -> Any:
-    relay = TestRelay(redis_url=redis_url)
+async def running_relay(
+    redis_url: str | None = None, pings: tuple[float, float] = SHORT_PINGS
+) -> Any:
+    relay = TestRelay(redis_url=redis_url, pings=pings)
     relay.start()
     try:
         await relay.wait_ready()
