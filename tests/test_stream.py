@@ -435,3 +435,64 @@ def _no_default_hub_leak() -> Iterator[None]:
     before = stream_module._default_hub
     yield
     stream_module._default_hub = before
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop that never runs: the consumer only needs one to be attached."""
+    new = asyncio.new_event_loop()
+    yield new
+    new.close()
+
+
+@pytest.mark.parametrize(
+    "task_id",
+    [None, "t", "t" * 512, "t" * 513, ""],
+    ids=["call-id", "short", "longest", "too-long", "empty"],
+)
+def test_the_consumer_builds_running_text_as_the_general_path_does(
+    hub: StreamHub, task_id: str | None, loop: asyncio.AbstractEventLoop
+) -> None:
+    # _take builds running text blocks inline; the result must be what _wire builds (and
+    # valid on the wire), and anything it does not cover must still take the general path.
+    hub.consumer(loop)
+    with in_call():
+        hub.publish("hello", task_id=task_id)
+    [raw] = list(hub._queue)
+    taken = hub._take(10)
+    expected = hub._build(raw)
+    if task_id is not None and not 0 < len(task_id) <= 512:
+        # the general path validates it: an empty or over-long task id is invalid
+        assert expected is None
+        assert taken == []
+        return
+    [block] = taken
+    assert expected is not None
+    assert block == expected
+    decode(block.block)
+
+
+def test_a_running_block_with_a_non_string_task_id_is_dropped_not_raised(
+    hub: StreamHub, loop: asyncio.AbstractEventLoop
+) -> None:
+    hub.consumer(loop)
+    with in_call():
+        hub.publish("odd", task_id=42)  # type: ignore[arg-type]
+        hub.publish("fine", task_id="t1")
+    taken = hub._take(10)
+    assert [b.block["taskId"] for b in taken] == ["t1"]  # type: ignore[union-attr]
+    assert hub.stats()["invalid"] == 1
+
+
+def test_a_huge_running_text_leaves_the_inline_build_for_the_bounded_one(
+    clock: FakeClock, tap: Tap, loop: asyncio.AbstractEventLoop
+) -> None:
+    hub = StreamHub(clock=clock, tap=tap, max_block_bytes=4096)
+    hub.consumer(loop)
+    with in_call():
+        hub.publish("x" * 760, task_id="t")  # 760 + 2 + 256 = 1018 chars: inline
+        hub.publish("x" * 800, task_id="u")  # 1058 chars * 4 > 4096: bounded
+    first, second = hub._take(10)
+    assert first.block["envelope"]["payload"]["text"] == "x" * 760  # type: ignore[union-attr]
+    assert second.block["envelope"]["payload"]["text"] == "x" * 800  # type: ignore[union-attr]
+    assert second.size > 0  # type: ignore[union-attr]
