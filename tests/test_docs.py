@@ -1,0 +1,445 @@
+"""The docs cannot drift from the code: their examples run, their names exist, their pages
+are all in the site.
+
+* Every fenced ``python`` block in ``docs/*.md`` runs as a script of its own (a subprocess
+  with the repository root as working directory, no ``KERNEL_EXT_*`` variables inherited),
+  unless the line before its fence is ``<!-- not-run: <reason> -->``. A
+  ``<!-- needs: <what> -->`` line names what it needs: a module (skipped where it cannot be
+  installed, e.g. pydantic-ai on Python 3.10; never in CI on 3.11+), or ``redis-server``
+  (a real one is started and its URL given as ``KERNEL_EXT_REDIS_URL``).
+* A fenced ``text title="Output"`` block right after a python block is that script's
+  exact standard output.
+* Every ``kernel-ext …`` command in ``sh`` blocks parses with the real command-line parser.
+* The environment variables in the Operations page's configuration table are exactly the
+  ones the code reads; every ``KERNEL_EXT_*`` name on any page exists in the code.
+* The metrics, span attributes and drop reasons the Operations page lists are exactly the
+  code's.
+* Every page is in the ``mkdocs.yml`` nav and every nav entry is a page.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import importlib.util
+import itertools
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from conftest import IN_CI, RedisServer, need_binary
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PACKAGE = ROOT / "kernel_ext"
+PAGES = sorted(DOCS.glob("*.md"))
+EXAMPLE_TIMEOUT = 60.0
+PARALLEL = 4
+
+_FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<lang>[\w+-]*)(?P<info>.*)$")
+_DIRECTIVE = re.compile(r"^<!--\s*(?P<name>not-run|needs)\s*:\s*(?P<value>.*?)\s*-->$")
+_ENV_NAME = re.compile(r"KERNEL_EXT_[A-Z0-9_]+")
+
+
+@dataclass
+class CodeBlock:
+    """One fenced block of a page."""
+
+    page: str
+    line: int
+    lang: str
+    info: str
+    text: str
+    end: int
+    """The line number of the closing fence."""
+    directives: dict[str, str] = field(default_factory=dict)
+    output: str | None = None
+
+    @property
+    def id(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def code_blocks(page: Path) -> list[CodeBlock]:
+    """The fenced blocks of ``page`` in order, with their directives and expected output."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    blocks: list[CodeBlock] = []
+    index = 0
+    while index < len(lines):
+        match = _FENCE.match(lines[index])
+        if match is None:
+            index += 1
+            continue
+        indent, fence = match["indent"], match["fence"]
+        start = index
+        body: list[str] = []
+        index += 1
+        while index < len(lines) and lines[index].strip() != fence:
+            line = lines[index]
+            body.append(line[len(indent) :] if line.startswith(indent) else line.lstrip())
+            index += 1
+        directives: dict[str, str] = {}
+        before = start - 1
+        while before >= 0 and (found := _DIRECTIVE.match(lines[before].strip())):
+            directives[found["name"]] = found["value"]
+            before -= 1
+        blocks.append(
+            CodeBlock(
+                page.name,
+                start + 1,
+                match["lang"],
+                match["info"].strip(),
+                "\n".join(body) + "\n",
+                index + 1,
+                directives,
+            )
+        )
+        index += 1
+    # An Output block right after a python block (blank lines between at most).
+    for previous, block in itertools.pairwise(blocks):
+        if (
+            previous.lang == "python"
+            and block.lang == "text"
+            and 'title="Output"' in block.info
+            and all(not line.strip() for line in lines[previous.end : block.line - 1])
+        ):
+            previous.output = block.text
+    return blocks
+
+
+ALL_BLOCKS = [block for page in PAGES for block in code_blocks(page)]
+PYTHON_BLOCKS = [block for block in ALL_BLOCKS if block.lang == "python"]
+RUNNABLE = [block for block in PYTHON_BLOCKS if "not-run" not in block.directives]
+
+
+def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_EXT_")}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def _run(block: CodeBlock, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    with tempfile.TemporaryDirectory(prefix="kx-docs-") as tmp:
+        script = Path(tmp) / f"{Path(block.page).stem.replace('-', '_')}_{block.line}.py"
+        script.write_text(block.text, encoding="utf-8")
+        return subprocess.run(
+            [sys.executable, str(script)],
+            cwd=ROOT,
+            env=_clean_env(env),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=EXAMPLE_TIMEOUT,
+        )
+
+
+class _Runner:
+    """Starts every example that needs nothing special at once, a few at a time, so the
+    whole set costs about as much as its slowest members."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._futures: dict[str, Future[subprocess.CompletedProcess[str]]] = {}
+
+    def result(self, block: CodeBlock) -> subprocess.CompletedProcess[str]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(PARALLEL, thread_name_prefix="docs-example")
+                for each in RUNNABLE:
+                    if "needs" not in each.directives:
+                        self._futures[each.id] = self._pool.submit(_run, each)
+            future = self._futures[block.id]
+        return future.result()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[_Runner]:
+    each = _Runner()
+    yield each
+    each.close()
+
+
+@contextlib.contextmanager
+def _needs(block: CodeBlock) -> Iterator[dict[str, str]]:
+    """Provide what ``<!-- needs: … -->`` names; yields extra environment variables."""
+    env: dict[str, str] = {}
+    with contextlib.ExitStack() as stack:
+        for need in (n.strip() for n in block.directives.get("needs", "").split(",")):
+            if not need:
+                continue
+            if need == "redis-server":
+                server = RedisServer(need_binary("redis-server", "REDIS_SERVER"))
+                server.start()
+                stack.callback(server.stop)
+                env["KERNEL_EXT_REDIS_URL"] = server.url
+            elif importlib.util.find_spec(need) is None:
+                if IN_CI and sys.version_info >= (3, 11):
+                    pytest.fail(f"{need} is required in CI on Python 3.11+")
+                pytest.skip(f"{need} is not installed here")
+        yield env
+
+
+def _describe(block: CodeBlock, done: subprocess.CompletedProcess[str]) -> str:
+    return (
+        f"{block.id} exited with {done.returncode}\n--- stdout\n{done.stdout}\n"
+        f"--- stderr\n{done.stderr[-4000:]}"
+    )
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
+def test_every_python_example_runs_and_prints_its_output(block: CodeBlock, runner: _Runner) -> None:
+    if "needs" in block.directives:
+        with _needs(block) as env:
+            done = _run(block, env)
+    else:
+        done = runner.result(block)
+    assert done.returncode == 0, _describe(block, done)
+    if block.output is not None:
+        got = [line.rstrip() for line in done.stdout.rstrip("\n").splitlines()]
+        want = [line.rstrip() for line in block.output.rstrip("\n").splitlines()]
+        assert got == want, f"{block.id}: the Output block differs\n{_describe(block, done)}"
+
+
+def test_examples_that_do_not_run_say_why() -> None:
+    for block in PYTHON_BLOCKS:
+        if "not-run" in block.directives:
+            assert len(block.directives["not-run"]) >= 10, f"{block.id}: give the reason"
+            assert block.output is None, f"{block.id}: an Output block nobody checks"
+    assert len(RUNNABLE) >= 10  # the parser found the examples
+
+
+def test_directives_name_known_needs() -> None:
+    for block in ALL_BLOCKS:
+        if block.directives and block.lang != "python":
+            pytest.fail(f"{block.id}: directives only apply to python blocks")
+        for need in block.directives.get("needs", "").split(","):
+            need = need.strip()
+            assert not need or need == "redis-server" or need.isidentifier(), block.id
+
+
+def _cli_commands() -> list[tuple[str, list[str]]]:
+    commands = []
+    for block in ALL_BLOCKS:
+        if block.lang not in ("sh", "bash", "console", "shell"):
+            continue
+        for line in block.text.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix("$ ")
+            for part in re.split(r"&&|;|\|", line):
+                words = shlex.split(part, comments=True)
+                if words and words[0] == "kernel-ext":
+                    args = []
+                    for word in words[1:]:
+                        if word.startswith(">"):
+                            break
+                        args.append(word)
+                    commands.append((block.id, args))
+    return commands
+
+
+def test_every_documented_command_line_parses() -> None:
+    from kernel_ext.cli import build_parser
+
+    commands = _cli_commands()
+    assert commands, "no kernel-ext command found in the docs"
+    for where, args in commands:
+        try:
+            build_parser().parse_args(args)
+        except SystemExit:
+            pytest.fail(f"{where}: `kernel-ext {' '.join(args)}` does not parse")
+
+
+# -- environment variables ---------------------------------------------------------------
+
+
+def _module_constants(tree: ast.Module) -> dict[str, str]:
+    constants = {}
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    constants[target.id] = node.value.value
+    return constants
+
+
+def _is_environ(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "environ"
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "os"
+    )
+
+
+def environment_variables_read() -> set[str]:
+    """Every environment variable name the package reads: literal or constant arguments of
+    ``os.environ.get`` / ``os.environ[...]`` / ``os.getenv``, and every module constant
+    named like ours (helpers that take the name as a parameter are fed those)."""
+    names: set[str] = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        constants = _module_constants(tree)
+        names.update(v for v in constants.values() if _ENV_NAME.fullmatch(v))
+
+        def value_of(node: ast.AST, constants: dict[str, str] = constants) -> str | None:
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                return node.value
+            if isinstance(node, ast.Name):
+                return constants.get(node.id)
+            return None
+
+        for node in ast.walk(tree):
+            key: ast.AST | None = None
+            if isinstance(node, ast.Call) and node.args:
+                func = node.func
+                if isinstance(func, ast.Attribute) and (
+                    (func.attr == "get" and _is_environ(func.value))
+                    or (
+                        func.attr == "getenv"
+                        and isinstance(func.value, ast.Name)
+                        and func.value.id == "os"
+                    )
+                ):
+                    key = node.args[0]
+            elif isinstance(node, ast.Subscript) and _is_environ(node.value):
+                key = node.slice
+            if key is not None:
+                name = value_of(key)
+                if name is not None:
+                    names.add(name)
+    return names
+
+
+def _table_first_column(page: str, heading: str) -> list[str]:
+    """The first-column code spans of the tables under ``## heading`` of ``page``."""
+    text = (DOCS / page).read_text(encoding="utf-8")
+    section = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    assert section is not None, f"{page} has no section '## {heading}'"
+    found = []
+    lines = section.group(1).splitlines()
+    for line, following in zip(lines, [*lines[1:], ""], strict=True):
+        match = re.match(r"^\| (`[^|]+`) \|", line)
+        if match and not following.startswith("|---"):  # not a header row
+            found.extend(re.findall(r"`([^`]+)`", match.group(1)))
+    return found
+
+
+def test_configuration_table_lists_exactly_the_variables_the_code_reads() -> None:
+    documented = set(_table_first_column("operations.md", "Configuration"))
+    read = environment_variables_read()
+    assert read, "found no environment variable in the code"
+    assert documented == read, (
+        f"undocumented: {sorted(read - documented)}; documented but not read: "
+        f"{sorted(documented - read)}"
+    )
+
+
+def test_every_variable_named_in_the_docs_exists() -> None:
+    read = environment_variables_read()
+    benchmarks = ROOT / "benchmarks"
+    bench = {
+        name
+        for path in benchmarks.rglob("*.py")
+        for name in _ENV_NAME.findall(path.read_text(encoding="utf-8"))
+    }
+    for page in PAGES:
+        for name in set(_ENV_NAME.findall(page.read_text(encoding="utf-8"))):
+            assert name in read or name in bench, f"{page.name} names {name}, which nothing reads"
+
+
+# -- telemetry names -----------------------------------------------------------------------
+
+
+def test_documented_metrics_are_the_instruments() -> None:
+    source = (PACKAGE / "metrics.py").read_text(encoding="utf-8")
+    instruments = set(re.findall(r'create_counter\(\s*"([^"]+)"', source))
+    documented = {
+        name
+        for name in _table_first_column("operations.md", "OpenTelemetry export")
+        if name.startswith("kernel_ext.") and "stream" not in name and "call_id" not in name
+    }
+    assert instruments
+    assert documented == instruments
+
+
+def test_documented_span_attributes_are_the_hubs() -> None:
+    from kernel_ext import stream
+
+    attributes = {getattr(stream, n) for n in dir(stream) if n.startswith("ATTR_")}
+    documented = {
+        name
+        for name in _table_first_column("operations.md", "OpenTelemetry export")
+        if name.startswith(("kernel_ext.stream.", "kernel_ext.call_id."))
+    }
+    assert documented == attributes
+
+
+def _reasons_in_code() -> set[str]:
+    """Drop reasons: the constants under the "# Drop reasons" comments of the stream hub and
+    the senders, and the literal reasons counted elsewhere."""
+    reasons: set[str] = set()
+    for module in ("stream.py", "emit.py"):
+        text = (PACKAGE / module).read_text(encoding="utf-8")
+        block = re.search(r"^# Drop reasons.*?\n(.*?)(?:^\s*$|^#)", text, re.S | re.M)
+        assert block is not None, f"{module}: the '# Drop reasons' block moved"
+        reasons.update(re.findall(r'^[A-Z_]+ = "([a-z_]+)"', block.group(1), re.M))
+    for path in PACKAGE.rglob("*.py"):
+        reasons.update(re.findall(r'"reason": "([a-z_]+)"', path.read_text(encoding="utf-8")))
+    return reasons
+
+
+def test_documented_drop_reasons_are_the_codes() -> None:
+    documented = set(_table_first_column("operations.md", "What is dropped and how to see it"))
+    code = _reasons_in_code()
+    assert documented == code, (
+        f"undocumented: {sorted(code - documented)}; documented but unknown: "
+        f"{sorted(documented - code)}"
+    )
+
+
+# -- the site ------------------------------------------------------------------------------
+
+
+def nav_pages() -> list[str]:
+    """The pages of mkdocs.yml's nav, in order (read without a YAML parser)."""
+    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    section = re.search(r"^nav:\n(.*?)(?=^\S)", text, re.S | re.M)
+    assert section is not None, "mkdocs.yml has no nav"
+    return re.findall(r"([\w./-]+\.md)\s*$", section.group(1), re.M)
+
+
+def test_every_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
+    nav = nav_pages()
+    pages = {page.name for page in PAGES}
+    assert len(nav) == len(set(nav)), "a page is in the nav twice"
+    assert set(nav) == pages, (
+        f"not in the nav: {sorted(pages - set(nav))}; in the nav but missing: "
+        f"{sorted(set(nav) - pages)}"
+    )
+
+
+def test_pages_hold_no_machine_paths_or_secrets() -> None:
+    forbidden = re.compile(r"/work/|/root/|/home/|/tmp/|\.venv|BEGIN [A-Z ]*PRIVATE KEY")
+    for page in PAGES:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            assert not forbidden.search(line), f"{page.name}:{number}: {line.strip()}"
