@@ -417,6 +417,23 @@ def test_documented_drop_reasons_are_the_codes() -> None:
     )
 
 
+def test_quoted_benchmark_figures_are_the_reports() -> None:
+    report = (DOCS / "performance.md").read_text(encoding="utf-8")
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    section = text[text.index("## Performance and reliability") :]
+    summary = re.search(r"\((\d+ of \d+ targets met, \d+ missed);", section)
+    assert summary is not None
+    assert summary.group(1) in report, "the quoted summary is not the report's"
+    rows = re.findall(r"^\|[^\n]*\| ([^|\n]+?) \|$", section, re.M)
+    figures = [row.removesuffix(" (missed)") for row in rows if row not in ("measured", "---")]
+    assert len(figures) >= 10
+    for figure in figures:
+        assert f"| {figure} |" in report, (
+            f"operations.md quotes {figure!r}, which docs/performance.md does not hold: "
+            "copy the new figures after a benchmark run"
+        )
+
+
 # -- the site ------------------------------------------------------------------------------
 
 
