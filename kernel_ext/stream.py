@@ -858,7 +858,7 @@ class StreamHub:
             text = "[final block too large to send]"
         try:
             return self._wire(
-                call_id, task_id[:_MAX_TASK_ID] or "-", state, ts_ns // 1_000_000, text, seq
+                call_id, str(task_id)[:_MAX_TASK_ID] or "-", state, ts_ns // 1_000_000, text, seq
             )
         except Exception:
             self._count(ERROR)
