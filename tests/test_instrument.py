@@ -30,6 +30,7 @@ from kernel_ext import (
     ToolRuntimeInstrumentor,
     current_call_id,
     current_tool_call,
+    use_tool_call,
 )
 from kernel_ext.instrument import ENV_DESCRIBE, ENV_TARGETS, ToolTarget, tool_call_scope
 
@@ -530,3 +531,38 @@ def test_tool_call_scope_propagates_exceptions_and_marks_its_span(tracing: Traci
         raise ValueError("bad")
     [span] = tracing.tool_spans()
     assert span.status.status_code is StatusCode.ERROR
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["returns", "raises"])
+def test_the_call_span_and_both_contextvars_are_set_inside_and_restored_after(
+    tracing: Tracing, instrumented: types.ModuleType, fails: bool
+) -> None:
+    # activate()/deactivate() set and reset the two contextvars and the OTel context
+    # themselves (not through set_tool_call/reset_tool_call): all three must pair up.
+    from opentelemetry import trace
+
+    outer = ToolCall("00000000000000aa", "outer", "conv-0")
+    outer_span = trace.get_current_span()
+
+    def body(arg: Any) -> tuple[ToolCall | None, str | None, int]:
+        seen = (current_tool_call(), current_call_id(), trace.get_current_span())
+        if fails:
+            raise LookupError("tool failed")
+        return seen[0], seen[1], seen[2].get_span_context().span_id
+
+    with use_tool_call(outer):
+        if fails:
+            with pytest.raises(LookupError):
+                instrumented.Runtime(body).invoke("search")
+        else:
+            call, call_id, span_id = instrumented.Runtime(body).invoke("search")
+            [span] = tracing.tool_spans()
+            assert call is not None
+            assert call.parent is outer
+            assert call_id == call.call_id == hex_id(span)
+            assert span_id == span.context.span_id
+        assert current_tool_call() is outer
+        assert current_call_id() == outer.call_id
+        assert trace.get_current_span() is outer_span
+    assert current_tool_call() is None
+    assert current_call_id() is None
