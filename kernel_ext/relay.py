@@ -253,13 +253,31 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
             conn.queue.put_nowait(None)
 
     async def trigger_event(self, event: str, *args: Any) -> Any:
-        """Dispatch; an event with no handler is dropped, logged and counted."""
-        if event not in ("connect", "disconnect") and not hasattr(self, "on_" + (event or "")):
+        """Dispatch; an event with no handler is dropped, logged and counted, and so is a
+        ``connect`` or ``disconnect`` that a client sent as an ordinary event."""
+        if event in ("connect", "disconnect"):
+            forged = self._sent_by_client(event, args)
+        else:
+            forged = not hasattr(self, "on_" + (event or ""))
+        if forged:
             sid = args[0] if args else "?"
             who = "internal sender" if sid in self._internal else "browser"
             self._reject(sid, "unknown_event", f"event {event!r} from a {who}")
             return None
         return await super().trigger_event(event, *args)
+
+    def _sent_by_client(self, event: str, args: tuple[Any, ...]) -> bool:
+        """Whether a ``connect``/``disconnect`` came from a connected client as an ordinary
+        event (python-socketio dispatches those to the same handlers as its own): the
+        server's own disconnect runs once the client is no longer connected, its own
+        connect with the connection's WSGI/ASGI environ."""
+        if not args:
+            return True
+        sid, server = args[0], self.server
+        if event == "disconnect":
+            return bool(server.manager.is_connected(sid, self.namespace))
+        eio_sid = server.manager.eio_sid_from_sid(sid, self.namespace)
+        return len(args) < 2 or args[1] is not server.environ.get(eio_sid)
 
     # -- browsers -------------------------------------------------------------------------
 
