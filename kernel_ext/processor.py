@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanContext, StatusCode
 
 from kernel_ext import resolve
 from kernel_ext._telemetry import RareLog, slot_constructor
@@ -98,19 +98,34 @@ class ToolSpanProcessor(SpanProcessor):
         try:
             if self._shutdown:
                 return
-            try:  # see _attribute_getter (inline here: this runs for every span)
+            # The SDK span's fields, read directly (see _attribute_getter): all of them or
+            # none, so that a span laid out differently takes the public properties.
+            try:
                 inner = span._attributes._dict  # type: ignore[union-attr]
+                context = span._context
+                parent_span = span._parent
+                start_time = span._start_time
             except AttributeError:
                 inner = None
-            get = inner.get if inner.__class__ is dict else _attribute_getter(span)
+            get: _Get
+            if inner.__class__ is dict:
+                get = inner.get
+            else:
+                get = _attribute_getter(span)
+                context = span.context
+                parent_span = span.parent
+                start_time = span.start_time
             operation = get(OPERATION)
             if operation is None:
                 if not _named_as_tool(span.name):
                     return
             elif operation != EXECUTE_TOOL:
                 return
-            context = span.context
-            span_id = context.span_id if context is not None else 0
+            span_id = (
+                context[1]  # type: ignore[index]
+                if context.__class__ is _INDEXED_CONTEXT
+                else _span_id(context)
+            )
             call_id: str | None = None
             if span_id.__class__ is int and span_id:
                 try:
@@ -134,7 +149,6 @@ class ToolSpanProcessor(SpanProcessor):
 
             tap = self.tap
             parent: LiveCall | None = None
-            parent_span = span.parent
             if parent_span is not None and len(tap):
                 parent_call_id = _hex_span_id(parent_span.span_id)
                 if parent_call_id is not None:
@@ -156,7 +170,7 @@ class ToolSpanProcessor(SpanProcessor):
                 conversation_id,
                 llm_call_id,
                 parent.call_id if parent is not None else None,
-                span.start_time or 0,
+                start_time or 0,
             )
             if not tap.add(call):
                 self._rare("duplicate_start", "tool span %s started twice; ignored", call_id)
@@ -173,11 +187,17 @@ class ToolSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         """Remove a tool span's call from the tap; tell the sink it ended. Never raises."""
         try:
-            try:  # see _attribute_getter (inline here: this runs for every span)
+            try:  # as in on_start
                 inner = span._attributes._dict  # type: ignore[union-attr]
+                context = span._context
             except AttributeError:
                 inner = None
-            get = inner.get if inner.__class__ is dict else _attribute_getter(span)
+            get: _Get
+            if inner.__class__ is dict:
+                get = inner.get
+            else:
+                get = _attribute_getter(span)
+                context = span.context
             operation = get(OPERATION)
             if operation is None:
                 if not _named_as_tool(span.name):
@@ -185,8 +205,11 @@ class ToolSpanProcessor(SpanProcessor):
             elif operation != EXECUTE_TOOL:
                 return
             # The common case inline: a live call (started by this processor) ends.
-            context = span.context
-            span_id = context.span_id if context is not None else 0
+            span_id = (
+                context[1]  # type: ignore[index]
+                if context.__class__ is _INDEXED_CONTEXT
+                else _span_id(context)
+            )
             call: LiveCall | None = None
             if span_id.__class__ is int and span_id:
                 try:
@@ -196,7 +219,7 @@ class ToolSpanProcessor(SpanProcessor):
             if call is None:
                 self._end_rare(span, get, span_id)
                 return
-            self._ended.append(span_id)
+            self._ended.append(span_id)  # type: ignore[arg-type]
             sink = self.sink
             if sink is not None:
                 try:
@@ -302,17 +325,40 @@ _current_tool_call = _CURRENT_CALL.get  # current_tool_call() without its call
 _Get = Callable[[str], object]
 
 
-def _attribute_getter(span: ReadableSpan) -> _Get:
-    """The ``get`` of the span's attributes.
+def _span_id(context: SpanContext | None) -> object:
+    """The span id of ``context`` (``0`` when there is none)."""
+    return context.span_id if context is not None else 0
 
-    On the SDK's spans, ``on_start``/``on_end`` inline a faster form: the ``get`` of the
-    plain dict inside their ``BoundedAttributes`` (``span._attributes._dict``). The public
+
+def _indexed_context() -> type:
+    """``SpanContext`` when its span id is at index 1 of the tuple it is (as it always has
+    been: the ``span_id`` property returns ``self[1]``, one Python call the processor saves
+    by indexing), else a class no context is an instance of."""
+    try:
+        if SpanContext(1, 2, False)[1] == 2:
+            return SpanContext
+    except Exception:  # pragma: no cover - an API laid out differently
+        pass
+    return type("_NoContext", (), {})  # pragma: no cover
+
+
+_INDEXED_CONTEXT = _indexed_context()
+
+
+def _attribute_getter(span: ReadableSpan) -> _Get:
+    """The ``get`` of the span's attributes, through the public ``span.attributes``.
+
+    On the SDK's own spans, ``on_start``/``on_end`` read the span's fields directly
+    instead: ``_attributes._dict`` (the plain dict inside its ``BoundedAttributes``),
+    ``_context``, ``_parent``, ``_start_time`` — what the public properties return or wrap.
     ``span.attributes`` builds a new ``MappingProxyType`` per access, and each lookup
     through it runs two Python-level methods (``Mapping.get``, ``__getitem__``) that end in
-    that same ``dict`` lookup: about 0.7 µs of the processor's 2 µs budget for one tool
-    span. The SDK's own ``__getitem__`` reads that dict without its lock too; a one-key
-    ``dict.get`` is atomic. Any other span (or an SDK whose attributes are laid out
-    differently) comes here, to the public ``span.attributes``.
+    that same dict lookup; each other property is one more Python call. Together about
+    1 µs of the processor's 2 µs budget for one tool span (measured by
+    ``benchmarks/bench_attribution.py``). The SDK's own ``__getitem__`` reads that dict
+    without its lock too; a one-key ``dict.get`` is atomic. A span that lacks any of those
+    fields (another implementation, or an SDK laid out differently) comes here and to the
+    public properties.
     """
     attributes = span.attributes
     return attributes.get if attributes is not None else _no_attribute

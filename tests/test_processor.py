@@ -446,3 +446,30 @@ def test_slot_constructor_falls_back_for_classes_it_cannot_fill() -> None:
     assert built == Plain(1, "x")
     assert slot_constructor(NoSlots) is NoSlots
     assert slot_constructor(Checked) is Checked  # __post_init__ must run
+
+
+class _PartlySdkLikeSpan:
+    """A span with the SDK's attribute layout (``_attributes._dict``) but none of its other
+    private fields: the processor must take the public properties for all of them."""
+
+    def __init__(self, span_id: int, attributes: dict[str, Any]) -> None:
+        self._attributes = SimpleNamespace(_dict=dict(attributes))
+        self.attributes = MappingProxyType(dict(attributes))
+        self.name = "execute_tool ask_colleague"
+        self.context = SimpleNamespace(span_id=span_id)
+        self.parent = None
+        self.start_time = 7
+        self.status = Status(StatusCode.UNSET)
+        self.events = ()
+
+
+def test_a_span_with_only_part_of_the_sdk_layout_takes_the_public_properties() -> None:
+    sink = RecordingSink()
+    processor = ToolSpanProcessor(tap=Tap(), sink=sink)
+    span: Any = _PartlySdkLikeSpan(0x1234, TOOL)
+    processor.on_start(span)
+    live = processor.tap.get("0000000000001234")
+    assert live == LiveCall("0000000000001234", "ask_colleague", "conv-1", "llm-1", None, 7)
+    processor.on_end(span)
+    assert sink.ended == [(live, None)]
+    assert processor.faults == {}
