@@ -169,9 +169,12 @@ class _CallStats:
 
 
 class _Stream:
-    __slots__ = ("call", "cursor", "dropped", "ring", "room", "sent", "seq", "touched")
+    __slots__ = ("call", "closed", "cursor", "dropped", "ring", "room", "sent", "seq", "touched")
 
     def __init__(self, room: str, call: _CallStats, ring_size: int, now: float) -> None:
+        # Set (under the hub's lock) when the stream leaves the hub's streams: a publisher
+        # that looked it up without the lock then knows to look again.
+        self.closed = False
         self.room = room
         self.call = call
         self.ring = [-math.inf] * ring_size
@@ -353,11 +356,12 @@ class StreamHub:
                 lock = self._lock
                 lock.acquire()  # not ``with``: half the cost on CPython 3.11
                 try:
-                    stream = self._streams.get(key)
-                    if stream is None:
-                        stream = self._open(key, room, path)
+                    if stream is None or stream.closed:  # else it is still the stream of key
+                        stream = self._streams.get(key)
                         if stream is None:
-                            return
+                            stream = self._open(key, room, path)
+                            if stream is None:
+                                return
                     ring = stream.ring
                     cursor = stream.cursor
                     if now - ring[cursor] < self._window:
@@ -557,6 +561,7 @@ class StreamHub:
         out: list[Outgoing] = []
         append = out.append
         build = self._build
+        new = object.__new__
         # The wire form of a running text block (the common block), inline: what _wire
         # builds for it, without its two calls per block.
         max_size = self.max_block_bytes // 4
@@ -571,30 +576,28 @@ class StreamHub:
                     and 0 < len(task_id) <= _MAX_TASK_ID
                     and (size := len(item) + len(task_id) * 2 + 256) <= max_size
                 ):
-                    append(
-                        OutgoingBlock(
-                            room,
-                            {
-                                "v": PROTOCOL_VERSION,
-                                "callId": call_id,
-                                "taskId": task_id,
-                                "state": "running",
-                                "ts": ts_ns // 1_000_000,
-                                "envelope": {
-                                    "v": PROTOCOL_VERSION,
-                                    "kind": "text",
-                                    "streamKey": task_id,
-                                    "seq": seq,
-                                    "status": "running",
-                                    "payload": {"text": item},
-                                },
-                            },
-                            call_id,
-                            task_id,
-                            False,
-                            size,
-                        )
-                    )
+                    block = new(OutgoingBlock)  # OutgoingBlock(...) without its __init__ call
+                    block.room = room
+                    block.block = {
+                        "v": PROTOCOL_VERSION,
+                        "callId": call_id,
+                        "taskId": task_id,
+                        "state": "running",
+                        "ts": ts_ns // 1_000_000,
+                        "envelope": {
+                            "v": PROTOCOL_VERSION,
+                            "kind": "text",
+                            "streamKey": task_id,
+                            "seq": seq,
+                            "status": "running",
+                            "payload": {"text": item},
+                        },
+                    }
+                    block.call_id = call_id
+                    block.task_id = task_id
+                    block.terminal = False
+                    block.size = size
+                    append(block)
                     continue
                 built = build(raw)
                 if built is not None:
@@ -650,7 +653,9 @@ class StreamHub:
             oldest = next(iter(self._calls))
             old = self._calls.pop(oldest)
             for task_id in old.open:
-                self._streams.pop((oldest, task_id), None)
+                gone = self._streams.pop((oldest, task_id), None)
+                if gone is not None:
+                    gone.closed = True
         stats = self._calls[call_id] = _CallStats(path, now)
         return stats
 
@@ -723,6 +728,7 @@ class StreamHub:
                 return
             stream = self._streams.pop(key, None)
             if stream is not None:
+                stream.closed = True
                 stats = stream.call
                 stats.open.pop(task_id, None)
                 seq = stream.seq + 1
@@ -768,6 +774,7 @@ class StreamHub:
             stale = [key for key, s in self._streams.items() if s.touched < idle_before]
             for key in stale:
                 stream = self._streams.pop(key)
+                stream.closed = True
                 stream.call.open.pop(key[1], None)
                 expired += 1
             calls_stale = [

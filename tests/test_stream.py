@@ -496,3 +496,34 @@ def test_a_huge_running_text_leaves_the_inline_build_for_the_bounded_one(
     assert first.block["envelope"]["payload"]["text"] == "x" * 760  # type: ignore[union-attr]
     assert second.block["envelope"]["payload"]["text"] == "x" * 800  # type: ignore[union-attr]
     assert second.size > 0  # type: ignore[union-attr]
+
+
+class _StaleOnce(dict):  # type: ignore[type-arg]
+    """The hub's streams, whose next lookup returns ``stale`` (as a lookup without the lock
+    can, when the stream is closed by another thread right after it)."""
+
+    stale: Any = None
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        stale, self.stale = self.stale, None
+        return stale if stale is not None else super().get(key, default)
+
+
+def test_a_stream_closed_after_a_lookup_without_the_lock_is_not_written_to(
+    hub: StreamHub, clock: FakeClock, loop: asyncio.AbstractEventLoop
+) -> None:
+    hub.consumer(loop)
+    streams = _StaleOnce()
+    hub._streams = streams
+    with in_call():
+        hub.publish("first")
+        stale = streams[(CALL, CALL)]
+        hub.publish("the end", state="done")
+        assert stale.closed
+        clock.advance(1.0)
+        streams.stale = stale
+        hub.publish("late")  # the lookup without the lock sees the closed stream
+    assert streams.stale is None
+    assert stale.sent == 1
+    assert [raw[5] for raw in hub._queue] == ["first", "the end"]
+    assert hub.stats()["closed"] == 1
