@@ -34,7 +34,9 @@ Guarantees:
   browsers re-joined) is kept for ``hold_ttl`` seconds (at most ``hold_terminals`` of
   them) and sent to each browser that joins that room on this process meanwhile, once.
 * Works with ``AsyncRedisManager`` as the server's client manager: rooms then span every
-  web process on the same Redis channel.
+  web process on the same Redis channel. :func:`create_app`'s manager publishes a terminal
+  that did not reach Redis again once Redis is back (counted ``redis_*``), so browsers on
+  the other web processes get it after an outage.
 
 Run a standalone relay with ``python -m kernel_ext.relay --port 8765`` (secret from
 ``KERNEL_EXT_SECRET``; ``--redis-url`` for a Redis client manager); it binds 127.0.0.1
@@ -198,9 +200,11 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
     # -- stats ----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
-        """Counts by outcome since start (``frames``, ``blocks_emitted``, ``rejected_*`` …)
-        and the current ``internal``/``browsers`` connections."""
+        """Counts by outcome since start (``frames``, ``blocks_emitted``, ``rejected_*`` …,
+        ``redis_*`` with :func:`create_app`'s Redis manager) and the current
+        ``internal``/``browsers`` connections."""
         counts = dict(self._counts)
+        counts.update(getattr(getattr(self.server, "manager", None), "counts", None) or {})
         counts["internal"] = len(self._internal)
         counts["browsers"] = len(self._browsers)
         return counts
@@ -514,6 +518,84 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
                 done.set_result(emitted)
 
 
+class _RedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
+    """python-socketio's Redis client manager, except that a terminal block whose publish
+    to the other web processes failed (Redis down; python-socketio publishes once and only
+    logs) is published again once Redis is back and as many web processes listen as did
+    before (or ``settle`` seconds after Redis answered again), for at most ``retry_for``
+    seconds, at most ``max_pending`` at once. Counts ``redis_publish_failed``,
+    ``redis_republished`` and ``redis_given_up`` in :attr:`counts`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        channel: str,
+        max_pending: int = 1_024,
+        retry_for: float = 300.0,
+        settle: float = 10.0,
+    ) -> None:
+        super().__init__(url, channel=channel)
+        self.counts: dict[str, int] = {}
+        self._listeners = 0
+        self._pending: list[tuple[float, Any]] = []
+        self._max_pending = max_pending
+        self._retry_for = retry_for
+        self._settle = settle
+        self._retrying: asyncio.Task[None] | None = None
+
+    def _bump(self, what: str, n: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    async def _publish(self, data: Any) -> Any:
+        result = await super()._publish(data)
+        if isinstance(result, int):
+            if not self._pending:
+                self._listeners = result
+        elif _is_terminal_emit(data):
+            self._bump("redis_publish_failed")
+            _rare("redis_down", "relay: a terminal did not reach Redis; retrying", level=40)
+            self._pending.append((time.monotonic() + self._retry_for, data))
+            if len(self._pending) > self._max_pending:
+                del self._pending[0]
+                self._bump("redis_given_up")
+            if self._retrying is None or self._retrying.done():
+                self._retrying = asyncio.get_running_loop().create_task(self._retry())
+        return result
+
+    async def _retry(self) -> None:
+        delay, back_since = 0.25, None
+        while self._pending:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+            try:
+                listening = (await self.redis.pubsub_numsub(self.channel))[0][1]
+            except Exception:
+                back_since = None
+                continue
+            now = time.monotonic()
+            back_since = back_since or now
+            if listening < self._listeners and now - back_since < self._settle:
+                continue
+            pending, self._pending = self._pending, []
+            for i, (deadline, data) in enumerate(pending):
+                if deadline < now:
+                    self._bump("redis_given_up")
+                    continue
+                if not isinstance(await super()._publish(data), int):
+                    self._pending = pending[i:] + self._pending
+                    break
+                self._bump("redis_republished")
+
+
+def _is_terminal_emit(data: Any) -> bool:
+    if not isinstance(data, dict) or data.get("event") != TOOL_EVENT_STREAM:
+        return False
+    args = data.get("data")
+    block = args[0] if isinstance(args, list) and args else None
+    return isinstance(block, dict) and block.get("state") in ("done", "aborted")
+
+
 def mount_relay(sio: socketio.AsyncServer, secret: str, **options: Any) -> ChatRelay:
     """Register a :class:`ChatRelay` (``options`` as its constructor's) on ``sio``."""
     relay = ChatRelay(secret, **options)
@@ -547,7 +629,7 @@ def create_app(
     """
     manager = None
     if redis_url is not None:
-        manager = socketio.AsyncRedisManager(redis_url, channel=redis_channel)
+        manager = _RedisManager(redis_url, channel=redis_channel)
     sio = socketio.AsyncServer(
         async_mode="asgi",
         client_manager=manager,
