@@ -423,7 +423,7 @@ def test_documented_drop_reasons_are_the_codes() -> None:
 def test_quoted_benchmark_figures_are_the_reports() -> None:
     report = (DOCS / "performance.md").read_text(encoding="utf-8")
     text = (DOCS / "operations.md").read_text(encoding="utf-8")
-    section = text[text.index("## Performance and reliability") :]
+    section = text[text.index("### Performance") : text.index("### Reliability")]
     summary = re.search(r"\((\d+ of \d+ targets met, \d+ missed);", section)
     assert summary is not None
     assert summary.group(1) in report, "the quoted summary is not the report's"
@@ -434,6 +434,19 @@ def test_quoted_benchmark_figures_are_the_reports() -> None:
         assert f"| {figure} |" in report, (
             f"operations.md quotes {figure!r}, which docs/performance.md does not hold: "
             "copy the new figures after a benchmark run"
+        )
+
+
+def test_quoted_reliability_figures_are_the_reports() -> None:
+    report = (DOCS / "reliability.md").read_text(encoding="utf-8")
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    section = text[text.index("### Reliability") :]
+    rows = re.findall(r"^(\| [^\n]+ \|)$", section, re.M)[2:]  # without the header
+    assert len(rows) >= 5
+    for row in rows:
+        assert row in report, (
+            f"operations.md quotes {row!r}, which docs/reliability.md does not hold: "
+            "copy the new figures after a soak run"
         )
 
 
