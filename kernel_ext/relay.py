@@ -85,6 +85,7 @@ __all__ = [
     "TOOL_EVENT_STREAM",
     "ChatRelay",
     "RelayApp",
+    "RelayRedisManager",
     "allow_all",
     "create_app",
     "main",
@@ -518,7 +519,7 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
                 done.set_result(emitted)
 
 
-class _RedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
+class RelayRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
     """python-socketio's Redis client manager, except that a terminal block whose publish
     to the other web processes failed (Redis down; python-socketio publishes once and only
     logs) is published again once Redis is back and as many web processes listen as did
@@ -530,7 +531,7 @@ class _RedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
         self,
         url: str,
         *,
-        channel: str,
+        channel: str = "socketio",
         max_pending: int = 1_024,
         retry_for: float = 300.0,
         settle: float = 10.0,
@@ -629,7 +630,7 @@ def create_app(
     """
     manager = None
     if redis_url is not None:
-        manager = _RedisManager(redis_url, channel=redis_channel)
+        manager = RelayRedisManager(redis_url, channel=redis_channel)
     sio = socketio.AsyncServer(
         async_mode="asgi",
         client_manager=manager,

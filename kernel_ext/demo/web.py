@@ -48,7 +48,7 @@ from kernel_ext.demo.script import (
     is_conversation_id,
 )
 from kernel_ext.plugin import ENV_SECRET
-from kernel_ext.relay import ChatRelay
+from kernel_ext.relay import ChatRelay, RelayRedisManager
 from kernel_ext.web import asset_path
 
 __all__ = [
@@ -165,7 +165,7 @@ def create_demo_app(secret: str, *, redis_url: str | None = None) -> DemoApp:
     """The demo's web app: page, renderer, config and health routes, and the ``/chat``
     :class:`DemoRelay` on an ``AsyncServer`` (same-origin browsers only; Redis client
     manager when ``redis_url`` is given)."""
-    manager = socketio.AsyncRedisManager(redis_url) if redis_url else None
+    manager = RelayRedisManager(redis_url) if redis_url else None
     sio = socketio.AsyncServer(
         async_mode="asgi",
         client_manager=manager,
