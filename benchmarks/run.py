@@ -547,6 +547,8 @@ def child_main(args: argparse.Namespace) -> int:
             f"Python {platform.python_version()}, load average {_load(_loadavg())}\n\n"
         )
         text = profiler.output_text(unicode=True, color=False, show_all=False)
+        # No machine paths in the committed report: paths relative to the project root.
+        text = text.replace(str(bench_dir.parent.resolve()) + os.sep, "")
         Path(args.profile_out).write_text(header + text)
         return 0
     result: dict[str, Any] = {"load_at_start": _loadavg()}

@@ -15,6 +15,7 @@ detaches.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 import functools
@@ -65,7 +66,7 @@ NO_LISTENER = "no_listener"
 Record = tuple[str, dict[str, Any]]
 
 
-class Emitter:
+class Emitter(abc.ABC):
     """Base of the senders: one task that takes batches from the hub and sends them.
 
     Args:
@@ -184,15 +185,17 @@ class Emitter:
 
     # -- for subclasses -------------------------------------------------------------------
 
+    @abc.abstractmethod
     async def _send(self, items: list[Outgoing]) -> None:
         """Deliver ``items`` (publish order); ``[]`` means "woken, check your state"."""
-        raise NotImplementedError
 
     async def _open(self) -> None:
         """Start the transport (called by :meth:`start`, before the send task)."""
+        return None  # optional hook: nothing to do by default
 
     async def _close(self) -> None:
         """Close the transport (called by :meth:`stop`)."""
+        return None  # optional hook: nothing to do by default
 
     def _pending(self) -> int:
         """Items held back by the transport (e.g. terminals awaiting acknowledgement)."""
@@ -200,6 +203,7 @@ class Emitter:
 
     async def _ready(self) -> None:
         """Return once the transport's first connection attempt is over (either way)."""
+        return None  # optional hook: nothing to do by default
 
 
 class MemoryEmitter(Emitter):
