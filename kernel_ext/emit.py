@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kernel_ext._telemetry import RareLog
-from kernel_ext.errors import ConfigError
+from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import CHAT_EVENT, KX_BLOCKS, KX_CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.stream import (
     HubConsumer,
@@ -79,8 +79,7 @@ class Emitter(abc.ABC):
     """
 
     def __init__(self, *, hub: StreamHub | None = None, batch_max: int = 256) -> None:
-        if isinstance(batch_max, bool) or not isinstance(batch_max, int) or batch_max < 1:
-            raise ConfigError(f"batch_max must be a positive int, got {batch_max!r}")
+        check_positive_ints(batch_max=batch_max)
         self._hub = hub
         self.batch_max = batch_max
         self._consumer: HubConsumer | None = None
@@ -279,11 +278,6 @@ def _jittered(delay: float) -> float:
     return delay * (0.75 + random.random() * 0.5)
 
 
-def _positive(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{name} must be a positive number, got {value!r}")
-
-
 class _Held:
     """A terminal block kept until its delivery is confirmed (bounded in count and time)."""
 
@@ -397,22 +391,19 @@ class LoopbackEmitter(Emitter):
             raise ConfigError("url must be the relay's http(s) URL")
         if not isinstance(secret, str) or not secret:
             raise ConfigError("secret must be a non-empty string")
-        for name, value in (
-            ("frame_max_blocks", frame_max_blocks),
-            ("frame_max_chars", frame_max_chars),
-            ("terminal_max_attempts", terminal_max_attempts),
-            ("max_pending_terminals", max_pending_terminals),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        for name, fvalue in (
-            ("ack_timeout", ack_timeout),
-            ("terminal_max_age", terminal_max_age),
-            ("reconnect_delay", reconnect_delay),
-            ("reconnect_delay_max", reconnect_delay_max),
-            ("connect_timeout", connect_timeout),
-        ):
-            _positive(name, fvalue)
+        check_positive_ints(
+            frame_max_blocks=frame_max_blocks,
+            frame_max_chars=frame_max_chars,
+            terminal_max_attempts=terminal_max_attempts,
+            max_pending_terminals=max_pending_terminals,
+        )
+        check_positive_numbers(
+            ack_timeout=ack_timeout,
+            terminal_max_age=terminal_max_age,
+            reconnect_delay=reconnect_delay,
+            reconnect_delay_max=reconnect_delay_max,
+            connect_timeout=connect_timeout,
+        )
         self.url = url
         self._secret = secret
         self.namespace = namespace
@@ -778,14 +769,13 @@ class RedisEmitter(Emitter):
         super().__init__(hub=hub, batch_max=batch_max)
         if not isinstance(url, str) or not url:
             raise ConfigError("url must be a redis:// URL")
-        for name, fvalue in (
-            ("health_interval", health_interval),
-            ("retry_interval", retry_interval),
-            ("retry_interval_max", retry_interval_max),
-            ("terminal_max_age", terminal_max_age),
-            ("socket_timeout", socket_timeout),
-        ):
-            _positive(name, fvalue)
+        check_positive_numbers(
+            health_interval=health_interval,
+            retry_interval=retry_interval,
+            retry_interval_max=retry_interval_max,
+            terminal_max_age=terminal_max_age,
+            socket_timeout=socket_timeout,
+        )
         self.url = url
         self.channel = channel
         self.namespace = namespace

@@ -7,12 +7,16 @@ from the tool's hot path: ``publish()`` and friends swallow and count instead.
 
 from __future__ import annotations
 
+import math
+
 __all__ = [
     "BlockTooLargeError",
     "ColleagueError",
     "ConfigError",
     "DecodeError",
     "KernelExtError",
+    "check_positive_ints",
+    "check_positive_numbers",
 ]
 
 
@@ -62,3 +66,24 @@ class ColleagueError(KernelExtError):
         self.state = state
         self.task_id = task_id
         self.context_id = context_id
+
+
+def check_positive_ints(**values: object) -> None:
+    """Raise :class:`ConfigError` naming the first argument that is not an int ≥ 1 (bools
+    are not ints here). For constructors, never for hot paths."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be a positive int, got {value!r}")
+
+
+def check_positive_numbers(**values: object) -> None:
+    """Raise :class:`ConfigError` naming the first argument that is not a finite number
+    > 0 (seconds, rates). For constructors, never for hot paths."""
+    for name, value in values.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or not value > 0
+        ):
+            raise ConfigError(f"{name} must be a positive number, got {value!r}")

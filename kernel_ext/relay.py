@@ -63,7 +63,7 @@ from socketio.async_pubsub_manager import AsyncPubSubManager
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
-from kernel_ext.errors import ConfigError, DecodeError
+from kernel_ext.errors import ConfigError, DecodeError, check_positive_ints
 from kernel_ext.protocol import (
     CHAT_EVENT,
     DEFAULT_MAX_BLOCK_BYTES,
@@ -168,13 +168,11 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
     ) -> None:
         if not isinstance(secret, str) or not secret:
             raise ConfigError("secret must be a non-empty string")
-        for name, value in (
-            ("max_block_bytes", max_block_bytes),
-            ("max_frame_blocks", max_frame_blocks),
-            ("max_pending_frames", max_pending_frames),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        check_positive_ints(
+            max_block_bytes=max_block_bytes,
+            max_frame_blocks=max_frame_blocks,
+            max_pending_frames=max_pending_frames,
+        )
         super().__init__(namespace)
         self._secret = secret.encode("utf-8")
         self._authenticate = authenticate

@@ -50,7 +50,12 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
 from kernel_ext.context import _CURRENT_CALL
-from kernel_ext.errors import BlockTooLargeError, ConfigError, DecodeError
+from kernel_ext.errors import (
+    BlockTooLargeError,
+    DecodeError,
+    check_positive_ints,
+    check_positive_numbers,
+)
 from kernel_ext.protocol import (
     DEFAULT_MAX_BLOCK_BYTES,
     PROTOCOL_VERSION,
@@ -244,31 +249,19 @@ class StreamHub:
         tap: Tap | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        for name, value in (
-            ("max_streams", max_streams),
-            ("max_queue", max_queue),
-            ("max_calls", max_calls),
-            ("max_closed", max_closed),
-            ("max_block_bytes", max_block_bytes),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
-        for name, fvalue in (("closed_ttl", closed_ttl), ("stream_idle_ttl", stream_idle_ttl)):
-            if isinstance(fvalue, bool) or not isinstance(fvalue, (int, float)) or not fvalue > 0:
-                raise ConfigError(f"{name} must be a positive number of seconds, got {fvalue!r}")
+        check_positive_ints(
+            max_streams=max_streams,
+            max_queue=max_queue,
+            max_calls=max_calls,
+            max_closed=max_closed,
+            max_block_bytes=max_block_bytes,
+        )
+        check_positive_numbers(closed_ttl=closed_ttl, stream_idle_ttl=stream_idle_ttl)
         if max_running_per_second is None:
             ring, window = 1, 0.0
         else:
             rate = max_running_per_second
-            if (
-                isinstance(rate, bool)
-                or not isinstance(rate, (int, float))
-                or not math.isfinite(rate)
-                or rate <= 0
-            ):
-                raise ConfigError(
-                    f"max_running_per_second must be a positive number or None, got {rate!r}"
-                )
+            check_positive_numbers(max_running_per_second=rate)
             # A strict sliding window: at most `ring` blocks in any `window` seconds.
             ring = max(1, min(_MAX_RING, int(rate)))
             window = ring / float(rate)

@@ -29,7 +29,7 @@ from opentelemetry.util.types import AttributeValue
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
-from kernel_ext.errors import ConfigError
+from kernel_ext.errors import check_positive_ints
 
 __all__ = ["CallSink", "LiveCall", "Tap", "default_tap"]
 
@@ -98,10 +98,7 @@ class Tap:
     )
 
     def __init__(self, *, max_calls: int = 10_000, max_per_conversation: int = 256) -> None:
-        bounds = (("max_calls", max_calls), ("max_per_conversation", max_per_conversation))
-        for name, value in bounds:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name} must be a positive int, got {value!r}")
+        check_positive_ints(max_calls=max_calls, max_per_conversation=max_per_conversation)
         self.max_calls = max_calls
         self.max_per_conversation = max_per_conversation
         self._lock = threading.Lock()
