@@ -15,6 +15,10 @@ Guarantees:
   cancellation.
 * :func:`current_call_id` is one ``ContextVar.get()``: it is the bound ``get`` of a
   dedicated contextvar, so it costs what a bare ``get`` costs.
+* A call's end is shared by every context that holds it: once the instrumented runtime (or
+  the stream hub, when the call's span ends) has ended it, :attr:`ToolCall.ended` is true
+  everywhere, also in tasks the tool started that outlive it; the stream hub then drops what
+  they still publish for it.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 __all__ = [
+    "CallLife",
     "ToolCall",
     "ToolCallToken",
     "current_call_id",
@@ -36,6 +41,23 @@ __all__ = [
 ]
 
 
+class CallLife:
+    """Whether a tool call has ended: one mutable flag shared by every copy of the context
+    that holds the call (set once, never cleared)."""
+
+    __slots__ = ("ended",)
+
+    def __init__(self) -> None:
+        self.ended = False
+
+    def end(self) -> None:
+        """Mark the call ended."""
+        self.ended = True
+
+    def __repr__(self) -> str:
+        return f"CallLife(ended={self.ended})"
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """One running tool call, as tool code sees it.
@@ -43,7 +65,8 @@ class ToolCall:
     ``call_id`` is the span id of the call's ``execute_tool`` span as 16 lower-case hex
     digits (the callId of its blocks); ``llm_call_id`` is the model's tool-call id
     (``gen_ai.tool.call.id``), a different thing; ``parent`` is the enclosing call when
-    tools nest.
+    tools nest. ``life`` tells whether the call has ended (:attr:`ended`); it is not part
+    of the call's equality.
     """
 
     call_id: str
@@ -51,6 +74,12 @@ class ToolCall:
     conversation_id: str | None = None
     llm_call_id: str | None = None
     parent: ToolCall | None = None
+    life: CallLife = field(default_factory=CallLife, compare=False, repr=False)
+
+    @property
+    def ended(self) -> bool:
+        """Whether the call has ended (its runtime returned or raised, or its span ended)."""
+        return self.life.ended
 
 
 _CURRENT_CALL: ContextVar[ToolCall | None] = ContextVar(

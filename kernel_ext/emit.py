@@ -148,7 +148,7 @@ class Emitter(abc.ABC):
         deadline = loop.time() + timeout
         while True:
             consumer = self._consumer
-            queued = consumer.hub.stats().queue if consumer is not None else 0
+            queued = consumer.hub.queue_size if consumer is not None else 0
             if not queued and not self._busy and not self._pending():
                 return True
             if loop.time() >= deadline:

@@ -33,6 +33,7 @@ method to wrap (the pydantic-ai integration uses it).
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib
 import inspect
@@ -67,10 +68,11 @@ from kernel_ext._telemetry import RareLog, slot_constructor
 from kernel_ext.context import (
     _CURRENT_CALL,
     _CURRENT_CALL_ID,
+    CallLife,
     ToolCall,
 )
 from kernel_ext.errors import ConfigError
-from kernel_ext.tap import CallSink
+from kernel_ext.tap import CallSink, LiveCall
 
 __all__ = [
     "ENV_DESCRIBE",
@@ -99,6 +101,7 @@ CONVERSATION_ID = "gen_ai.conversation.id"
 
 _T = TypeVar("_T")
 _new_tool_call = slot_constructor(ToolCall)  # half the cost of the frozen dataclass __init__
+_new_live_call = slot_constructor(LiveCall)
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,30 +219,58 @@ class _ActiveCall:
         otel_context.detach(otel_token)
 
     def finish(self, error: BaseException | None, sink: CallSink | None) -> None:
-        """Record ``error``, write the sink's call attributes, end the span if ours.
-        Never raises."""
+        """End the call: record ``error``, write the sink's call attributes, tell the sink
+        the call ended (whether or not its span records: the SDK calls no processor hook
+        for a span its sampler dropped), end the span if ours. Never raises."""
         span = self.span
+        call = self.call
         try:
-            if not span.is_recording():
-                return
-            if error is not None and self.opened and isinstance(error, Exception):
-                span.record_exception(error)
-                span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
-            call = self.call
-            if sink is not None and call is not None:
-                call_attributes = getattr(sink, "call_attributes", None)
-                if call_attributes is not None:
-                    attributes = call_attributes(call.call_id)
-                    if attributes:
-                        span.set_attributes(attributes)
+            if span.is_recording():
+                if error is not None and self.opened and isinstance(error, Exception):
+                    span.record_exception(error)
+                    span.set_status(Status(StatusCode.ERROR, _error_text(error)))
+                if sink is not None and call is not None:
+                    call_attributes = getattr(sink, "call_attributes", None)
+                    if call_attributes is not None:
+                        attributes = call_attributes(call.call_id)
+                        if attributes:
+                            span.set_attributes(attributes)
         except Exception:
             self.rare("finish_error", "tool span bookkeeping failed", exc_info=True)
         finally:
+            if call is not None:
+                call.life.ended = True
+                if sink is not None:
+                    try:
+                        sink.tool_call_ended(
+                            _new_live_call(
+                                call.call_id,
+                                call.tool_name,
+                                call.conversation_id,
+                                call.llm_call_id,
+                                call.parent.call_id if call.parent is not None else None,
+                                0,
+                            ),
+                            None if error is None else _error_text(error),
+                        )
+                    except Exception:
+                        self.rare("finish_error", "sink.tool_call_ended failed", exc_info=True)
             if self.opened:
                 try:
                     span.end()
                 except Exception:
                     self.rare("finish_error", "tool span could not be ended", exc_info=True)
+
+
+def _error_text(error: BaseException) -> str | None:
+    """How a call's error reads in its span status and its streams' ``aborted`` message:
+    ``Type: message`` for an ``Exception``, a fixed text for a cancellation, ``None`` (the
+    default message) for other exits (``GeneratorExit``, ``KeyboardInterrupt``)."""
+    if isinstance(error, Exception):
+        return f"{type(error).__name__}: {error}"
+    if isinstance(error, asyncio.CancelledError):
+        return "the tool call was cancelled"
+    return None
 
 
 def _begin(tracer: Tracer, description: ToolDescription, rare: RareLog) -> _ActiveCall:
@@ -283,6 +314,7 @@ def _begin(tracer: Tracer, description: ToolDescription, rare: RareLog) -> _Acti
             conversation_id,
             llm_call_id,
             parent,
+            CallLife(),
         )
     else:
         rare(

@@ -24,19 +24,27 @@ Rules pinned here (spec ``tool-event-stream.zh.md``, design.md §2, §4):
   are rejected.
 * Payloads must be JSON: finite numbers only (no NaN/Infinity), nested at most
   :data:`MAX_PAYLOAD_DEPTH` levels.
-* Size bound: :func:`encode` **truncates** an encoded block over ``max_bytes`` (default
-  :data:`DEFAULT_MAX_BLOCK_BYTES`, 64 KiB). Rule: the longest string inside
-  ``envelope.payload`` is cut and ends with the visible marker
-  ``…[truncated N chars]``, repeated (longest first) until the block fits. A block that
-  cannot be brought under the bound that way (its bulk is not in payload strings) is
-  rejected with :class:`~kernel_ext.errors.BlockTooLargeError`. :func:`decode` rejects
-  input over the bound with the same error; it never truncates.
+* Size: :func:`block_size` is *the* size of a block, the one measure the worker, the relay
+  and every check use: the UTF-8 bytes of the block's compact JSON (separators ``,`` and
+  ``:``, non-ASCII characters as themselves; a lone surrogate counts as 3 bytes). A block
+  within ``max_bytes`` by this measure (default :data:`DEFAULT_MAX_BLOCK_BYTES`, 64 KiB) is
+  accepted everywhere that uses the same bound.
+* Size bound: :func:`encode` **truncates** a block over ``max_bytes``. Rule: the longest
+  string inside ``envelope.payload`` is cut and ends with the visible marker
+  ``…[truncated N chars]`` (a string cut again keeps one marker, with the total), repeated
+  (longest first) until the block fits. A block that cannot be brought under the bound that
+  way (its bulk is not in payload strings) is rejected with
+  :class:`~kernel_ext.errors.BlockTooLargeError`. :func:`decode` rejects a block over the
+  bound with the same error; it never truncates.
+* A terminal that cannot be sent as it is (too large, invalid, refused by a relay) is never
+  just lost: :func:`fallback_terminal` is the one short form it is degraded to.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeAlias
 
@@ -72,11 +80,16 @@ __all__ = [
     "BlockState",
     "Envelope",
     "block_json_schema",
+    "block_size",
     "decode",
     "decode_envelope",
     "encode",
+    "encode_wire",
+    "fallback_terminal",
+    "fits",
     "pseudo_envelope",
     "terminal_envelope",
+    "text_block_fast_limit",
 ]
 
 PROTOCOL_VERSION = 1
@@ -261,34 +274,87 @@ def _decode_error(error: ValidationError, what: str) -> DecodeError:
 Wire: TypeAlias = "str | bytes | bytearray | Mapping[str, Any]"
 
 
-def _check_size(data: str | bytes | bytearray, max_bytes: int) -> None:
-    size = (
-        len(data.encode("utf-8"))
-        if isinstance(data, str) and len(data) * 4 > max_bytes
-        else len(data)
-    )
-    if size > max_bytes:
-        raise BlockTooLargeError(f"block is {size} bytes, over the bound of {max_bytes} bytes")
+def _compact(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def block_size(wire: Mapping[str, Any]) -> int:
+    """The size of a block in bytes: the UTF-8 length of its compact JSON (separators
+    ``,`` and ``:``, non-ASCII characters as themselves, a lone surrogate as 3 bytes).
+
+    The one measure of the size bound: the worker truncates to it and the relay checks it,
+    so what one accepts the other accepts. ``wire`` is the block as a JSON-ready mapping
+    (its wire form, camelCase keys). Raises ``ValueError``/``TypeError`` for a value JSON
+    cannot hold (NaN, a set, …).
+    """
+    return len(_compact(wire).encode("utf-8", "surrogatepass"))
+
+
+def fits(wire: Mapping[str, Any], max_bytes: int) -> bool:
+    """Whether ``block_size(wire) <= max_bytes``, cheaply for small blocks.
+
+    ``wire`` is made of dicts, lists, strings, numbers, booleans and ``None`` (as parsed
+    JSON is): then no character of its ``repr`` becomes more than 4 bytes of its compact
+    JSON, and a block whose ``repr`` is within a quarter of the bound is not measured.
+    """
+    if len(repr(wire)) * 4 <= max_bytes:
+        return True
+    return block_size(wire) <= max_bytes
+
+
+# The fixed parts of a text block (keys, v, state, ts, seq, callId, punctuation) take
+# fewer bytes than this; a character of its text or task id takes at most 6 (``\u0001``).
+_TEXT_BLOCK_FIXED = 256
+_MAX_BYTES_PER_CHAR = 6
+
+
+def text_block_fast_limit(max_bytes: int) -> int:
+    """How many characters the text and the task id of a pseudo-envelope or terminal text
+    block may hold together (the task id counted twice: it is the stream key too) for the
+    block to be within ``max_bytes`` whatever they contain. Senders use it to skip
+    :func:`block_size` for small blocks; a bound, not a second measure."""
+    return max(0, (max_bytes - _TEXT_BLOCK_FIXED) // _MAX_BYTES_PER_CHAR)
+
+
+def _too_large(size: int, max_bytes: int) -> BlockTooLargeError:
+    return BlockTooLargeError(f"block is {size} bytes, over the bound of {max_bytes} bytes")
 
 
 def decode(data: Wire, *, max_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> Block:
     """Decode one block from JSON text/bytes or from an already parsed mapping.
 
     Raises :class:`~kernel_ext.errors.DecodeError` (one type for every bad input) whose
-    message and ``field`` name the offending wire field; JSON over ``max_bytes`` raises
-    :class:`~kernel_ext.errors.BlockTooLargeError`.
+    message and ``field`` name the offending wire field; a block whose :func:`block_size`
+    is over ``max_bytes`` raises :class:`~kernel_ext.errors.BlockTooLargeError` (JSON text
+    more than 16 times the bound is refused unread).
     """
     try:
         if isinstance(data, (str, bytes, bytearray)):
-            _check_size(data, max_bytes)
-            return Block.model_validate_json(data)
+            if len(data) > 16 * max_bytes:
+                raise _too_large(len(data), max_bytes)
+            try:
+                parsed = json.loads(data)
+            except ValueError as exc:
+                raise DecodeError(f"invalid block: not a JSON object ({exc})") from None
+            if not isinstance(parsed, Mapping):
+                raise DecodeError(
+                    f"invalid block: expected a JSON object, got {type(parsed).__name__}"
+                )
+            data = parsed
         if not isinstance(data, Mapping):
             raise DecodeError(f"invalid block: expected a JSON object, got {type(data).__name__}")
-        return Block.model_validate(data)
+        block = Block.model_validate(data)
+        if not fits(data, max_bytes):
+            raise _too_large(block_size(data), max_bytes)
+        return block
     except ValidationError as exc:
         raise _decode_error(exc, "block") from None
     except RecursionError:
         raise DecodeError("invalid block: nested too deeply") from None
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, DecodeError):
+            raise
+        raise DecodeError(f"invalid block: not JSON ({exc})") from None
 
 
 def decode_envelope(data: Wire) -> Envelope:
@@ -308,7 +374,22 @@ def decode_envelope(data: Wire) -> Envelope:
 
 
 def _encoded_len(text: str) -> int:
-    return len(json.dumps(text, ensure_ascii=False).encode("utf-8"))
+    return len(_compact(text).encode("utf-8", "surrogatepass"))
+
+
+_MARKER_RE = re.compile(r"…\[truncated (\d+) chars\]\Z")
+
+
+def _cut(text: str, keep: int) -> str:
+    """``text`` cut to its first ``keep`` characters plus the marker; a text that ends with
+    a marker already keeps one marker, counting every character cut so far."""
+    already = 0
+    found = _MARKER_RE.search(text)
+    if found is not None:
+        already = int(found.group(1))
+        text = text[: found.start()]
+    keep = min(keep, len(text))
+    return text[:keep] + TRUNCATION_MARKER.format(n=len(text) - keep + already)
 
 
 def _longest_string(payload: Any) -> tuple[Any, Any, str] | None:
@@ -327,8 +408,8 @@ def _longest_string(payload: Any) -> tuple[Any, Any, str] | None:
     return best
 
 
-def _truncate(block: Block, max_bytes: int, size: int) -> str:
-    wire = block.model_dump(by_alias=True, mode="json")
+def _truncate(wire: dict[str, Any], max_bytes: int, size: int) -> str:
+    """Cut ``wire``'s payload strings (in place) until its compact JSON fits; return it."""
     payload = wire["envelope"]["payload"]
     for _ in range(16):
         found = _longest_string(payload)
@@ -341,9 +422,9 @@ def _truncate(block: Block, max_bytes: int, size: int) -> str:
         keep = max(0, len(text) - math.ceil((overflow + marker_room) / per_char) - 1)
         if keep >= len(text) - len(TRUNCATION_MARKER):
             break
-        container[key] = text[:keep] + TRUNCATION_MARKER.format(n=len(text) - keep)
-        encoded = json.dumps(wire, ensure_ascii=False, separators=(",", ":"))
-        size = len(encoded.encode("utf-8"))
+        container[key] = _cut(text, keep)
+        encoded = _compact(wire)
+        size = len(encoded.encode("utf-8", "surrogatepass"))
         if size <= max_bytes:
             return encoded
     raise BlockTooLargeError(
@@ -356,17 +437,62 @@ def _truncate(block: Block, max_bytes: int, size: int) -> str:
 def encode(block: Block, *, max_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> str:
     """Encode one block as compact JSON with the spec's camelCase names.
 
-    Over ``max_bytes`` the longest payload strings are cut with the visible marker
-    ``…[truncated N chars]`` until the block fits; if that cannot make it fit,
-    :class:`~kernel_ext.errors.BlockTooLargeError` is raised.
+    The result's :func:`block_size` is at most ``max_bytes``: over it, the longest payload
+    strings are cut with the visible marker ``…[truncated N chars]`` until the block fits;
+    if that cannot make it fit, :class:`~kernel_ext.errors.BlockTooLargeError` is raised.
     """
-    encoded = block.model_dump_json(by_alias=True)
+    return encode_wire(block.model_dump(by_alias=True, mode="json"), max_bytes=max_bytes)
+
+
+def encode_wire(wire: dict[str, Any], *, max_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> str:
+    """:func:`encode` for a block already in its wire form (a valid block's JSON-ready
+    dict, which may be changed in place when it has to be cut)."""
+    encoded = _compact(wire)
     if len(encoded) * 4 <= max_bytes:
         return encoded
-    size = len(encoded.encode("utf-8"))
+    size = len(encoded.encode("utf-8", "surrogatepass"))
     if size <= max_bytes:
         return encoded
-    return _truncate(block, max_bytes, size)
+    return _truncate(wire, max_bytes, size)
+
+
+FALLBACK_TOO_LARGE = "[the final answer was too large to show]"
+FALLBACK_INVALID = "[the final block could not be shown]"
+
+
+def fallback_terminal(
+    call_id: str | None,
+    task_id: str,
+    state: Literal["done", "aborted"],
+    ts: int,
+    seq: int,
+    *,
+    too_large: bool,
+) -> dict[str, Any]:
+    """The short terminal a terminal is degraded to when it cannot be sent as it is: the
+    same stream and state, a text saying why (:data:`FALLBACK_TOO_LARGE` or
+    :data:`FALLBACK_INVALID`). A valid block for any string ``task_id`` of 1–512
+    characters (a longer or empty one is replaced by its first 512 characters or ``-``)."""
+    task_id = task_id[:512] or "-"
+    return {
+        "v": PROTOCOL_VERSION,
+        "callId": call_id,
+        "taskId": task_id,
+        "state": state,
+        "ts": ts,
+        "envelope": {
+            "v": PROTOCOL_VERSION,
+            "kind": "text",
+            "streamKey": task_id,
+            "seq": seq,
+            "status": state,
+            "payload": {
+                ("text" if state == "done" else "message"): (
+                    FALLBACK_TOO_LARGE if too_large else FALLBACK_INVALID
+                )
+            },
+        },
+    }
 
 
 def block_json_schema() -> dict[str, Any]:

@@ -20,13 +20,22 @@ Guarantees of :meth:`StreamHub.publish` (and the module-level :func:`publish`):
   second (a strict sliding window); over it the newest block is dropped (``throttled``) and
   counted on the stream. A terminal is never throttled, never queued behind dropped
   blocks, and sent exactly once per stream: a second terminal is dropped
-  (``duplicate_terminal``), and so is any running block after it (``closed``).
+  (``duplicate_terminal``), and so is any running block after it (``closed``), for as long
+  as the call is live — what closed is remembered with the call, not on a clock.
+* A call's end (:meth:`StreamHub.tool_call_ended`: the instrumented runtime returned or
+  raised, or the call's span ended) closes every stream of it: an open stream gets its
+  provisional terminal if it has one (``publish(..., provisional=True)``), else one
+  ``aborted``; afterwards nothing more of that call is sent (``closed``), also not from
+  tasks the tool started that outlive it (they hold the ended :class:`~kernel_ext.ToolCall`).
 * Bounded: at most ``max_streams`` open streams (``stream_limit`` beyond), ``max_queue``
   queued running blocks (``queue_full`` beyond; terminals are queued regardless, and
-  their number is bounded by the streams), ``max_closed`` remembered closed streams for
-  ``closed_ttl`` seconds, ``max_calls`` per-call counters. A stream's state is released at
-  its terminal; a call's counters when its span ends (:meth:`StreamHub.tool_call_ended`);
-  idle streams of calls that never end after ``stream_idle_ttl`` seconds (``expired``).
+  their number is bounded by the streams), ``max_calls`` live calls with state (the oldest
+  is forgotten beyond, ``call_limit``), ``max_closed_per_call`` closed streams remembered
+  per call (the oldest is forgotten beyond). A stream's state is released at its terminal,
+  a call's when it ends; idle streams of calls that never end after ``stream_idle_ttl``
+  seconds (``expired``).
+* Terminals without a callId (attribution failed) are remembered like the streams of one
+  call that never ends, so a repeated one is dropped too (at most ``max_closed_per_call``).
 * With no sender attached, blocks are counted ``no_sender`` and not kept.
 
 Counts by reason are in :meth:`StreamHub.stats`; they reach the OpenTelemetry counter
@@ -37,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import math
 import threading
@@ -49,7 +57,7 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
-from kernel_ext.context import _CURRENT_CALL
+from kernel_ext.context import _CURRENT_CALL, CallLife
 from kernel_ext.errors import (
     BlockTooLargeError,
     DecodeError,
@@ -62,7 +70,10 @@ from kernel_ext.protocol import (
     Block,
     Envelope,
     decode_envelope,
-    encode,
+    encode_wire,
+    fallback_terminal,
+    fits,
+    text_block_fast_limit,
 )
 from kernel_ext.resolve import _count_context
 from kernel_ext.tap import LiveCall
@@ -119,6 +130,7 @@ STREAM_LIMIT = "stream_limit"
 INVALID = "invalid"
 TOO_LARGE = "too_large"
 EXPIRED = "expired"
+CALL_LIMIT = "call_limit"
 ERROR = "error"
 # Counted, not dropped: a terminal that had to be rebuilt (invalid/too large) to be sent.
 DEGRADED = "degraded"
@@ -163,18 +175,34 @@ Outgoing = OutgoingBlock | OutgoingChatEvent
 
 
 class _CallStats:
-    __slots__ = ("dropped", "open", "path", "sent", "touched")
+    """What the hub holds for one live call: counters, open streams, closed stream keys
+    (an insertion-ordered set, oldest first) and the call's life when it was seen."""
+
+    __slots__ = ("closed", "dropped", "life", "open", "path", "sent", "touched")
 
     def __init__(self, path: str, now: float) -> None:
         self.sent = 0
         self.dropped = 0
         self.path = path
         self.open: dict[str, _Stream] = {}
+        self.closed: dict[str, None] = {}
+        self.life: CallLife | None = None
         self.touched = now
 
 
 class _Stream:
-    __slots__ = ("call", "closed", "cursor", "dropped", "ring", "room", "sent", "seq", "touched")
+    __slots__ = (
+        "call",
+        "closed",
+        "cursor",
+        "dropped",
+        "provisional",
+        "ring",
+        "room",
+        "sent",
+        "seq",
+        "touched",
+    )
 
     def __init__(self, room: str, call: _CallStats, ring_size: int, now: float) -> None:
         # Set (under the hub's lock) when the stream leaves the hub's streams: a publisher
@@ -188,6 +216,8 @@ class _Stream:
         self.sent = 0
         self.dropped = 0
         self.touched = now
+        # (state, item) of the terminal to send if the call ends with the stream open.
+        self.provisional: tuple[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,7 +225,8 @@ class HubStats:
     """A snapshot of a hub: counts by reason since it was made, and its current sizes.
 
     ``counts`` keys are the drop reasons (``throttled``, ``closed``, …), ``queued`` (blocks
-    the rules let through), ``sent`` (reported by the sender) and ``degraded``.
+    the rules let through), ``sent`` (reported by the sender) and ``degraded``. ``closed``
+    is the number of closed streams remembered (with their live calls).
     """
 
     counts: dict[str, int] = field(default_factory=dict)
@@ -223,9 +254,9 @@ class StreamHub:
             ``None`` disables the throttle (benchmarks).
         max_streams: open streams kept (default 10,000).
         max_queue: running blocks queued for the sender (default 10,000).
-        max_calls: calls with counters kept (default 10,000).
-        max_closed: closed streams remembered to drop late blocks (default 1,024).
-        closed_ttl: seconds a closed stream is remembered (the grace, default 10).
+        max_calls: live calls with state kept (default 10,000).
+        max_closed_per_call: closed streams remembered per live call to drop late blocks
+            (default 1,024).
         stream_idle_ttl: seconds after which an idle open stream is forgotten (default 900).
         max_block_bytes: the size bound of one encoded block (truncated beyond).
         tap: the tap for near-match attribution (default: the process-wide tap).
@@ -242,8 +273,7 @@ class StreamHub:
         max_streams: int = 10_000,
         max_queue: int = 10_000,
         max_calls: int = 10_000,
-        max_closed: int = 1_024,
-        closed_ttl: float = 10.0,
+        max_closed_per_call: int = 1_024,
         stream_idle_ttl: float = 900.0,
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
         tap: Tap | None = None,
@@ -253,10 +283,10 @@ class StreamHub:
             max_streams=max_streams,
             max_queue=max_queue,
             max_calls=max_calls,
-            max_closed=max_closed,
+            max_closed_per_call=max_closed_per_call,
             max_block_bytes=max_block_bytes,
         )
-        check_positive_numbers(closed_ttl=closed_ttl, stream_idle_ttl=stream_idle_ttl)
+        check_positive_numbers(stream_idle_ttl=stream_idle_ttl)
         if max_running_per_second is None:
             ring, window = 1, 0.0
         else:
@@ -269,10 +299,10 @@ class StreamHub:
         self.max_streams = max_streams
         self.max_queue = max_queue
         self.max_calls = max_calls
-        self.max_closed = max_closed
-        self.closed_ttl = float(closed_ttl)
+        self.max_closed_per_call = max_closed_per_call
         self.stream_idle_ttl = float(stream_idle_ttl)
         self.max_block_bytes = max_block_bytes
+        self._fast_chars = text_block_fast_limit(max_block_bytes)
         self._ring = ring
         self._window = window
         self._tap = tap
@@ -281,7 +311,8 @@ class StreamHub:
         self._lock = threading.Lock()
         self._streams: dict[tuple[str | None, str], _Stream] = {}
         self._calls: dict[str, _CallStats] = {}
-        self._closed: dict[tuple[str | None, str], float] = {}  # key -> forget-after (monotonic)
+        # Terminals without a callId: remembered as the streams of one call that never ends.
+        self._unattributed = _CallStats("none", 0.0)
         self._queue: deque[_Raw] = deque()
         self._queued = 0
         self._counts: dict[str, int] = {}
@@ -302,19 +333,24 @@ class StreamHub:
         state: PublishState = "running",
         conversation_id: str | None = None,
         tool_name: str = "ask_colleague",
+        provisional: bool = False,
     ) -> None:
         """Queue one block for the sender (docs/contracts.md; guarantees: module docstring).
 
-        Never raises, never blocks.
+        ``provisional`` (terminal states only): do not end the stream now; end it with this
+        terminal when its call ends if nothing ended it before (a colleague's question that
+        the tool may return, or follow up on in the same call). Never raises, never blocks.
         """
         try:
             call = _current_tool_call()
+            life: CallLife | None = None
             if call is not None:
                 # resolve_call_id's context path, inline: this runs per block in tool code.
                 _count_context()
                 call_id: str | None = call.call_id
                 room = call.conversation_id or conversation_id
                 path = "context"
+                life = call.life
             else:
                 resolve = self._resolve
                 if resolve is None:
@@ -352,7 +388,7 @@ class StreamHub:
                     if stream is None or stream.closed:  # else it is still the stream of key
                         stream = self._streams.get(key)
                         if stream is None:
-                            stream = self._open(key, room, path)
+                            stream = self._open(key, room, path, life)
                             if stream is None:
                                 return
                     ring = stream.ring
@@ -387,7 +423,7 @@ class StreamHub:
                     consumer._wake()
                 return
             if state == "done" or state == "aborted":
-                self._terminal(item, call_id, task_id, state, room, path)
+                self._terminal(item, call_id, task_id, state, room, path, life, provisional)
                 return
             self._count(INVALID)
             _rare(INVALID, "publish: unknown state %r; block dropped", state)
@@ -413,8 +449,11 @@ class StreamHub:
             _rare(ERROR, "tool_call_started failed; block dropped", exc_info=True)
 
     def tool_call_ended(self, call: LiveCall, error: str | None) -> None:
-        """CallSink: every open stream of ``call`` gets exactly one ``aborted`` terminal
-        (``error`` or a default message); the call's counters are released. Never raises."""
+        """CallSink: the call ended. Every open stream of it gets exactly one terminal — its
+        provisional one if it has one, else ``aborted`` with ``error`` or a default message —
+        and everything the hub held for the call is released; what is published for it
+        afterwards is dropped (``closed``). Telling the hub twice is harmless (the
+        instrumented runtime and the span processor may both tell it). Never raises."""
         try:
             call_id = call.call_id
             if call_id not in self._calls:
@@ -422,13 +461,19 @@ class StreamHub:
                 # racing this end is the same as one opened just after it (under the lock).
                 return
             with self._lock:
-                stats = self._calls.pop(call_id, None)
+                stats = self._calls.get(call_id)
                 if stats is None:
                     return
+                if stats.life is not None:
+                    stats.life.ended = True
                 streams = list(stats.open.items())
             message = error if error else _DEFAULT_ABORT_MESSAGE
             for task_id, stream in streams:
-                self._terminal(message, call.call_id, task_id, "aborted", stream.room, stats.path)
+                state, item = stream.provisional or ("aborted", message)
+                self._terminal(item, call_id, task_id, state, stream.room, stats.path)
+            with self._lock:
+                if self._calls.get(call_id) is stats:
+                    del self._calls[call_id]
             self._maybe_flush()
         except Exception:
             self._count(ERROR)
@@ -494,10 +539,16 @@ class StreamHub:
                 counts=counts,
                 streams=len(self._streams),
                 calls=len(self._calls),
-                closed=len(self._closed),
+                closed=sum(len(c.closed) for c in self._calls.values())
+                + len(self._unattributed.closed),
                 queue=len(self._queue),
                 consumer=self._consumer is not None,
             )
+
+    @property
+    def queue_size(self) -> int:
+        """Blocks queued for the sender right now (cheap; no lock)."""
+        return len(self._queue)
 
     def record_sent(self, n: int = 1) -> None:
         """For senders: ``n`` blocks left this process (counted ``sent``)."""
@@ -557,7 +608,7 @@ class StreamHub:
         new = object.__new__
         # The wire form of a running text block (the common block), inline: what _wire
         # builds for it, without its two calls per block.
-        max_size = self.max_block_bytes // 4
+        fast_chars = self._fast_chars
         try:
             for _ in range(max_items):
                 raw = pop()
@@ -567,7 +618,7 @@ class StreamHub:
                     and item.__class__ is str
                     and task_id.__class__ is str
                     and 0 < len(task_id) <= _MAX_TASK_ID
-                    and (size := len(item) + len(task_id) * 2 + 256) <= max_size
+                    and (size := len(item) + len(task_id) * 2) <= fast_chars
                 ):
                     block = new(OutgoingBlock)  # OutgoingBlock(...) without its __init__ call
                     block.room = room
@@ -589,7 +640,7 @@ class StreamHub:
                     block.call_id = call_id
                     block.task_id = task_id
                     block.terminal = False
-                    block.size = size
+                    block.size = size + 256
                     append(block)
                     continue
                 built = build(raw)
@@ -618,30 +669,35 @@ class StreamHub:
             self._idle = False
             consumer._wake()
 
-    def _open(self, key: tuple[str, str], room: str, path: object) -> _Stream | None:
-        """Open a stream (lock held); ``None`` (counted) when it was closed or over bounds."""
+    def _open(
+        self, key: tuple[str, str], room: str, path: object, life: CallLife | None = None
+    ) -> _Stream | None:
+        """Open a stream (lock held); ``None`` (counted) when it or its call was closed, or
+        over bounds."""
         counts = self._counts
-        forget = self._closed.get(key)
-        if forget is not None:
-            if forget > self._clock():
-                counts[CLOSED] = counts.get(CLOSED, 0) + 1
-                return None
-            del self._closed[key]
+        call_id, task_id = key
+        stats = self._calls.get(call_id)
+        if (life is not None and life.ended) or (stats is not None and task_id in stats.closed):
+            counts[CLOSED] = counts.get(CLOSED, 0) + 1
+            if stats is not None:
+                stats.dropped += 1
+            return None
         if len(self._streams) >= self.max_streams:
             counts[STREAM_LIMIT] = counts.get(STREAM_LIMIT, 0) + 1
             _rare(STREAM_LIMIT, "stream hub: %d streams open; block dropped", self.max_streams)
             return None
         now = self._clock()
-        call_id, task_id = key
-        stats = self._calls.get(call_id)
         if stats is None:
             stats = self._new_call(call_id, str(path), now)
+        if life is not None:
+            stats.life = life
         stream = _Stream(room, stats, self._ring, now)
         self._streams[key] = stream
         stats.open[task_id] = stream
         return stream
 
     def _new_call(self, call_id: str, path: str, now: float) -> _CallStats:
+        """State for a call (lock held); the oldest call's is forgotten when at the bound."""
         if len(self._calls) >= self.max_calls:
             oldest = next(iter(self._calls))
             old = self._calls.pop(oldest)
@@ -649,6 +705,13 @@ class StreamHub:
                 gone = self._streams.pop((oldest, task_id), None)
                 if gone is not None:
                     gone.closed = True
+            self._counts[CALL_LIMIT] = self._counts.get(CALL_LIMIT, 0) + 1
+            _rare(
+                CALL_LIMIT,
+                "stream hub: %d live calls with state; the oldest (%s) forgotten",
+                self.max_calls,
+                oldest,
+            )
         stats = self._calls[call_id] = _CallStats(path, now)
         return stats
 
@@ -697,6 +760,8 @@ class StreamHub:
         state: str,
         room: str | None,
         path: str,
+        life: CallLife | None = None,
+        provisional: bool = False,
     ) -> None:
         if task_id is None:
             task_id = call_id
@@ -709,18 +774,30 @@ class StreamHub:
             _rare(NO_ROOM, "publish: %s block for task %r has no room; dropped", state, task_id)
             return
         key = (call_id, task_id)
-        now = self._clock()
         with self._lock:
             counts = self._counts
-            forget = self._closed.get(key)
-            if forget is not None and forget > now:
+            if call_id is None:
+                stats: _CallStats | None = self._unattributed
+                provisional = False  # no call end will come to send it later
+            else:
+                stats = self._calls.get(call_id)
+            if stats is not None and task_id in stats.closed:
                 counts[DUPLICATE_TERMINAL] = counts.get(DUPLICATE_TERMINAL, 0) + 1
-                stats = self._calls.get(call_id) if call_id is not None else None
-                if stats is not None:
-                    stats.dropped += 1
+                stats.dropped += 1
                 return
-            stream = self._streams.pop(key, None)
+            if life is not None and life.ended:
+                counts[CLOSED] = counts.get(CLOSED, 0) + 1
+                return
+            stream = self._streams.get(key)
+            if provisional:
+                if stream is None:
+                    stream = self._open(key, room, path, life)  # type: ignore[arg-type]
+                    if stream is None:
+                        return
+                stream.provisional = (state, item)
+                return
             if stream is not None:
+                del self._streams[key]
                 stream.closed = True
                 stats = stream.call
                 stats.open.pop(task_id, None)
@@ -728,12 +805,12 @@ class StreamHub:
                 room = stream.room
             else:
                 seq = 1
-                stats = None
-                if call_id is not None:
-                    stats = self._calls.get(call_id)
-                    if stats is None:
-                        stats = self._new_call(call_id, path, now)
-            self._remember_closed(key, now)
+                if stats is None and call_id is not None:
+                    stats = self._new_call(call_id, path, self._clock())
+            if stats is not None:
+                if life is not None:
+                    stats.life = life
+                self._remember_closed(stats, task_id)
             if self._consumer is None:
                 counts[NO_SENDER] = counts.get(NO_SENDER, 0) + 1
                 if stats is not None:
@@ -746,23 +823,16 @@ class StreamHub:
             self._queued += 1
         self._poke()
 
-    def _remember_closed(self, key: tuple[str | None, str], now: float) -> None:
-        closed = self._closed
-        closed.pop(key, None)
-        closed[key] = now + self.closed_ttl
-        while len(closed) > self.max_closed:
+    def _remember_closed(self, stats: _CallStats, task_id: str) -> None:
+        closed = stats.closed
+        closed[task_id] = None
+        if len(closed) > self.max_closed_per_call:
             del closed[next(iter(closed))]
 
     def _sweep(self, now: float) -> None:
         """Forget expired closed markers and idle streams (consumer side, about once a second)."""
         expired = 0
         with self._lock:
-            closed = self._closed
-            while closed:
-                key = next(iter(closed))
-                if closed[key] > now:
-                    break
-                del closed[key]
             idle_before = now - self.stream_idle_ttl
             stale = [key for key, s in self._streams.items() if s.touched < idle_before]
             for key in stale:
@@ -770,10 +840,11 @@ class StreamHub:
                 stream.closed = True
                 stream.call.open.pop(key[1], None)
                 expired += 1
+            # A call that closed streams is remembered until it ends (or the call bound).
             calls_stale = [
                 call_id
                 for call_id, stats in self._calls.items()
-                if not stats.open and stats.touched < idle_before
+                if not stats.open and not stats.closed and stats.touched < idle_before
             ]
             for call_id in calls_stale:
                 del self._calls[call_id]
@@ -853,13 +924,17 @@ class StreamHub:
     ) -> tuple[dict[str, Any], int] | None:
         self._count(DEGRADED)
         _rare(DEGRADED, "publish: %s block of task %r rebuilt: %s", state, task_id, exc)
-        text = "" if state == "done" else "the tool call was aborted (its final block was invalid)"
-        if isinstance(exc, BlockTooLargeError):
-            text = "[final block too large to send]"
         try:
-            return self._wire(
-                call_id, str(task_id)[:_MAX_TASK_ID] or "-", state, ts_ns // 1_000_000, text, seq
+            wire = fallback_terminal(
+                call_id,
+                str(task_id),
+                "done" if state == "done" else "aborted",
+                ts_ns // 1_000_000,
+                seq,
+                too_large=isinstance(exc, BlockTooLargeError),
             )
+            Block.model_validate(wire)
+            return wire, len(repr(wire))
         except Exception:
             self._count(ERROR)
             _rare(ERROR, "stream hub: terminal of task %r lost", task_id, exc_info=True)
@@ -868,8 +943,9 @@ class StreamHub:
     def _wire(
         self, call_id: str | None, task_id: str, state: str, ts: int, item: Any, seq: int
     ) -> tuple[dict[str, Any], int]:
-        """The wire dict of one block and an estimate of its encoded size in characters;
-        validated unless built here from trusted parts."""
+        """The wire dict of one block, within the size bound (payload strings cut with the
+        marker when needed), and an estimate of its encoded size in characters; validated
+        unless built here from trusted parts."""
         if item.__class__ is str and 0 < len(task_id) <= _MAX_TASK_ID:
             key = "message" if state == "aborted" else "text"
             wire = {
@@ -887,10 +963,10 @@ class StreamHub:
                     "payload": {key: item},
                 },
             }
-            size = len(item) + len(task_id) * 2 + 256
-            if size * 4 <= self.max_block_bytes:
-                return wire, size
-            return self._bounded(Block.model_validate(wire))
+            if len(item) + len(task_id) * 2 <= self._fast_chars:
+                return wire, len(item) + len(task_id) * 2 + 256
+            Block.model_validate(wire)
+            return self._bounded(wire)
         if isinstance(item, _ToolCallItem):
             envelope: dict[str, Any] = {
                 "v": PROTOCOL_VERSION,
@@ -929,16 +1005,15 @@ class StreamHub:
             "ts": ts,
             "envelope": envelope,
         }
-        block = Block.model_validate(wire)
-        size = len(repr(wire))
-        if size * 4 <= self.max_block_bytes:
-            return wire, size
-        return self._bounded(block)
+        Block.model_validate(wire)
+        return self._bounded(wire)
 
-    def _bounded(self, block: Block) -> tuple[dict[str, Any], int]:
-        encoded = encode(block, max_bytes=self.max_block_bytes)
-        result: dict[str, Any] = json.loads(encoded)
-        return result, len(encoded)
+    def _bounded(self, wire: dict[str, Any]) -> tuple[dict[str, Any], int]:
+        """``wire`` (a valid block) within the size bound: cut in place when over it."""
+        if fits(wire, self.max_block_bytes):
+            return wire, len(repr(wire))
+        encoded = encode_wire(wire, max_bytes=self.max_block_bytes)
+        return wire, len(encoded)
 
 
 class HubConsumer:

@@ -13,7 +13,7 @@ import pytest
 from kernel_ext import stream as stream_module
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import MemoryEmitter
-from kernel_ext.protocol import Envelope, decode
+from kernel_ext.protocol import FALLBACK_INVALID, Envelope, decode
 from kernel_ext.stream import (
     ATTR_BLOCKS_DROPPED,
     ATTR_BLOCKS_SENT,
@@ -230,7 +230,7 @@ async def test_envelopes_pass_through_and_bad_mappings_are_dropped(
     assert blocks[1]["envelope"]["extra"] == 1
     # A done envelope without payload.text is rebuilt, never lost.
     assert blocks[2]["state"] == "done"
-    assert blocks[2]["envelope"]["payload"] == {"text": ""}
+    assert blocks[2]["envelope"]["payload"] == {"text": FALLBACK_INVALID}
     stats = hub.stats()
     assert stats["invalid"] == 2
     assert stats["degraded"] == 1
@@ -292,7 +292,7 @@ async def test_nested_tool_call_block_and_abort_of_open_streams_on_end(
 
 
 async def test_state_is_released_after_many_finished_calls(clock: FakeClock, tap: Tap) -> None:
-    hub = StreamHub(clock=clock, tap=tap, max_closed=64)
+    hub = StreamHub(clock=clock, tap=tap)
     mem = MemoryEmitter(hub=hub)
     async with mem:
         for i in range(2000):
