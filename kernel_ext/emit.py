@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import copy
 import functools
 import logging
 import random
@@ -27,8 +28,21 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kernel_ext._telemetry import RareLog
-from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
-from kernel_ext.protocol import CHAT_EVENT, KX_BLOCKS, KX_CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
+from kernel_ext.errors import (
+    BlockTooLargeError,
+    ConfigError,
+    check_positive_ints,
+    check_positive_numbers,
+)
+from kernel_ext.protocol import (
+    CHAT_EVENT,
+    KX_BLOCKS,
+    KX_CHAT_EVENT,
+    NAMESPACE,
+    TOOL_EVENT_STREAM,
+    encode_wire,
+    fallback_terminal,
+)
 from kernel_ext.stream import (
     HubConsumer,
     Outgoing,
@@ -279,14 +293,16 @@ def _jittered(delay: float) -> float:
 
 
 class _Held:
-    """A terminal block kept until its delivery is confirmed (bounded in count and time)."""
+    """A terminal block kept until its delivery is confirmed (bounded in count and time);
+    ``level`` counts how often a refusal made it degrade (:func:`_degrade`)."""
 
-    __slots__ = ("attempts", "first", "item")
+    __slots__ = ("attempts", "first", "item", "level")
 
     def __init__(self, item: OutgoingBlock, now: float) -> None:
         self.item = item
         self.first = now
         self.attempts = 0
+        self.level = 0
 
 
 class _Terminals:
@@ -422,7 +438,8 @@ class LoopbackEmitter(Emitter):
             float(terminal_max_age),
             terminal_max_attempts,
         )
-        self._inflight: dict[int, tuple[list[_Held], float]] = {}
+        # frame id -> (its terminals, when it was sent, its blocks in frame order)
+        self._inflight: dict[int, tuple[list[_Held], float, list[OutgoingBlock]]] = {}
         self._frame_ids = 0
         self._client: Any = None
         self._connected = False
@@ -452,7 +469,7 @@ class LoopbackEmitter(Emitter):
         return sid
 
     def _pending(self) -> int:
-        return len(self._terminals) + sum(len(h) for h, _ in self._inflight.values())
+        return len(self._terminals) + sum(len(h) for h, _, _ in self._inflight.values())
 
     def _bump(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
@@ -510,7 +527,7 @@ class LoopbackEmitter(Emitter):
         # Frames without an acknowledgement may or may not have arrived: hold their
         # terminals again (the relay drops a terminal it emitted already).
         inflight, self._inflight = self._inflight, {}
-        for held, _ in inflight.values():
+        for held, _, _ in inflight.values():
             for entry in held:
                 self._terminals.hold(entry)
         if was:
@@ -572,7 +589,7 @@ class LoopbackEmitter(Emitter):
             if not self._connected or self._stopping:
                 return
             if self._inflight:
-                oldest = min(sent for _, sent in self._inflight.values())
+                oldest = min(sent for _, sent, _ in self._inflight.values())
                 if _now() - oldest > self.ack_timeout:
                     self._bump("ack_timeouts")
                     logger.warning(
@@ -656,7 +673,7 @@ class LoopbackEmitter(Emitter):
                     frame_id = self._frame_ids
                     for entry in terminals:
                         entry.attempts += 1
-                    self._inflight[frame_id] = (terminals, _now())
+                    self._inflight[frame_id] = (terminals, _now(), blocks)
                     await self._client.emit(
                         KX_BLOCKS,
                         payload,
@@ -682,27 +699,115 @@ class LoopbackEmitter(Emitter):
             self._terminals.hold(entry)
 
     def _on_ack(self, frame_id: int, n_blocks: int, ack: Any = None) -> None:
+        """A frame's acknowledgement. Running blocks the relay refused are lost (counted
+        ``rejected``); a refused terminal is never counted delivered: it is degraded one
+        step (:func:`_degrade`) and sent again, or dropped (counted) when both steps were
+        refused. A relay that refuses blocks without saying which has each terminal of the
+        frame sent again (it drops a terminal it emitted already)."""
         entry = self._inflight.pop(frame_id, None)
         if entry is None:
             return
-        held, _ = entry
+        held, _, blocks = entry
+        bound: Any = None
         if isinstance(ack, Mapping) and ack.get("ok") is True:
-            self.hub.record_sent(n_blocks)
             self._bump("acks")
             rejected = ack.get("rejected")
-            if isinstance(rejected, int) and rejected:
-                self.hub.record_dropped(REJECTED, rejected)
-            return
-        self._bump("nacks")
-        _rare("nack", "loopback emitter: relay refused a frame: %r", ack)
-        error = ack.get("error") if isinstance(ack, Mapping) else None
-        for entry_ in held:
-            if error == "busy":
+            if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
+                rejected = 0
+            self.hub.record_sent(n_blocks - min(rejected, n_blocks))
+            if not rejected:
+                return
+            refused = _refused_indexes(ack.get("refused"), len(blocks))
+            for index in refused:
+                if not blocks[index].terminal:
+                    self.hub.record_dropped(REJECTED, 1, blocks[index].call_id)
+            if len(refused) < rejected:  # the relay did not say which
+                self.hub.record_dropped(REJECTED, rejected - len(refused))
+                again = [(h, "invalid") for h in held]
+            else:
+                position = {id(block): index for index, block in enumerate(blocks)}
+                again = [
+                    (h, refused[position[id(h.item)]])
+                    for h in held
+                    if position.get(id(h.item), -1) in refused
+                ]
+            bound = ack.get("maxBlockBytes")
+        else:
+            self._bump("nacks")
+            _rare("nack", "loopback emitter: relay refused a frame: %r", ack)
+            if isinstance(ack, Mapping) and ack.get("error") == "busy":
+                for entry_ in held:
+                    self._terminals.hold(entry_)
+                if held and self._consumer is not None:
+                    self._consumer.poke()
+                return
+            again = [(h, "invalid") for h in held]
+        for entry_, reason in again:
+            if _degrade(entry_, reason, bound if isinstance(bound, int) else None):
+                self._bump("terminals_degraded")
                 self._terminals.hold(entry_)
             else:
                 self.hub.record_dropped(REJECTED, 1, entry_.item.call_id)
-        if held and self._consumer is not None:
+                _rare(
+                    "terminal_refused",
+                    "loopback emitter: the relay refused the terminal of (%s, %s) even "
+                    "degraded (%s); it is lost",
+                    entry_.item.call_id,
+                    entry_.item.task_id,
+                    reason,
+                    level=logging.ERROR,
+                )
+        if again and self._consumer is not None:
             self._consumer.poke()
+
+
+def _refused_indexes(refused: Any, n_blocks: int) -> dict[int, str]:
+    """``{index: reason}`` from an acknowledgement's ``refused`` list (bad entries skipped)."""
+    found: dict[int, str] = {}
+    if not isinstance(refused, list):
+        return found
+    for entry in refused:
+        if not isinstance(entry, Mapping):
+            continue
+        index, reason = entry.get("index"), entry.get("reason")
+        if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < n_blocks:
+            found[index] = reason if isinstance(reason, str) else "invalid"
+    return found
+
+
+def _degrade(entry: _Held, reason: str, relay_bound: int | None) -> bool:
+    """Make a refused terminal more likely to pass, one step per refusal: first cut to the
+    relay's size bound (when it was refused as too large and the relay said its bound),
+    then the protocol's short fallback terminal; ``False`` when both were refused."""
+    item = entry.item
+    entry.level += 1
+    wire = item.block
+    if entry.level == 1 and reason == "too_large" and relay_bound is not None:
+        cut = copy.deepcopy(wire)
+        try:
+            encoded = encode_wire(cut, max_bytes=relay_bound)
+        except (BlockTooLargeError, KeyError, TypeError, ValueError):
+            entry.level += 1
+        else:
+            item.block = cut
+            item.size = len(encoded)
+            return True
+    if entry.level <= 2:
+        state = "done" if wire.get("state") == "done" else "aborted"
+        envelope = wire.get("envelope")
+        seq = envelope.get("seq") if isinstance(envelope, Mapping) else None
+        item.block = fallback_terminal(
+            item.call_id,
+            str(item.task_id),
+            state,
+            int(time.time() * 1000),
+            seq if isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0 else 0,
+            too_large=reason == "too_large",
+        )
+        item.size = len(repr(item.block))
+        entry.level = 2
+        return True
+    return False
 
 
 def _redis_manager_class() -> Any:

@@ -11,9 +11,12 @@ namespace (define more ``on_<event>`` handlers; call ``super()`` in ``on_connect
 * browser → ``join_conversation`` / ``leave_conversation`` with ``{"conversationId"}``,
   acknowledged ``{"ok": true}`` or ``{"ok": false, "error"}`` (the ``authorize_join`` hook).
 * internal → ``kx_blocks`` ``{"v": 1, "room", "blocks": [...]}``: each block is validated
-  (:func:`kernel_ext.protocol.decode`, size bound) and each valid one goes out unchanged as
-  one ``tool_event_stream`` event to the room, in frame order; acknowledged
-  ``{"ok": true, "accepted": n, "rejected": m}`` once emitted.
+  (:func:`kernel_ext.protocol.decode`, the size bound by the protocol's one measure) and each
+  valid one goes out unchanged as one ``tool_event_stream`` event to the room, in frame
+  order; acknowledged ``{"ok": true, "accepted": n, "rejected": m}`` once emitted, plus,
+  when ``m > 0``, ``"refused": [{"index": i, "reason": "too_large" | "invalid"}, ...]``
+  and ``"maxBlockBytes"`` (the relay's bound), so a sender can degrade a refused terminal
+  and send it again.
 * internal → ``kx_chat_event`` ``{"room", "event"}`` → ``chat_event`` to the room.
 
 Guarantees:
@@ -50,7 +53,6 @@ import asyncio
 import contextlib
 import hmac
 import inspect
-import json
 import logging
 import os
 import time
@@ -63,7 +65,7 @@ from socketio.async_pubsub_manager import AsyncPubSubManager
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
-from kernel_ext.errors import ConfigError, DecodeError, check_positive_ints
+from kernel_ext.errors import BlockTooLargeError, ConfigError, DecodeError, check_positive_ints
 from kernel_ext.protocol import (
     CHAT_EVENT,
     DEFAULT_MAX_BLOCK_BYTES,
@@ -353,13 +355,13 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
             self._reject(sid, "frame_too_large", KX_BLOCKS)
             return {"ok": False, "error": f"more than {self.max_frame_blocks} blocks in a frame"}
         valid: list[Any] = []
-        rejected = 0
-        for raw in blocks:
+        refused: list[dict[str, Any]] = []
+        for index, raw in enumerate(blocks):
             problem = self._check_block(raw)
             if problem is None:
                 valid.append(raw)
             else:
-                rejected += 1
+                refused.append({"index": index, "reason": problem})
                 self._reject(sid, problem, "a block")
         if conn.queue.qsize() >= self.max_pending_frames:
             self._reject(sid, "busy", KX_BLOCKS)
@@ -370,7 +372,11 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         with contextlib.suppress(Exception):
             metrics.relay_frames.add(1, {"outcome": "accepted"})
         await done
-        return {"ok": True, "accepted": len(valid), "rejected": rejected}
+        ack: dict[str, Any] = {"ok": True, "accepted": len(valid), "rejected": len(refused)}
+        if refused:
+            ack["refused"] = refused
+            ack["maxBlockBytes"] = self.max_block_bytes
+        return ack
 
     async def on_kx_chat_event(self, sid: str, data: Any = None) -> dict[str, Any]:
         """Relay the kernel's ``chat_event`` snapshot from an internal sender to the room."""
@@ -389,19 +395,15 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         return {"ok": True}
 
     def _check_block(self, raw: Any) -> str | None:
-        """``None`` when ``raw`` is a valid block within the size bound, else the reason."""
+        """``None`` when ``raw`` is a valid block within the size bound (the protocol's one
+        measure, :func:`kernel_ext.protocol.block_size`), else the reason."""
         if not isinstance(raw, Mapping):
             return "invalid"
         try:
-            # repr is a cheap upper bound: no JSON form is over 4 bytes per repr character.
-            if len(repr(raw)) * 4 > self.max_block_bytes:
-                size = len(json.dumps(raw, ensure_ascii=False).encode("utf-8"))
-                if size > self.max_block_bytes:
-                    return "too_large"
             decode(raw, max_bytes=self.max_block_bytes)
-        except DecodeError:
-            return "invalid"
-        except (TypeError, ValueError, RecursionError):
+        except BlockTooLargeError:
+            return "too_large"
+        except (DecodeError, TypeError, ValueError, RecursionError):
             return "invalid"
         return None
 

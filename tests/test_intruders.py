@@ -243,7 +243,16 @@ async def test_oversized_and_deeply_nested_frames_are_refused_without_harm_to_ot
             too_deep["envelope"]["payload"]["deep"] = deep
             too_big = block(1, task_id="big", text="x" * 10_000)
             ack = await bad_sender.call("kx_blocks", frame(C1, [too_deep, too_big]), namespace=NS)
-            assert ack == {"ok": True, "accepted": 0, "rejected": 2}
+            assert ack == {
+                "ok": True,
+                "accepted": 0,
+                "rejected": 2,
+                "refused": [
+                    {"index": 0, "reason": "invalid"},
+                    {"index": 1, "reason": "too_large"},
+                ],
+                "maxBlockBytes": 8 * 1024,
+            }
             with contextlib.suppress(Exception):
                 await noisy.client.emit("tool_event_stream", "x" * (bound + 1), namespace=NS)
             with contextlib.suppress(Exception):

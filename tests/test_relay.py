@@ -206,7 +206,17 @@ async def test_invalid_and_oversized_blocks_are_dropped_and_counted() -> None:
             )
             bad_frame = await w.call("kx_blocks", {"room": C1, "blocks": []}, namespace=NS)
             too_many = await w.call("kx_blocks", frame(C1, [block(9)] * 1001), namespace=NS)
-        assert ack == {"ok": True, "accepted": 2, "rejected": 3}
+        assert ack == {
+            "ok": True,
+            "accepted": 2,
+            "rejected": 3,
+            "refused": [
+                {"index": 1, "reason": "invalid"},
+                {"index": 2, "reason": "too_large"},
+                {"index": 3, "reason": "invalid"},
+            ],
+            "maxBlockBytes": 4096,
+        }
         assert bad_frame["ok"] is False
         assert too_many["ok"] is False
         await barrier(b, port)
