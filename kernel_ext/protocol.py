@@ -409,24 +409,46 @@ def _longest_string(payload: Any) -> tuple[Any, Any, str] | None:
 
 
 def _truncate(wire: dict[str, Any], max_bytes: int, size: int) -> str:
-    """Cut ``wire``'s payload strings (in place) until its compact JSON fits; return it."""
+    """Cut ``wire``'s payload strings (in place), longest first, until its compact JSON
+    fits; return that JSON. A string's cut is estimated from its average bytes per
+    character; when that is not enough, the longest prefix that fits is searched (binary
+    search), so it converges whatever the text holds."""
     payload = wire["envelope"]["payload"]
+
+    def measured() -> tuple[str, int]:
+        encoded = _compact(wire)
+        return encoded, len(encoded.encode("utf-8", "surrogatepass"))
+
     for _ in range(16):
         found = _longest_string(payload)
         if found is None:
             break
         container, key, text = found
-        overflow = size - max_bytes
+        marked = _MARKER_RE.search(text)
+        base_len = marked.start() if marked is not None else len(text)
+        if base_len == 0:
+            break  # the longest string is a bare marker: the bulk is not in strings
         per_char = max(1.0, _encoded_len(text) / max(1, len(text)))
         marker_room = _encoded_len(TRUNCATION_MARKER.format(n=len(text)))
-        keep = max(0, len(text) - math.ceil((overflow + marker_room) / per_char) - 1)
-        if keep >= len(text) - len(TRUNCATION_MARKER):
-            break
+        keep = max(0, base_len - math.ceil((size - max_bytes + marker_room) / per_char))
         container[key] = _cut(text, keep)
-        encoded = _compact(wire)
-        size = len(encoded.encode("utf-8", "surrogatepass"))
+        encoded, size = measured()
         if size <= max_bytes:
             return encoded
+        container[key] = _cut(text, 0)
+        encoded, size = measured()
+        if size > max_bytes:
+            continue  # this string alone cannot make it fit: cut the next one too
+        fits_at, over_at = 0, keep  # the longest prefix that fits lies in [fits_at, over_at)
+        while over_at - fits_at > 1:
+            middle = (fits_at + over_at) // 2
+            container[key] = _cut(text, middle)
+            if measured()[1] <= max_bytes:
+                fits_at = middle
+            else:
+                over_at = middle
+        container[key] = _cut(text, fits_at)
+        return measured()[0]
     raise BlockTooLargeError(
         f"block is {size} bytes after truncating payload strings, over the bound of "
         f"{max_bytes} bytes",

@@ -19,9 +19,12 @@ from kernel_ext.protocol import (
     Block,
     Envelope,
     block_json_schema,
+    block_size,
     decode,
     decode_envelope,
     encode,
+    fallback_terminal,
+    fits,
     pseudo_envelope,
     terminal_envelope,
 )
@@ -383,3 +386,73 @@ def test_encode_never_exceeds_the_bound_or_raises_too_large(block: Block, bound:
         return
     assert len(encoded.encode()) <= bound
     assert decode(encoded, max_bytes=bound).call_id == block.call_id
+
+
+# -- the one size measure (issue: terminal edges, item 1) ---------------------------------
+
+
+def _done_block(text: str, **payload: Any) -> dict[str, Any]:
+    return wire_block(state="done", envelope={"payload": {"text": text, **payload}})
+
+
+def test_block_size_is_the_utf8_length_of_the_compact_json() -> None:
+    block = _done_block("中文 😀 \x01 \ud800")
+    expected = json.dumps(block, ensure_ascii=False, separators=(",", ":"))
+    assert block_size(block) == len(expected.encode("utf-8", "surrogatepass"))
+    spaced = json.dumps(block, ensure_ascii=False)  # default separators: the old relay's
+    assert block_size(block) < len(spaced.encode("utf-8", "surrogatepass"))
+
+
+@pytest.mark.parametrize("text", ["x" * 20_000, "中" * 20_000, "😀" * 20_000, "\x01" * 20_000])
+def test_fits_agrees_with_block_size_on_every_alphabet(text: str) -> None:
+    block = _done_block(text)
+    size = block_size(block)
+    assert fits(block, size)
+    assert not fits(block, size - 1)
+
+
+def test_decode_accepts_a_block_exactly_at_the_bound_and_refuses_one_byte_more() -> None:
+    empty = _done_block("")
+    at_bound = _done_block("y" * (4096 - block_size(empty)))
+    assert block_size(at_bound) == 4096
+    assert decode(at_bound, max_bytes=4096).state == "done"
+    with pytest.raises(BlockTooLargeError):
+        decode(at_bound, max_bytes=4095)
+    text = json.dumps(at_bound, indent=4)  # whitespace does not count: the measure does
+    assert decode(text, max_bytes=4096).state == "done"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "a" * 30_000 + "😀" * 30_000,
+        "😀" * 30_000 + "a" * 30_000,
+        "\x01" * 70_000,
+        "中文字符" * 10_000 + "abc" * 10_000,
+    ],
+)
+def test_encode_cuts_any_mix_of_characters_to_the_bound_with_one_marker(text: str) -> None:
+    block = decode(_done_block(text), max_bytes=10**7)
+    encoded = encode(block, max_bytes=8192)
+    wire = json.loads(encoded)
+    assert block_size(wire) <= 8192
+    cut = wire["envelope"]["payload"]["text"]
+    assert cut.count("…[truncated") == 1
+    kept, _, rest = cut.partition("…[truncated ")
+    assert text.startswith(kept)
+    assert int(rest.split()[0]) == len(text) - len(kept)
+    # Cut again to a smaller bound: still one marker, counting everything cut.
+    again = json.loads(encode(decode(wire), max_bytes=4096))["envelope"]["payload"]["text"]
+    kept_again, _, rest_again = again.partition("…[truncated ")
+    assert again.count("…[truncated") == 1
+    assert text.startswith(kept_again)
+    assert int(rest_again.split()[0]) == len(text) - len(kept_again)
+
+
+def test_fallback_terminal_is_a_valid_short_block_for_any_task_id() -> None:
+    for task_id in ["t", "x" * 600, ""]:
+        for state in ("done", "aborted"):
+            wire = fallback_terminal("00f067aa0ba902b7", task_id, state, 1, 3, too_large=True)
+            block = decode(wire)
+            assert block.state == state
+            assert block_size(wire) <= 2048  # fits any sane bound, even with a 512-char id
