@@ -10,6 +10,11 @@ Guarantees:
   overall. Adding to a full tap evicts the oldest call (of that conversation, or overall),
   counts it on ``kernel_ext.tap.evictions`` and logs it. Nothing else grows: a conversation
   with no live call takes no memory.
+* Never a wrong near-match after an eviction: an evicted call may still be live, so until
+  its span's end is seen (:meth:`Tap.discard`) or ``evicted_ttl`` seconds have passed,
+  :meth:`Tap.near_match` for its conversation and tool name answers "ambiguous" (no call),
+  whatever else is live. At most ``max_calls`` such evicted calls are remembered (the
+  oldest is forgotten first).
 * Thread-safe: every operation holds one lock for O(1) work, except the queries by tool
   name (:meth:`Tap.live`, :meth:`Tap.near_match`), which scan one conversation's live
   calls (at most ``max_per_conversation``).
@@ -21,7 +26,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,7 +35,7 @@ from opentelemetry.util.types import AttributeValue
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
-from kernel_ext.errors import check_positive_ints
+from kernel_ext.errors import check_positive_ints, check_positive_numbers
 
 __all__ = ["CallSink", "LiveCall", "Tap", "default_tap"]
 
@@ -82,31 +88,53 @@ class Tap:
     Args:
         max_calls: live calls kept overall (default 10,000).
         max_per_conversation: live calls kept per conversation (default 256).
+        evicted_ttl: seconds an evicted call keeps near-matches of its conversation and
+            tool name ambiguous unless its end is seen first (default 600, the default
+            deadline of ``ask_colleague``).
+        clock: the monotonic clock of ``evicted_ttl`` (tests pass a fake).
 
     Raises:
-        ConfigError: a bound is not a positive integer.
+        ConfigError: a bound is not a positive number.
     """
 
     __slots__ = (
         "_by_conversation",
         "_calls",
+        "_clock",
         "_evicted",
         "_lock",
         "_rare",
+        "_uncertain",
+        "_unsure",
+        "evicted_ttl",
         "max_calls",
         "max_per_conversation",
     )
 
-    def __init__(self, *, max_calls: int = 10_000, max_per_conversation: int = 256) -> None:
+    def __init__(
+        self,
+        *,
+        max_calls: int = 10_000,
+        max_per_conversation: int = 256,
+        evicted_ttl: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         check_positive_ints(max_calls=max_calls, max_per_conversation=max_per_conversation)
+        check_positive_numbers(evicted_ttl=evicted_ttl)
         self.max_calls = max_calls
         self.max_per_conversation = max_per_conversation
+        self.evicted_ttl = float(evicted_ttl)
+        self._clock = clock
         self._lock = threading.Lock()
         self._rare = RareLog(_log)
         # Insertion-ordered dicts: the first key is the oldest live call.
         self._calls: dict[str, LiveCall] = {}
         self._by_conversation: dict[str | None, dict[str, LiveCall]] = {}
         self._evicted = 0
+        # Evicted calls that may still be live: call id -> (conversation, tool, forget at),
+        # oldest first; and how many of them each (conversation, tool name) has.
+        self._uncertain: dict[str, tuple[str | None, str, float]] = {}
+        self._unsure: dict[tuple[str | None, str], int] = {}
 
     # -- feeding (the span processor) -------------------------------------------------
 
@@ -156,10 +184,43 @@ class Tap:
         conversation[call.call_id] = call
         calls[call.call_id] = call
         self._evicted += len(evicted)
+        forget_at = self._clock() + self.evicted_ttl
+        for old, _ in evicted:
+            self._remember_evicted(old, forget_at)
         return evicted
 
+    def _remember_evicted(self, call: LiveCall, forget_at: float) -> None:
+        """Keep near-matches for ``call``'s conversation and tool ambiguous (lock held)."""
+        uncertain = self._uncertain
+        if len(uncertain) >= self.max_calls:
+            self._forget_evicted(next(iter(uncertain)))
+        uncertain[call.call_id] = (call.conversation_id, call.tool_name, forget_at)
+        key = (call.conversation_id, call.tool_name)
+        self._unsure[key] = self._unsure.get(key, 0) + 1
+
+    def _forget_evicted(self, call_id: str) -> None:
+        """Forget an evicted call (lock held): its end was seen, or its time is up."""
+        conversation_id, tool_name, _ = self._uncertain.pop(call_id)
+        key = (conversation_id, tool_name)
+        left = self._unsure[key] - 1
+        if left:
+            self._unsure[key] = left
+        else:
+            del self._unsure[key]
+
+    def _expire_evicted(self) -> None:
+        """Forget evicted calls whose time is up (lock held; oldest first, one clock read)."""
+        uncertain = self._uncertain
+        now = self._clock()
+        while uncertain:
+            call_id = next(iter(uncertain))
+            if uncertain[call_id][2] > now:
+                return
+            self._forget_evicted(call_id)
+
     def discard(self, call_id: str) -> LiveCall | None:
-        """Forget the live call ``call_id``; return it, or ``None`` when it was not live."""
+        """Forget the live call ``call_id``; return it, or ``None`` when it was not live
+        (an evicted call's end: near-matches of its conversation may be sure again)."""
         lock = self._lock
         lock.acquire()  # not ``with``: see add()
         try:
@@ -170,15 +231,19 @@ class Tap:
                 del conversation[call_id]
                 if not conversation:
                     del self._by_conversation[conversation_id]
+            elif call_id in self._uncertain:
+                self._forget_evicted(call_id)
             return call
         finally:
             lock.release()
 
     def clear(self) -> None:
-        """Forget every live call (evictions are not counted)."""
+        """Forget every live call and evicted call (evictions are not counted)."""
         with self._lock:
             self._calls.clear()
             self._by_conversation.clear()
+            self._uncertain.clear()
+            self._unsure.clear()
 
     # -- queries ------------------------------------------------------------------------
 
@@ -211,8 +276,13 @@ class Tap:
     ) -> tuple[LiveCall | None, int]:
         """``(call, n)``: ``n`` live calls named ``tool_name`` in ``conversation_id``
         (counting stops at 2), and ``call`` the one of them when ``n == 1``, else ``None``.
-        Costs O(live calls of the conversation)."""
+        While a call of that name and conversation was evicted and may still be live, ``n``
+        is 2 (ambiguous). Costs O(live calls of the conversation)."""
         with self._lock:
+            if self._unsure:
+                self._expire_evicted()
+                if (conversation_id, tool_name) in self._unsure:
+                    return None, 2
             found = self._by_conversation.get(conversation_id)
             if not found:
                 return None, 0
@@ -237,6 +307,11 @@ class Tap:
     def evicted(self) -> int:
         """Calls evicted from this tap since it was made."""
         return self._evicted
+
+    @property
+    def uncertain(self) -> int:
+        """Evicted calls remembered because they may still be live (see the module)."""
+        return len(self._uncertain)
 
     def __repr__(self) -> str:
         return (

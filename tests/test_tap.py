@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import pytest
 
@@ -117,9 +118,13 @@ def test_evicting_the_last_call_of_a_conversation_keeps_the_new_one_indexed() ->
     tap.add(call(1))
     tap.add(call(2))
     assert tap.live("conv-1") == (call(2),)
+    # call(1) was evicted while live: no near-match until its end is seen.
+    assert tap.near_match("conv-1", "ask_colleague") == (None, 2)
+    assert tap.discard(call(1).call_id) is None
     assert tap.near_match("conv-1", "ask_colleague") == (call(2), 1)
     tap.discard(call(2).call_id)
     assert tap.conversations() == 0
+    assert tap.uncertain == 0
 
 
 @pytest.mark.parametrize(
@@ -157,3 +162,92 @@ def test_concurrent_adds_and_discards_from_many_threads_leave_a_consistent_tap()
     assert errors == []
     assert len(tap) == 0
     assert tap.conversations() == 0
+
+
+# -- never a wrong callId after an eviction (issue: terminal edges, item 4) ----------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _span_tap(tap: Tap) -> tuple[Any, Any]:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kernel_ext.processor import ToolSpanProcessor
+
+    provider = TracerProvider()
+    provider.add_span_processor(ToolSpanProcessor(tap=tap))
+    return provider, provider.get_tracer("test")
+
+
+def _tool_span(tracer: Any, name: str, conversation: str = "conv-e") -> Any:
+    return tracer.start_span(
+        f"execute_tool {name}",
+        attributes={
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.conversation.id": conversation,
+        },
+    )
+
+
+def test_after_a_live_call_is_evicted_near_match_never_answers_with_another_call() -> None:
+    """A live ask_colleague, enough other tool spans to evict it, a second ask_colleague:
+    blocks resolved by near-match get no callId — never the second call's."""
+    from kernel_ext.resolve import ResolutionPath, resolve_call_id
+
+    clock = Clock()
+    tap = Tap(max_per_conversation=4, evicted_ttl=60, clock=clock)
+    provider, tracer = _span_tap(tap)
+    first = _tool_span(tracer, "ask_colleague")
+    others = [_tool_span(tracer, f"search_{i}") for i in range(4)]  # evicts `first`
+    assert tap.get(format(first.get_span_context().span_id, "016x")) is None
+    second = _tool_span(tracer, "ask_colleague")
+    second_id = format(second.get_span_context().span_id, "016x")
+    assert tap.get(second_id) is not None
+
+    resolution = resolve_call_id("conv-e", "ask_colleague", tap=tap)
+    assert resolution.call_id is None
+    assert resolution.path is ResolutionPath.AMBIGUOUS
+    # Other tool names and other conversations are unaffected.
+    assert resolve_call_id("conv-e", "search_3", tap=tap).call_id is not None
+
+    first.end()  # the evicted span's end is seen: sure again
+    assert resolve_call_id("conv-e", "ask_colleague", tap=tap).call_id == second_id
+    for span in [*others, second]:
+        span.end()
+    assert len(tap) == 0
+    assert tap.uncertain == 0
+    provider.shutdown()
+
+
+def test_an_evicted_call_whose_end_is_never_seen_is_forgotten_after_evicted_ttl() -> None:
+    from kernel_ext.resolve import resolve_call_id
+
+    clock = Clock()
+    tap = Tap(max_per_conversation=1, evicted_ttl=60, clock=clock)
+    tap.add(LiveCall("0000000000000001", "ask_colleague", "conv-1"))
+    tap.add(LiveCall("0000000000000002", "ask_colleague", "conv-1"))  # evicts the first
+    assert resolve_call_id("conv-1", "ask_colleague", tap=tap).call_id is None
+    clock.now += 59.999
+    assert resolve_call_id("conv-1", "ask_colleague", tap=tap).call_id is None
+    clock.now += 0.001  # exactly evicted_ttl after the eviction
+    assert resolve_call_id("conv-1", "ask_colleague", tap=tap).call_id == "0000000000000002"
+    assert tap.uncertain == 0
+
+
+def test_evicted_calls_remembered_are_bounded_by_max_calls() -> None:
+    tap = Tap(max_calls=8, max_per_conversation=8, evicted_ttl=600)
+    for i in range(1, 1001):
+        tap.add(LiveCall(f"{i:016x}", "ask_colleague", f"conv-{i % 7}"))
+    assert len(tap) == 8
+    assert tap.uncertain == 8
+    for i in range(1, 1001):
+        tap.discard(f"{i:016x}")
+    assert len(tap) == 0
+    assert tap.uncertain == 0
