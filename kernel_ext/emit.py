@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 from kernel_ext._telemetry import RareLog
@@ -793,7 +793,7 @@ def _degrade(entry: _Held, reason: str, relay_bound: int | None) -> bool:
             item.size = len(encoded)
             return True
     if entry.level <= 2:
-        state = "done" if wire.get("state") == "done" else "aborted"
+        state: Literal["done", "aborted"] = "done" if wire.get("state") == "done" else "aborted"
         envelope = wire.get("envelope")
         seq = envelope.get("seq") if isinstance(envelope, Mapping) else None
         item.block = fallback_terminal(

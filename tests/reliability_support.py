@@ -268,10 +268,13 @@ class Worker:
         *,
         emitter: Callable[[StreamHub], Emitter] | None = None,
         max_running_per_second: float | None = 10.0,
+        hub_options: dict[str, Any] | None = None,
         **emitter_options: Any,
     ) -> None:
         self.tap = Tap()
-        self.hub = StreamHub(tap=self.tap, max_running_per_second=max_running_per_second)
+        self.hub = StreamHub(
+            tap=self.tap, max_running_per_second=max_running_per_second, **(hub_options or {})
+        )
         self.provider = TracerProvider()
         self.processor = ToolSpanProcessor(tap=self.tap, sink=self.hub)
         self.provider.add_span_processor(self.processor)

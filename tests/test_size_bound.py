@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import RedisServer, serve_asgi
 from relay_helpers import SECRET, barrier, terminals, wait_until
-from reliability_support import Worker, WatchedBrowser, browser_on, running_relay
+from reliability_support import WatchedBrowser, Worker, browser_on, running_relay
 from test_redis import wait_subscribed
 
 from kernel_ext.emit import RedisEmitter
@@ -163,7 +163,7 @@ async def test_a_terminal_exactly_at_the_bound_passes_unchanged_and_one_byte_mor
             await barrier(browser, port)
         exact, over = (terminals(browser.stream(c))[0] for c in sent)
         assert compact_size(exact) == DEFAULT_MAX_BLOCK_BYTES
-        assert exact["envelope"]["payload"]["text"] == list(sent.values())[0]
+        assert exact["envelope"]["payload"]["text"] == next(iter(sent.values()))
         assert compact_size(over) <= DEFAULT_MAX_BLOCK_BYTES
         assert MARKER.search(over["envelope"]["payload"]["text"])
         assert ready.relay.stats().get("rejected_too_large", 0) == 0
@@ -237,4 +237,3 @@ async def test_a_terminal_the_relay_refuses_goes_again_as_the_short_fallback_onc
         assert counts["terminals_degraded"] == 1
         assert "rejected" not in losses  # the terminal was not counted lost
         assert relay.stats()["rejected_invalid"] == 1
-

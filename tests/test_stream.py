@@ -527,3 +527,85 @@ def test_a_stream_closed_after_a_lookup_without_the_lock_is_not_written_to(
     assert stale.sent == 1
     assert [raw[5] for raw in hub._queue] == ["first", "the end"]
     assert hub.stats()["closed"] == 1
+
+
+# -- closed streams live with their call; provisional terminals (terminal edges 5, 6) ------
+
+
+async def test_closed_streams_are_remembered_per_call_up_to_its_bound(
+    clock: FakeClock, tap: Tap
+) -> None:
+    hub = StreamHub(clock=clock, tap=tap, max_closed_per_call=3)
+    async with MemoryEmitter(hub=hub) as mem:
+        with in_call():
+            for task in ("a", "b", "c"):  # exactly at the bound: every one remembered
+                hub.publish("x", task_id=task)
+                hub.publish("end", task_id=task, state="done")
+            clock.advance(3600)
+            for task in ("a", "b", "c"):
+                hub.publish("late", task_id=task)
+                hub.publish("again", task_id=task, state="done")
+            assert hub.stats()["closed"] == 3
+            assert hub.stats()["duplicate_terminal"] == 3
+            hub.publish("end", task_id="d", state="done")  # one past it: "a" is forgotten
+            assert hub.stats().closed == 3
+            hub.publish("late", task_id="b")
+            hub.publish("late", task_id="a")
+        await mem.flush(5)
+        assert [(b["taskId"], b["state"]) for b in mem.blocks()][-2:] == [
+            ("d", "done"),
+            ("a", "running"),
+        ]
+        assert hub.stats()["closed"] == 4
+
+
+async def test_a_call_that_ended_gets_nothing_more_from_tasks_that_outlive_it(
+    hub: StreamHub, mem: MemoryEmitter
+) -> None:
+    call = ToolCall(CALL, "ask_colleague", CONV)
+    with use_tool_call(call):
+        hub.publish("working", task_id="t")
+    hub.tool_call_ended(LiveCall(CALL, "ask_colleague", CONV), None)
+    assert call.ended
+    with use_tool_call(call):  # a task the tool started, still running
+        hub.publish("late", task_id="t")
+        hub.publish("late answer", task_id="t", state="done")
+        hub.publish("a new stream", task_id="u")
+    await mem.flush(5)
+    assert [(b["taskId"], b["state"]) for b in mem.blocks()] == [("t", "running"), ("t", "aborted")]
+    stats = hub.stats()
+    assert stats["closed"] == 3
+    assert (stats.streams, stats.calls, stats.closed) == (0, 0, 0)
+
+
+async def test_terminals_without_a_call_id_are_sent_once(
+    hub: StreamHub, mem: MemoryEmitter
+) -> None:
+    hub.publish("an answer", task_id="orphan", state="done", conversation_id=CONV)
+    hub.publish("again", task_id="orphan", state="done", conversation_id=CONV)
+    await mem.flush(5)
+    assert [b["callId"] for b in mem.terminals()] == [None]
+    assert hub.stats()["duplicate_terminal"] == 1
+
+
+async def test_a_provisional_terminal_ends_the_stream_only_if_the_call_ends_first(
+    hub: StreamHub, mem: MemoryEmitter
+) -> None:
+    with in_call():
+        hub.publish("what is the budget?", task_id="asked")
+        hub.publish("what is the budget?", task_id="asked", state="done", provisional=True)
+        hub.publish("which region?", task_id="followed-up")
+        hub.publish("which region?", task_id="followed-up", state="done", provisional=True)
+        hub.publish("thanks, working on it", task_id="followed-up")
+        hub.publish("the real answer", task_id="followed-up", state="done")
+    hub.tool_call_ended(LiveCall(CALL, "ask_colleague", CONV), "ValueError: late failure")
+    await mem.flush(5)
+    asked = [b for b in mem.blocks() if b["taskId"] == "asked"]
+    assert [b["state"] for b in asked] == ["running", "done"]
+    assert asked[-1]["envelope"]["payload"] == {"text": "what is the budget?"}
+    assert asked[-1]["envelope"]["seq"] == 2
+    followed = [b for b in mem.blocks() if b["taskId"] == "followed-up"]
+    assert [b["state"] for b in followed] == ["running", "running", "done"]
+    assert followed[-1]["envelope"]["payload"] == {"text": "the real answer"}
+    stats = hub.stats()
+    assert (stats.streams, stats.calls) == (0, 0)
