@@ -19,9 +19,15 @@ its envelopes into A2A messages, and how states map to blocks: docs/a2a.md.
   collide with the peer's); a malformed envelope in it is dropped and counted;
 * ``completed`` → one ``done`` block; its text is the status message's text parts, or,
   when those are empty, the text of the task's artifacts (in order of first appearance);
-  ``input-required`` → ``done`` with the colleague's question (the answer is a question;
-  follow up with the returned ids); ``failed``, ``canceled``, ``rejected``,
-  ``auth-required`` → one ``aborted`` block with the colleague's message (or a default);
+  ``failed``, ``canceled``, ``rejected`` → one ``aborted`` block with the colleague's
+  message (or a default);
+* ``input-required`` and ``auth-required`` are not terminal in A2A: the question's message
+  is shown like a ``working`` one (its envelopes, else its text as a running block) and the
+  stream stays open with a *provisional* terminal (``publish(..., provisional=True)``):
+  ``done`` with the question (``aborted`` with the message for ``auth-required``). A
+  follow-up in the same tool call (same task id) continues the stream and ends it with its
+  own terminal; if the call ends first (the tool returned the question to the model), the
+  provisional terminal ends it;
 * a direct ``message`` reply (no task) → one ``done`` block with its text;
 * artifact updates are collected for the final answer; v1 emits no blocks for them;
 * anything for a task after its terminal is ignored (and counted);
@@ -125,6 +131,7 @@ class Publisher(Protocol):
         state: BlockState = "running",
         conversation_id: str | None = None,
         tool_name: str = "ask_colleague",
+        provisional: bool = False,
     ) -> None: ...
 
 
@@ -216,14 +223,18 @@ class ColleagueReply:
 
 _TERMINAL_STATES: dict[int, tuple[BlockState, ReplyState, str]] = {
     TaskState.TASK_STATE_COMPLETED: ("done", "completed", ""),
+    TaskState.TASK_STATE_FAILED: ("aborted", "failed", "the colleague failed"),
+    TaskState.TASK_STATE_CANCELED: ("aborted", "canceled", "the colleague's task was cancelled"),
+    TaskState.TASK_STATE_REJECTED: ("aborted", "rejected", "the colleague rejected the task"),
+}
+# Interrupted, not terminal: the task waits for the caller. The block is the provisional
+# terminal's state (sent only if the tool call ends before the task goes on).
+_INTERRUPTED_STATES: dict[int, tuple[BlockState, ReplyState, str]] = {
     TaskState.TASK_STATE_INPUT_REQUIRED: (
         "done",
         "input_required",
         "the colleague needs more input",
     ),
-    TaskState.TASK_STATE_FAILED: ("aborted", "failed", "the colleague failed"),
-    TaskState.TASK_STATE_CANCELED: ("aborted", "canceled", "the colleague's task was cancelled"),
-    TaskState.TASK_STATE_REJECTED: ("aborted", "rejected", "the colleague rejected the task"),
     TaskState.TASK_STATE_AUTH_REQUIRED: (
         "aborted",
         "auth_required",
@@ -233,14 +244,24 @@ _TERMINAL_STATES: dict[int, tuple[BlockState, ReplyState, str]] = {
 
 
 class _TaskStream:
-    """Bookkeeping of one A2A task: ids, terminal flag, artifacts for the final answer."""
+    """Bookkeeping of one A2A task: ids, terminal and interrupted flags, artifacts for the
+    final answer."""
 
-    __slots__ = ("artifacts", "context_id", "enveloped", "task_id", "terminal", "warned")
+    __slots__ = (
+        "artifacts",
+        "context_id",
+        "enveloped",
+        "interrupted",
+        "task_id",
+        "terminal",
+        "warned",
+    )
 
     def __init__(self, task_id: str, context_id: str | None) -> None:
         self.task_id = task_id
         self.context_id = context_id
         self.terminal = False
+        self.interrupted = False
         self.enveloped = False
         self.warned = False
         self.artifacts: dict[str, list[str]] = {}
@@ -254,8 +275,9 @@ class A2AStreamAdapter:
 
     Guarantees: :meth:`feed` and :meth:`close` never raise (a bug or a failing publisher
     is logged, never passed on); each task gets at most one terminal publish; after
-    :meth:`close` every task seen has exactly one, and so does a stream that never
-    created a task. Not thread-safe: feed it from one task.
+    :meth:`close` every task seen has exactly one — or, for a task waiting for input, a
+    provisional one that the hub sends if the call ends first — and so does a stream that
+    never created a task. Not thread-safe: feed it from one task.
     """
 
     def __init__(
@@ -277,15 +299,19 @@ class A2AStreamAdapter:
 
     @property
     def finished(self) -> bool:
-        """Whether a terminal was published and no task seen is still open."""
+        """Whether a terminal (or a provisional one) was published and no task seen is
+        still running."""
         if self._reply is None:
             return False
-        return all(task.terminal for task in self._tasks.values())
+        return all(task.terminal or task.interrupted for task in self._tasks.values())
 
     @property
     def open_task_ids(self) -> tuple[str, ...]:
-        """Ids of the tasks seen that have no terminal yet."""
-        return tuple(tid for tid, task in self._tasks.items() if not task.terminal)
+        """Ids of the tasks seen that are still running (no terminal, not waiting for
+        input)."""
+        return tuple(
+            tid for tid, task in self._tasks.items() if not (task.terminal or task.interrupted)
+        )
 
     @property
     def reply(self) -> ColleagueReply | None:
@@ -349,7 +375,8 @@ class A2AStreamAdapter:
         for artifact in snapshot.artifacts:
             task.artifacts[artifact.artifact_id] = [_texts(artifact.parts)]
         # A snapshot's working message may repeat one already streamed: only act on an end.
-        if snapshot.status.state in _TERMINAL_STATES:
+        state = snapshot.status.state
+        if state in _TERMINAL_STATES or (state in _INTERRUPTED_STATES and not task.interrupted):
             self._on_status(task, snapshot.status)
 
     def _on_artifact(self, update: Any) -> None:
@@ -392,8 +419,19 @@ class A2AStreamAdapter:
         state = status.state
         message = status.message if status.HasField("message") else None
         if state == TaskState.TASK_STATE_WORKING:
+            task.interrupted = False
             if message is not None:
                 self._on_working(task, message)
+            return
+        interrupted = _INTERRUPTED_STATES.get(state)
+        if interrupted is not None:
+            block_state, reply_state, default = interrupted
+            if message is not None:
+                self._on_working(task, message)  # the question, shown while the call goes on
+            text = (_texts(message.parts) if message is not None else "") or default
+            task.interrupted = True
+            self._emit(text, task.task_id, block_state, provisional=True)
+            self._set_reply(reply_state, text, task)
             return
         end = _TERMINAL_STATES.get(state)
         if end is None:  # submitted, unspecified: nothing to show
@@ -452,6 +490,7 @@ class A2AStreamAdapter:
 
     def _terminal(self, task: _TaskStream, state: BlockState, text: str) -> None:
         task.terminal = True
+        task.interrupted = False
         self._emit(text, task.task_id, state)
         self.stats.terminals += 1
 
@@ -465,8 +504,20 @@ class A2AStreamAdapter:
             stats=self.stats,
         )
 
-    def _emit(self, item: Item, task_id: str | None, state: BlockState) -> None:
+    def _emit(
+        self, item: Item, task_id: str | None, state: BlockState, *, provisional: bool = False
+    ) -> None:
         try:
+            if provisional:  # only then: a publisher written before the keyword still works
+                self._publish(
+                    item,
+                    task_id=task_id,
+                    state=state,
+                    conversation_id=self._conversation_id,
+                    tool_name=self._tool_name,
+                    provisional=True,
+                )
+                return
             self._publish(
                 item,
                 task_id=task_id,

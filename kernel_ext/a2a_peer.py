@@ -160,6 +160,7 @@ class _Play:
         self.updater = updater
         self.delay = delay
         self.seq = 0
+        self.asked = False
 
     async def pause(self) -> None:
         if self.delay > 0:
@@ -191,6 +192,9 @@ class ScriptedColleague(AgentExecutor):
         self.delay = delay
         self.flood_count = flood_count
         self.flood_rate = flood_rate
+        # The last envelope seq of each task waiting for input: a follow-up on the same task
+        # continues its numbering (one seq space per stream). Released when it resumes.
+        self._asked: dict[str, int] = {}
 
     async def execute(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Enqueue the task, then play its script to a terminal (or interrupted) state."""
@@ -207,11 +211,16 @@ class ScriptedColleague(AgentExecutor):
             TaskUpdater(event_queue, task.id, task.context_id),
             _number(meta, DELAY_KEY, self.delay),
         )
+        play.seq = self._asked.pop(task.id, 0)
         question = context.get_user_input()
         runner: Callable[[_Play, str, Mapping[str, Any]], Awaitable[None]] = getattr(
             self, "_" + script.replace("-", "_")
         )
         await runner(play, question, meta)
+        if play.asked:
+            if len(self._asked) >= 10_000:  # a bound for a test peer: forget the oldest
+                del self._asked[next(iter(self._asked))]
+            self._asked[task.id] = play.seq
 
     async def cancel(self, context: RequestContext, event_queue: EventQueue) -> None:
         """Acknowledge a cancel request with a ``canceled`` status carrying a message."""
@@ -308,8 +317,17 @@ class ScriptedColleague(AgentExecutor):
         await play.updater.complete()
 
     async def _input(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+        """Asks which order is meant (``input-required``), its question both as an envelope
+        (shown in the pane while the caller decides) and as text; a follow-up message on the
+        same task plays the script it names (default ``work``), its seqs continuing."""
         await play.step("thinking", {"text": "The question is ambiguous."})
-        await play.updater.requires_input(play.text_message("Which order do you mean?"))
+        play.seq += 1
+        asking = "Which order do you mean?"
+        envelope = _envelope("text", play.updater.task_id, play.seq, {"text": asking})
+        play.asked = True
+        await play.updater.requires_input(
+            play.updater.new_agent_message([new_data_part(envelope), new_text_part(asking)])
+        )
 
     async def _crash(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
         await play.step("thinking", {"text": "About to crash."})

@@ -1122,14 +1122,16 @@ def publish(
     state: PublishState = "running",
     conversation_id: str | None = None,
     tool_name: str = "ask_colleague",
+    provisional: bool = False,
 ) -> None:
     """Publish one block through the default hub (:meth:`StreamHub.publish`).
 
     ``item``: an :class:`~kernel_ext.protocol.Envelope` or envelope mapping (passed
     through; a mapping is validated off the hot path, invalid → dropped, counted
     ``invalid``), or a ``str`` (running → pseudo-envelope text, done → ``payload.text``,
-    aborted → ``payload.message``). ``task_id`` ``None`` → the callId. Never raises, never
-    blocks.
+    aborted → ``payload.message``). ``task_id`` ``None`` → the callId. ``provisional``
+    (``done``/``aborted`` only): the stream's terminal if its call ends before anything
+    else ends the stream. Never raises, never blocks.
     """
     hub = _default_hub
     if hub is None:
@@ -1140,6 +1142,7 @@ def publish(
         state=state,
         conversation_id=conversation_id,
         tool_name=tool_name,
+        provisional=provisional,
     )
 
 

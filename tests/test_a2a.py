@@ -44,7 +44,7 @@ from kernel_ext.emit import MemoryEmitter
 from kernel_ext.errors import ColleagueError, ConfigError
 from kernel_ext.protocol import Envelope, decode
 from kernel_ext.stream import StreamHub, set_default_hub
-from kernel_ext.tap import Tap
+from kernel_ext.tap import LiveCall, Tap
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -58,6 +58,7 @@ class Published:
     state: str
     conversation_id: str | None
     tool_name: str
+    provisional: bool = False
 
     @property
     def envelope(self) -> Envelope:
@@ -81,18 +82,25 @@ class RecordingPublisher:
         state: str = "running",
         conversation_id: str | None = None,
         tool_name: str = "ask_colleague",
+        provisional: bool = False,
     ) -> None:
-        self.calls.append(Published(item, task_id, state, conversation_id, tool_name))
+        self.calls.append(Published(item, task_id, state, conversation_id, tool_name, provisional))
         self._changed.set()
         if self.fail:
             raise RuntimeError("publisher double told to fail")
 
     def terminals(self, task_id: str | None = ...) -> list[Published]:  # type: ignore[assignment]
+        """Terminal publishes (provisional ones are not terminals yet)."""
         return [
             c
             for c in self.calls
-            if c.state != "running" and (task_id is ... or c.task_id == task_id)
+            if c.state != "running"
+            and not c.provisional
+            and (task_id is ... or c.task_id == task_id)
         ]
+
+    def provisionals(self) -> list[Published]:
+        return [c for c in self.calls if c.provisional]
 
     def running(self) -> list[Published]:
         return [c for c in self.calls if c.state == "running"]
@@ -263,18 +271,6 @@ def test_once_a_task_sent_envelopes_text_only_updates_are_not_shown() -> None:
             "the colleague's task was cancelled",
         ),
         (TaskState.TASK_STATE_REJECTED, "aborted", "rejected", "the colleague rejected the task"),
-        (
-            TaskState.TASK_STATE_AUTH_REQUIRED,
-            "aborted",
-            "auth_required",
-            "the colleague requires authentication",
-        ),
-        (
-            TaskState.TASK_STATE_INPUT_REQUIRED,
-            "done",
-            "input_required",
-            "the colleague needs more input",
-        ),
     ],
 )
 def test_end_states_map_to_one_terminal_with_the_peers_message_or_a_default(
@@ -290,6 +286,50 @@ def test_end_states_map_to_one_terminal_with_the_peers_message_or_a_default(
         assert adapter.finished
         assert adapter.reply is not None
         assert adapter.reply.state == reply_state
+
+
+@pytest.mark.parametrize(
+    ("state", "block_state", "reply_state", "default"),
+    [
+        (
+            TaskState.TASK_STATE_INPUT_REQUIRED,
+            "done",
+            "input_required",
+            "the colleague needs more input",
+        ),
+        (
+            TaskState.TASK_STATE_AUTH_REQUIRED,
+            "aborted",
+            "auth_required",
+            "the colleague requires authentication",
+        ),
+    ],
+)
+def test_interrupted_states_show_the_question_and_leave_a_provisional_terminal(
+    state: int, block_state: str, reply_state: str, default: str
+) -> None:
+    """input-required and auth-required are not terminal in A2A: the question is a running
+    block and the stream's terminal is provisional (sent by the hub if the call ends)."""
+    for parts, text in (([new_text_part("which one?")], "which one?"), (None, default)):
+        publisher = RecordingPublisher()
+        adapter = _adapter(publisher)
+        adapter.feed(_task_event())
+        adapter.feed(_status(state, parts))
+        expected = [("which one?", "running", False)] if parts else []
+        expected.append((text, block_state, True))
+        assert [(c.item, c.state, c.provisional) for c in publisher.calls] == expected
+        assert publisher.terminals() == []
+        assert adapter.finished  # nothing more to read: the colleague waits
+        assert adapter.open_task_ids == ()
+        assert adapter.reply is not None
+        assert (adapter.reply.state, adapter.reply.text) == (reply_state, text)
+        # The stream ending here does not abort the waiting task.
+        adapter.close("the colleague's stream ended without a final state")
+        assert publisher.terminals() == []
+        # The same task going on in the same adapter ends with its own terminal.
+        adapter.feed(_status(WORKING, [new_text_part("thanks, looking")]))
+        adapter.feed(_status(COMPLETED, [new_text_part("the real answer")]))
+        assert [(c.item, c.state) for c in publisher.terminals()] == [("the real answer", "done")]
 
 
 def test_completed_takes_the_message_text_else_the_artifacts() -> None:
@@ -534,13 +574,21 @@ async def test_input_required_is_answered_with_the_question_and_can_be_followed_
     publisher = RecordingPublisher()
     reply = await _ask(colleague, "input", publisher)
     assert (reply.state, reply.text) == ("input_required", "Which order do you mean?")
-    assert _one_terminal(publisher).state == "done"
-    follow = RecordingPublisher()
+    assert publisher.terminals() == []
+    [provisional] = publisher.provisionals()
+    assert (provisional.state, provisional.item) == ("done", "Which order do you mean?")
+    shown = [c.envelope.payload.get("text") for c in publisher.running()]
+    assert "Which order do you mean?" in shown  # the question, shown as a running block
+    asked = len(publisher.calls)
     answer = await _ask(
-        colleague, "work", follow, context_id=reply.context_id, task_id=reply.task_id
+        colleague, "work", publisher, context_id=reply.context_id, task_id=reply.task_id
     )
     assert answer.ok
     assert answer.task_id == reply.task_id
+    assert _one_terminal(publisher).item == "Order 42 shipped on Monday; it arrives Friday."
+    seqs = [c.envelope.seq for c in publisher.running()]
+    assert seqs == sorted(set(seqs))  # the follow-up continues the task's seq space
+    assert all(c.task_id == reply.task_id for c in publisher.calls[asked:])
 
 
 async def test_crashing_colleague_gives_one_aborted_with_its_error(colleague: Colleague) -> None:
@@ -877,6 +925,7 @@ async def test_follow_up_under_one_call_is_a_second_stream_through_the_hub(
         second = await stream_colleague(
             colleague.url, "script:work", publish=pane.hub.publish, context_id=first.context_id
         )
+    pane.hub.tool_call_ended(LiveCall(CALL_A, "ask_colleague", CONV), None)  # the tool returns
     await pane.wait_terminals(2)
     assert first.task_id != second.task_id
     for reply in (first, second):
@@ -897,3 +946,93 @@ async def test_default_publisher_is_the_module_level_publish(
     await pane.wait_terminals()
     terminal = _check_stream(pane.blocks(), CALL_B, pane.blocks()[0]["taskId"])
     assert terminal["envelope"]["payload"]["text"] == answer
+
+
+# -- input-required under one call (issue: terminal edges, item 6) -------------------------
+
+
+def _ended(pane: Pane, call_id: str) -> None:
+    """The tool call ends (what the instrumented runtime or the span processor tells)."""
+    pane.hub.tool_call_ended(LiveCall(call_id, "ask_colleague", CONV), None)
+
+
+async def test_a_question_followed_up_in_the_same_call_ends_with_one_done_of_the_answer(
+    colleague: Colleague, pane: Pane
+) -> None:
+    with _in_call(CALL_A):
+        asked = await stream_colleague(colleague.url, "script:input", publish=pane.hub.publish)
+        assert asked.state == "input_required"
+        answered = await stream_colleague(
+            colleague.url,
+            "order 42, please",
+            publish=pane.hub.publish,
+            context_id=asked.context_id,
+            task_id=asked.task_id,
+        )
+        assert answered.state == "completed"
+    _ended(pane, CALL_A)
+    await pane.wait_terminals(1)
+    await pane.emitter.flush(5)
+    blocks = pane.blocks(CALL_A)
+    terminal = _check_stream(blocks, CALL_A, asked.task_id)
+    assert terminal["state"] == "done"
+    assert terminal["envelope"]["payload"]["text"] == answered.text
+    texts = [b["envelope"]["payload"].get("text") for b in blocks if b["state"] == "running"]
+    assert "Which order do you mean?" in texts  # the question was shown while it waited
+    assert pane.hub.stats().streams == 0
+
+
+async def test_a_question_the_tool_returns_ends_its_stream_with_done_of_the_question(
+    colleague: Colleague, pane: Pane
+) -> None:
+    with _in_call(CALL_A):
+        answer = await ask_colleague(colleague.url, "script:input", publish=pane.hub.publish)
+    assert answer == "Which order do you mean?"
+    await pane.emitter.flush(5)
+    assert [b for b in pane.blocks(CALL_A) if b["state"] != "running"] == []  # still open
+    _ended(pane, CALL_A)  # the tool returned the question to the model
+    await pane.wait_terminals(1)
+    terminal = _check_stream(pane.blocks(CALL_A), CALL_A, pane.blocks(CALL_A)[0]["taskId"])
+    assert (terminal["state"], terminal["envelope"]["payload"]) == (
+        "done",
+        {"text": "Which order do you mean?"},
+    )
+
+
+async def test_a_follow_up_in_a_later_call_is_that_calls_own_stream(
+    colleague: Colleague, pane: Pane
+) -> None:
+    with _in_call(CALL_A):
+        asked = await stream_colleague(colleague.url, "script:input", publish=pane.hub.publish)
+    _ended(pane, CALL_A)
+    with _in_call(CALL_B):
+        answered = await stream_colleague(
+            colleague.url,
+            "order 42, please",
+            publish=pane.hub.publish,
+            context_id=asked.context_id,
+            task_id=asked.task_id,
+        )
+    _ended(pane, CALL_B)
+    await pane.wait_terminals(2)
+    await pane.emitter.flush(5)
+    first = _check_stream(pane.blocks(CALL_A), CALL_A, asked.task_id)
+    assert first["envelope"]["payload"] == {"text": "Which order do you mean?"}
+    second = _check_stream(pane.blocks(CALL_B), CALL_B, asked.task_id)
+    assert second["envelope"]["payload"] == {"text": answered.text}
+
+
+async def test_auth_required_that_the_tool_gives_up_on_ends_with_one_aborted(
+    pane: Pane,
+) -> None:
+    adapter = A2AStreamAdapter(pane.hub.publish, conversation_id=CONV)
+    with _in_call(CALL_A):
+        adapter.feed(_task_event())
+        adapter.feed(_status(TaskState.TASK_STATE_AUTH_REQUIRED, [new_text_part("log in first")]))
+        adapter.close("the colleague's stream ended without a final state")
+    pane.hub.tool_call_ended(LiveCall(CALL_A, "ask_colleague", CONV), "ColleagueError: log in")
+    await pane.wait_terminals(1)
+    await pane.emitter.flush(5)
+    terminal = _check_stream(pane.blocks(CALL_A), CALL_A, TASK)
+    assert terminal["state"] == "aborted"
+    assert terminal["envelope"]["payload"] == {"message": "log in first"}

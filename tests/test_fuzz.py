@@ -55,7 +55,7 @@ from kernel_ext.errors import BlockTooLargeError, DecodeError
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, Envelope, decode, decode_envelope, encode
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import OutgoingBlock, StreamHub
-from kernel_ext.tap import Tap
+from kernel_ext.tap import LiveCall, Tap
 
 FUZZ = settings(
     max_examples=FUZZ_EXAMPLES,
@@ -394,18 +394,34 @@ def a2a_events(draw: st.DrawFn) -> StreamResponse:
     return StreamResponse(message=message)
 
 
+# Status updates whose message is shown (its data parts each get an outcome): working, and
+# the interrupted states (the colleague's question).
+SHOWN_STATES = (
+    TaskState.TASK_STATE_WORKING,
+    TaskState.TASK_STATE_INPUT_REQUIRED,
+    TaskState.TASK_STATE_AUTH_REQUIRED,
+)
+
+
 class Recorder:
     def __init__(self, hub: StreamHub) -> None:
         self.hub = hub
         self.terminals: Counter[Any] = Counter()
+        self.provisional: Counter[Any] = Counter()
 
     def __call__(
-        self, item: Any, *, task_id: Any = None, state: str = "running", **kw: Any
+        self,
+        item: Any,
+        *,
+        task_id: Any = None,
+        state: str = "running",
+        provisional: bool = False,
+        **kw: Any,
     ) -> None:
         assert isinstance(item, (Envelope, str)), type(item)
         if state != "running":
-            self.terminals[task_id] += 1
-        self.hub.publish(item, task_id=task_id, state=state, **kw)  # type: ignore[arg-type]
+            (self.provisional if provisional else self.terminals)[task_id] += 1
+        self.hub.publish(item, task_id=task_id, state=state, provisional=provisional, **kw)  # type: ignore[arg-type]
 
 
 class Catch(logging.Handler):
@@ -429,7 +445,7 @@ def test_a2a_adapter_gives_each_bad_part_its_outcome_and_each_task_one_terminal(
     catch = Catch()
     a2a_logger = logging.getLogger("kernel_ext.a2a")
     a2a_logger.addHandler(catch)
-    expected_parts = 0  # data parts of working updates for open tasks
+    expected_parts = 0  # data parts of shown updates for open tasks
     expected_ignored = 0
     try:
         with use_tool_call(ToolCall(CALL_ID, "ask_colleague", "conv-1")):
@@ -447,9 +463,7 @@ def test_a2a_adapter_gives_each_bad_part_its_outcome_and_each_task_one_terminal(
                     status = event.status_update.status
                     if closed:
                         expected_ignored += 1
-                    elif status.state == TaskState.TASK_STATE_WORKING and status.HasField(
-                        "message"
-                    ):
+                    elif status.state in SHOWN_STATES and status.HasField("message"):
                         expected_parts += sum(p.HasField("data") for p in status.message.parts)
                 adapter.feed(event)
             reply = adapter.close("the stream ended")
@@ -460,10 +474,15 @@ def test_a2a_adapter_gives_each_bad_part_its_outcome_and_each_task_one_terminal(
     # Every data part of an open task's working update got exactly one outcome, counted.
     assert stats.envelopes + stats.degraded + stats.invalid == expected_parts
     assert stats.ignored >= expected_ignored
-    # Exactly one terminal per task seen (or one local one), and the reply says how it ended.
+    # Exactly one terminal per task seen (or one local one) — or, for a task waiting for
+    # input, provisional ones and no terminal — and the reply says how it ended.
     assert all(n == 1 for n in record.terminals.values()), record.terminals
-    assert set(adapter._tasks) <= set(record.terminals)
+    waiting = {tid for tid, task in adapter._tasks.items() if task.interrupted}
+    assert set(adapter._tasks) - waiting <= set(record.terminals)
+    assert waiting <= set(record.provisional)
+    assert not waiting & set(record.terminals)
     assert reply is not None
+    hub.tool_call_ended(LiveCall(CALL_ID, "ask_colleague", "conv-1"), None)  # the call ends
     # Through the hub: valid blocks only, one terminal per stream, no unexpected error.
     per_stream: Counter[tuple[Any, Any]] = Counter()
     for sent in consumer.take_nowait(10_000):
