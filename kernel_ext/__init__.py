@@ -22,7 +22,7 @@ from kernel_ext.errors import (
     KernelExtError,
 )
 from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
-from kernel_ext.plugin import disable, enable
+from kernel_ext.plugin import adisable, disable, enable
 from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.protocol import Block, Envelope, decode, encode, pseudo_envelope
 from kernel_ext.relay import ChatRelay, create_app, mount_relay
@@ -62,6 +62,7 @@ __all__ = [
     "ToolRuntimeInstrumentor",
     "ToolSpanProcessor",
     "__version__",
+    "adisable",
     "create_app",
     "current_call_id",
     "current_tool_call",

@@ -44,6 +44,7 @@ from kernel_ext.protocol import (
     fallback_terminal,
 )
 from kernel_ext.stream import (
+    UNFLUSHED,
     HubConsumer,
     Outgoing,
     OutgoingBlock,
@@ -134,16 +135,30 @@ class Emitter(abc.ABC):
         await self._open()
         self._task = asyncio.get_running_loop().create_task(self._run())
 
-    async def stop(self, timeout: float = 5.0) -> None:
+    def start_soon(self) -> asyncio.Task[None]:
+        """Attach now and :meth:`start` in a task of the running loop (for sync code running
+        on the loop); :meth:`stop` waits for that start before it flushes."""
+        self.attach(asyncio.get_running_loop())
+        self._starting = asyncio.get_running_loop().create_task(self.start())
+        return self._starting
+
+    async def stop(self, timeout: float = 5.0) -> bool:
         """Send what is queued (terminals awaiting acknowledgement included) for up to
         ``timeout`` seconds, then stop the task, detach from the hub and close the
-        transport. Idempotent."""
-        if self._task is not None and not self._task.done():
-            await self.flush(timeout)
-        self._stopping = True
-        consumer = self._consumer
-        if consumer is not None:
-            consumer.close()
+        transport. Returns whether everything was sent (and acknowledged) in time; what was
+        not is dropped, counted ``unflushed`` and logged at ERROR when it holds terminals —
+        also when this is cancelled (the event loop closing). Idempotent."""
+        flushed = True
+        try:
+            starting, self._starting = self._starting, None
+            if starting is not None and not starting.done():
+                await asyncio.wait_for(asyncio.shield(starting), timeout)
+            if self._task is not None and not self._task.done():
+                flushed = await self.flush(timeout)
+        finally:
+            if self._give_up("stopped") and flushed:
+                flushed = False
+            self._flushed_at_stop = flushed
         task, self._task = self._task, None
         if task is not None:
             task.cancel()
@@ -154,6 +169,7 @@ class Emitter(abc.ABC):
             except Exception:
                 logger.exception("emitter task failed")
         await self._close()
+        return flushed
 
     async def flush(self, timeout: float = 5.0) -> bool:
         """Wait until the hub's queue is empty and nothing awaits an acknowledgement;
@@ -169,6 +185,23 @@ class Emitter(abc.ABC):
                 return False
             await asyncio.sleep(0.005)  # polling with a deadline
 
+    def _give_up(self, why: str) -> int:
+        """Stop taking from the hub; drop (count ``unflushed``) what is queued and what awaits
+        delivery. Returns how many blocks that was."""
+        self._stopping = True
+        lost = 0
+        consumer = self._consumer
+        if consumer is not None and not consumer.closed:
+            lost += consumer.hub.queue_size
+            consumer.close(UNFLUSHED)  # the hub counts what was queued, logs its terminals
+        pending = self._abandon_pending()
+        if pending:
+            self.hub.record_dropped(UNFLUSHED, pending)
+            logger.error(
+                "emitter %s: %d terminal(s) not confirmed delivered are given up", why, pending
+            )
+        return lost + pending
+
     async def __aenter__(self) -> Emitter:
         await self.start()
         return self
@@ -177,24 +210,36 @@ class Emitter(abc.ABC):
         await self.stop()
 
     _busy = False
+    _flushed_at_stop = True  # what the last stop() returned
+    _starting: asyncio.Task[None] | None = None  # start_soon()'s task
 
     async def _run(self) -> None:
         consumer = self._consumer
         assert consumer is not None
         # Until the transport's first attempt is over, blocks wait in the hub's bounded
         # queue instead of being dropped as "disconnected".
-        await self._ready()
-        while not consumer.closed:
-            items = await consumer.get(self.batch_max)
-            self._busy = True
-            try:
-                await self._send(items)
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                _rare("send_error", "emitter: sending a batch failed", exc_info=True)
-            finally:
-                self._busy = False
+        try:
+            await self._ready()
+            while not consumer.closed:
+                items = await consumer.get(self.batch_max)
+                self._busy = True
+                try:
+                    await self._send(items)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    _rare("send_error", "emitter: sending a batch failed", exc_info=True)
+                finally:
+                    self._busy = False
+        except asyncio.CancelledError:
+            if not self._stopping:  # not stop(): the event loop is ending under the sender
+                logger.error(
+                    "emitter: its event loop is closing while it runs; what is queued is "
+                    "lost — await kernel_ext.adisable() (or emitter.stop()) before the loop "
+                    "ends"
+                )
+                self._give_up("cancelled")
+            raise
 
     # -- for subclasses -------------------------------------------------------------------
 
@@ -212,6 +257,10 @@ class Emitter(abc.ABC):
 
     def _pending(self) -> int:
         """Items held back by the transport (e.g. terminals awaiting acknowledgement)."""
+        return 0
+
+    def _abandon_pending(self) -> int:
+        """Forget what :meth:`_pending` counts (at stop); return how many."""
         return 0
 
     async def _ready(self) -> None:
@@ -471,6 +520,12 @@ class LoopbackEmitter(Emitter):
     def _pending(self) -> int:
         return len(self._terminals) + sum(len(h) for h, _, _ in self._inflight.values())
 
+    def _abandon_pending(self) -> int:
+        pending = self._pending()
+        self._terminals.held = []
+        self._inflight = {}
+        return pending
+
     def _bump(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
 
@@ -530,7 +585,7 @@ class LoopbackEmitter(Emitter):
         for held, _, _ in inflight.values():
             for entry in held:
                 self._terminals.hold(entry)
-        if was:
+        if was and not self._stopping:
             self._bump("disconnects")
             logger.warning("loopback emitter: disconnected from %s (%s)", self.url, reason)
         self._wakeup.set()
@@ -917,6 +972,11 @@ class RedisEmitter(Emitter):
 
     def _pending(self) -> int:
         return len(self._terminals)
+
+    def _abandon_pending(self) -> int:
+        pending = len(self._terminals)
+        self._terminals.held = []
+        return pending
 
     def _bump(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n

@@ -33,19 +33,38 @@ Arguments win over environment variables:
 Guarantees: :func:`enable` is idempotent (a second call returns the running
 :class:`Enabled` and logs a warning if its arguments differ); a bad argument or
 environment value raises :class:`~kernel_ext.errors.ConfigError` before anything is
-changed. :func:`disable` flushes the sender (bounded by ``timeout``), stops it and its loop
-thread, uninstruments what ``enable`` instrumented, detaches the hub from the processor
-and the instrumentor, shuts the processor down (an SDK provider cannot drop a processor;
-a shut-down one stops taking tool spans) and restores the previous default hub. It is
-idempotent too.
+changed. :func:`disable` (sync code) and ``await`` :func:`adisable` (async code) flush the
+sender (bounded by ``timeout``), stop it and its loop thread, uninstrument what ``enable``
+instrumented, detach the hub from the processor and the instrumentor, shut the processor
+down (an SDK provider cannot drop a processor; a shut-down one stops taking tool spans) and
+restore the previous default hub. Both are idempotent.
+
+Shutdown flushes on every path, within ``timeout`` (default 5 s):
+
+* async code: ``await kernel_ext.adisable()`` (like python-socketio's ``await
+  disconnect()``); a sync :func:`disable` called on the sender's own event loop cannot wait
+  there: it warns (``RuntimeWarning`` and an ERROR log), starts the flush as a task it
+  returns (await it) and counts what is still unsent when that task ends or is cancelled
+  (``unflushed``);
+* normal interpreter exit: an ``atexit`` hook disables a plugin still enabled (the sender's
+  thread is still alive then); an async kernel whose event loop ended first gets the loss
+  counted and logged instead;
+* ``SIGTERM``: unless ``handle_sigterm=False`` or the application has its own handler,
+  ``enable`` called on the main thread installs one that flushes (``adisable`` on the
+  sender's loop when that is the main thread's running loop, else ``disable``) and then
+  terminates the process with ``SIGTERM`` as the default action would have (exit status
+  143 in a shell). :func:`disable` puts the previous handler back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
+import signal
 import threading
+import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,10 +75,10 @@ from kernel_ext.emit import (
     LoopbackEmitter,
     RedisEmitter,
 )
-from kernel_ext.errors import ConfigError
+from kernel_ext.errors import ConfigError, check_positive_numbers
 from kernel_ext.stream import StreamHub, set_default_hub
 
-__all__ = ["Enabled", "disable", "enable", "enabled"]
+__all__ = ["Enabled", "adisable", "disable", "enable", "enabled"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +133,9 @@ class Enabled:
     instrumented: bool = False
     loop: asyncio.AbstractEventLoop | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 5.0
     _loop_thread: _LoopThread | None = None
+    _sigterm: Any = None
     _previous_hub: StreamHub | None = None
     _previous_sink: Any = None
 
@@ -179,8 +200,13 @@ def enable(
     tap: Any = None,
     loop: asyncio.AbstractEventLoop | None = None,
     emitter_options: Mapping[str, Any] | None = None,
+    handle_sigterm: bool = True,
+    shutdown_timeout: float = 5.0,
 ) -> Enabled:
     """Wire the worker side (module docstring); return what was set up.
+
+    ``handle_sigterm``: flush on ``SIGTERM`` (module docstring). ``shutdown_timeout``: how
+    long the ``atexit`` and ``SIGTERM`` paths wait for the sender.
 
     ``hub`` replaces the stream-rule arguments. ``targets``/``describe`` are handed to the
     instrumentor (``KERNEL_EXT_TARGETS``/``KERNEL_EXT_DESCRIBE`` when not given; no
@@ -259,12 +285,14 @@ def enable(
         from kernel_ext.instrument import ToolRuntimeInstrumentor
         from kernel_ext.processor import ToolSpanProcessor
 
+        check_positive_numbers(shutdown_timeout=shutdown_timeout)
         state = Enabled(
             hub=hub,
             emitter=emitter,
             processor=None,
             tracer_provider=provider,
             options=options,
+            timeout=float(shutdown_timeout),
         )
         state._previous_hub = set_default_hub(hub)
         try:
@@ -302,10 +330,13 @@ def enable(
                     ENV_RELAY_URL,
                     ENV_REDIS_URL,
                 )
+            if emitter is not None and handle_sigterm:
+                _install_sigterm(state)
         except BaseException:
             _undo(state, timeout=1.0)
             raise
         _state = state
+        _register_atexit()
         return state
 
 
@@ -325,7 +356,7 @@ def _start_emitter(
         except RuntimeError:
             running = None
         if running is loop:
-            loop.create_task(emitter.start())
+            emitter.start_soon()
         else:
             asyncio.run_coroutine_threadsafe(emitter.start(), loop).result(_START_TIMEOUT)
         return
@@ -336,14 +367,14 @@ def _start_emitter(
     thread.run(emitter.start(), _START_TIMEOUT)
 
 
-def disable(timeout: float = 5.0) -> asyncio.Task[None] | None:
-    """Undo :func:`enable` (module docstring). Idempotent.
+def disable(timeout: float = 5.0) -> asyncio.Task[bool] | None:
+    """Undo :func:`enable` (module docstring) from sync code. Idempotent.
 
-    When the sender runs on another thread's loop (or the plugin's own loop thread), it is
-    flushed for up to ``timeout`` seconds and stopped before this returns. When called on
-    the sender's own loop (``enable`` was called from async code), the sender is detached
-    at once and its transport closed in a task, which is returned: ``await`` it to wait for
-    the close.
+    The sender is flushed for up to ``timeout`` seconds and stopped before this returns —
+    unless this is called on the sender's own event loop (``enable`` was called from async
+    code), where it cannot wait: then it warns (use ``await kernel_ext.adisable()``),
+    starts the flush as a task and returns it (``await`` it; what it cannot send is counted
+    ``unflushed``).
     """
     global _state
     with _lock:
@@ -353,9 +384,37 @@ def disable(timeout: float = 5.0) -> asyncio.Task[None] | None:
         return None
 
 
-def _undo(state: Enabled, timeout: float) -> asyncio.Task[None] | None:
+async def adisable(timeout: float = 5.0) -> bool:
+    """Undo :func:`enable` from async code, flushing the sender for up to ``timeout``
+    seconds without blocking the event loop. Returns whether everything queued was sent
+    (and acknowledged) in time; what was not is counted ``unflushed``. Idempotent (``True``
+    when not enabled)."""
+    global _state
+    with _lock:
+        state, _state = _state, None
+    if state is None:
+        return True
+    running = asyncio.get_running_loop()
     emitter = state.emitter
-    closing: asyncio.Task[None] | None = None
+    if emitter is not None and state.loop is running:
+        flushed = await emitter.stop(timeout)
+        state.emitter = None  # stopped: _undo has only the rest to do
+        _undo(state, timeout)
+        return flushed
+    # The sender runs on another loop (its thread): wait for it off this loop.
+    return await asyncio.to_thread(_undo_flushed, state, timeout)
+
+
+def _undo_flushed(state: Enabled, timeout: float) -> bool:
+    emitter = state.emitter
+    _undo(state, timeout)
+    return emitter is None or emitter._flushed_at_stop
+
+
+def _undo(state: Enabled, timeout: float) -> asyncio.Task[bool] | None:
+    _restore_sigterm(state)
+    emitter = state.emitter
+    closing: asyncio.Task[bool] | None = None
     if emitter is not None:
         try:
             closing = _stop_emitter(state, emitter, timeout)
@@ -383,19 +442,128 @@ def _undo(state: Enabled, timeout: float) -> asyncio.Task[None] | None:
     return closing
 
 
-def _stop_emitter(state: Enabled, emitter: Emitter, timeout: float) -> asyncio.Task[None] | None:
+def _stop_emitter(state: Enabled, emitter: Emitter, timeout: float) -> asyncio.Task[bool] | None:
     loop = state.loop
     if loop is None or loop.is_closed():
+        emitter._give_up("left behind by its closed event loop")
         return None
     try:
         running = asyncio.get_running_loop()
     except RuntimeError:
         running = None
     if running is loop:
-        consumer = emitter._consumer
-        if consumer is not None:
-            consumer.close()
-        return loop.create_task(emitter.stop(timeout=0))
+        warnings.warn(
+            "kernel_ext.disable() was called on the event loop its sender runs on and cannot "
+            "wait there for queued blocks; use `await kernel_ext.adisable()` (or await the "
+            "task it returns)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        logger.error(
+            "kernel_ext.disable() on the sender's own event loop: the flush runs as a task; "
+            "what it cannot send before the loop ends is counted unflushed"
+        )
+        return loop.create_task(emitter.stop(timeout))
     if loop.is_running():
         asyncio.run_coroutine_threadsafe(emitter.stop(timeout), loop).result(timeout + 5)
+    else:
+        emitter._give_up("left behind by its stopped event loop")
     return None
+
+
+# -- shutdown paths: atexit and SIGTERM -----------------------------------------------------
+
+_atexit_registered = False
+
+
+def _register_atexit() -> None:
+    global _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+
+
+def _at_exit() -> None:
+    """The interpreter exits with the plugin still enabled: flush and disable."""
+    state = _state
+    if state is not None:
+        try:
+            disable(state.timeout)
+        except Exception:
+            logger.exception("kernel_ext: disabling at exit failed")
+
+
+def _install_sigterm(state: Enabled) -> None:
+    """Flush on SIGTERM (module docstring), if this is the main thread and SIGTERM still has
+    its default action."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return  # the application handles SIGTERM: it should call (a)disable itself
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not None and running is state.loop:
+            running.add_signal_handler(signal.SIGTERM, _on_sigterm_in_loop, running)
+            state._sigterm = ("loop", running)
+        else:
+            signal.signal(signal.SIGTERM, _on_sigterm)
+            state._sigterm = ("signal", signal.SIG_DFL)
+    except (ValueError, OSError, RuntimeError, NotImplementedError) as exc:
+        logger.info("kernel_ext: no SIGTERM flush (%s)", exc)
+
+
+def _restore_sigterm(state: Enabled) -> None:
+    installed, state._sigterm = state._sigterm, None
+    if installed is None:
+        return
+    try:
+        kind, value = installed
+        if kind == "loop":
+            if not value.is_closed():
+                value.remove_signal_handler(signal.SIGTERM)  # back to SIG_DFL
+        elif signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, value)
+    except (ValueError, OSError, RuntimeError) as exc:
+        logger.info("kernel_ext: SIGTERM handler not restored (%s)", exc)
+
+
+def _terminate() -> None:
+    """Die of SIGTERM, as its default action would have made us."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM in a sync kernel (the sender on its own thread): flush, then terminate. The
+    flush runs on a helper thread, bounded, so a lock the interrupted code holds cannot
+    keep the process alive."""
+    state = _state
+    if state is not None:
+        logger.warning("kernel_ext: SIGTERM; flushing the sender (at most %g s)", state.timeout)
+        helper = threading.Thread(target=disable, args=(state.timeout,), daemon=True)
+        helper.start()
+        helper.join(state.timeout + 5)
+    _terminate()
+
+
+def _on_sigterm_in_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """SIGTERM in an async kernel whose loop runs the sender: flush there, then terminate."""
+    state = _state
+    timeout = state.timeout if state is not None else 5.0
+    logger.warning("kernel_ext: SIGTERM; flushing the sender (at most %g s)", timeout)
+
+    async def flush_then_terminate() -> None:
+        try:
+            await adisable(timeout)
+        finally:
+            _terminate()
+
+    task = loop.create_task(flush_then_terminate())
+    _shutdown_tasks.add(task)  # a task nobody references may be collected before it runs
+    task.add_done_callback(_shutdown_tasks.discard)
+
+
+_shutdown_tasks: set[asyncio.Task[None]] = set()

@@ -131,6 +131,7 @@ INVALID = "invalid"
 TOO_LARGE = "too_large"
 EXPIRED = "expired"
 CALL_LIMIT = "call_limit"
+UNFLUSHED = "unflushed"
 ERROR = "error"
 # Counted, not dropped: a terminal that had to be rebuilt (invalid/too large) to be sent.
 DEGRADED = "degraded"
@@ -586,19 +587,24 @@ class StreamHub:
             old._wake()
         return new
 
-    def _detach(self, consumer: HubConsumer) -> None:
+    def _detach(self, consumer: HubConsumer, reason: str = NO_SENDER) -> int:
+        """Detach ``consumer``; what was queued is dropped, counted ``reason``. Returns the
+        number of terminals among it (logged at ERROR)."""
         with self._lock:
             if self._consumer is not consumer:
-                return
+                return 0
             self._consumer = None
             lost = list(self._queue)
             self._queue.clear()
         terminals = sum(1 for raw in lost if raw[3] in ("done", "aborted"))
         if lost:
-            self._count(NO_SENDER, len(lost))
+            self._count(reason, len(lost))
         if terminals:
-            logger.warning("stream hub: sender detached; %d queued terminal(s) lost", terminals)
+            logger.error(
+                "stream hub: sender detached; %d queued terminal(s) lost (%s)", terminals, reason
+            )
         self._flush_metrics()
+        return terminals
 
     def _take(self, max_items: int) -> list[Outgoing]:
         pop = self._queue.popleft
@@ -1071,12 +1077,15 @@ class HubConsumer:
         self._poked = True
         self._event.set()
 
-    def close(self) -> None:
-        """Detach from the hub: later blocks count ``no_sender``; queued ones are dropped."""
+    def close(self, reason: str = NO_SENDER) -> int:
+        """Detach from the hub: later blocks count ``no_sender``; queued ones are dropped,
+        counted ``reason``. Returns how many of those were terminals."""
+        lost = 0
         if not self._closed:
             self._closed = True
-            self._hub._detach(self)
+            lost = self._hub._detach(self, reason)
             self._wake()
+        return lost
 
     def _wake(self) -> None:
         try:

@@ -84,9 +84,7 @@ async def test_enable_wires_instrumentor_processor_hub_and_emitter(
     assert attributes["kernel_ext.call_id.path"] == "context"
     assert state.hub.stats().calls == 0  # released when the spans ended
 
-    closing = kernel_ext.disable()
-    if closing is not None:
-        await closing
+    await kernel_ext.adisable()
     assert plugin.enabled() is None
     assert get_default_hub() is not state.hub
     assert not hasattr(globals()["ask_colleague"], "__wrapped__")  # uninstrumented

@@ -1,0 +1,117 @@
+"""Shutdown flushes (issue: terminal edges, item 2): a worker process that publishes a tool
+call's terminal and then stops — its script ends, it gets SIGTERM, it calls ``disable()`` or
+``await adisable()`` — still delivers that terminal to the browser, exactly once, within the
+shutdown timeout. A sync ``disable()`` on the sender's own loop warns; a loop that ends under
+the sender counts and logs what it lost.
+
+Real processes over 127.0.0.1: the worker is ``tests/shutdown_worker.py`` in a subprocess
+(``kernel_ext.enable(relay_url=…)``, the loopback emitter), the relay is uvicorn in this
+process, the browser a real python-socketio client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import serve_asgi
+from relay_helpers import SECRET, barrier, terminals
+from reliability_support import browser_on
+
+from kernel_ext.relay import allow_all, create_app
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
+
+WORKER = Path(__file__).with_name("shutdown_worker.py")
+CALL = "5b8aa5a2d2c872e8"
+
+
+async def run_worker(mode: str, port: int, conversation: str) -> tuple[int, str, str]:
+    env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(WORKER),
+        mode,
+        f"http://127.0.0.1:{port}",
+        conversation,
+        CALL,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def last_json(out: str) -> dict[str, Any]:
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    assert lines, out
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+@pytest.mark.parametrize(
+    ("mode", "status"),
+    [
+        ("sync-exit", 0),
+        ("sync-disable", 0),
+        ("sync-sigterm", -signal.SIGTERM),
+        ("async-adisable", 0),
+        ("async-sigterm", -signal.SIGTERM),
+        ("async-disable-awaited", 0),
+    ],
+)
+async def test_the_terminal_queued_at_shutdown_reaches_the_browser_once(
+    mode: str, status: int
+) -> None:
+    conversation = f"conv-{mode}"
+    ready = create_app(SECRET, authorize_join=allow_all)
+    async with serve_asgi(ready.app) as port, browser_on(port, conversation) as browser:
+        code, out, err = await run_worker(mode, port, conversation)
+        assert code == status, err
+        await browser.wait_for(lambda _: bool(terminals(browser.stream(CALL))), timeout=20)
+        await barrier(browser, port)
+        stream = browser.stream(CALL, "t")
+        assert [b["state"] for b in stream] == ["running", "done"], err
+        assert stream[-1]["envelope"]["payload"] == {"text": "the final answer"}
+        if mode.endswith("sigterm"):
+            assert "SIGTERM; flushing the sender" in err
+        if mode in ("sync-disable", "async-adisable", "async-disable-awaited"):
+            report = last_json(out)
+            assert report["counts"].get("unflushed", 0) == 0
+            assert report["counts"]["sent"] == 2
+        if mode in ("async-adisable", "async-disable-awaited"):
+            assert last_json(out)["flushed"] is True
+        if mode == "async-disable-awaited":
+            (warning,) = last_json(out)["warned"]
+            assert "adisable" in warning
+
+
+async def test_a_loop_that_ends_under_the_sender_counts_and_logs_what_it_lost() -> None:
+    """No adisable() before asyncio.run() ends: the sender cannot flush any more (the loop
+    and its connections are being torn down); the loss is not silent."""
+    ready = create_app(SECRET, authorize_join=allow_all)
+    async with serve_asgi(ready.app) as port, browser_on(port, "conv-lost") as browser:
+        code, out, err = await run_worker("async-loop-ends", port, "conv-lost")
+        assert code == 0, err
+        await barrier(browser, port)
+        delivered = len(terminals(browser.stream(CALL)))
+    counts = last_json(out)["counts"]
+    # Whatever did not reach the relay is counted; the terminal is either delivered or
+    # counted lost, never both and never neither.
+    assert counts.get("unflushed", 0) + delivered >= 1
+    if not delivered:
+        assert counts["unflushed"] == 2
+        assert "1 queued terminal(s) lost (unflushed)" in err
