@@ -409,9 +409,7 @@ class BoomRelay(ChatRelay):
 
 
 @contextlib.asynccontextmanager
-async def in_process(
-    sio: socketio.AsyncServer, relay: ChatRelay
-) -> AsyncIterator[tuple[int, aiohttp.ClientSession]]:
+async def in_process(sio: socketio.AsyncServer) -> AsyncIterator[tuple[int, aiohttp.ClientSession]]:
     async with serve_asgi(socketio.ASGIApp(sio)) as port, aiohttp.ClientSession() as session:
         yield port, session
 
@@ -426,7 +424,7 @@ async def test_other_records_of_the_library_loggers_pass_untouched(
     sio = socketio.AsyncServer(async_mode="asgi", async_handlers=False)
     relay = BoomRelay(SECRET, authorize_join=allow_all)
     sio.register_namespace(relay)
-    async with in_process(sio, relay) as (port, session), RawSocket(session, port) as raw:
+    async with in_process(sio) as (port, session), RawSocket(session, port) as raw:
         assert (await raw.connect() or "").startswith(f"40{NS},")
         for _ in range(5):
             await raw.send(f'42{NS},["boom"]')
@@ -458,7 +456,7 @@ async def test_unhashable_event_names_on_a_server_with_decorator_handlers_are_bo
         return True
 
     relay = mount_relay(sio, SECRET, authorize_join=allow_all)
-    async with in_process(sio, relay) as (port, session), RawSocket(session, port) as raw:
+    async with in_process(sio) as (port, session), RawSocket(session, port) as raw:
         assert (await raw.connect() or "").startswith(f"40{NS},")
         for i in range(10):
             await raw.send(f'42{NS},[{{"n":{i}}}]')
@@ -494,7 +492,7 @@ async def test_a_connect_handler_that_fails_refuses_the_connection_and_leaves_no
     relay = Broken(SECRET, authorize_join=allow_all)
     sio.register_namespace(relay)
     answers: list[str | None] = []
-    async with in_process(sio, relay) as (port, session):
+    async with in_process(sio) as (port, session):
         for _ in range(20):
             async with RawSocket(session, port) as raw:
                 answers.append(await raw.connect())
