@@ -8,10 +8,11 @@ Usage::
     tox -e soak
 
 Not a ``bench_*`` module: ``benchmarks/run.py`` does not pick it up. It runs pytest on the
-reliability suite (tests/test_reliability_*.py, test_fuzz.py, test_intruders.py) with the
-scale variables below set, unless the environment sets them already; every scenario appends
-one JSON line of figures to the report (``KERNEL_EXT_RELIABILITY_REPORT``), which is then
-printed as a Markdown table with the machine and the date, ready for docs/reliability.md.
+reliability suite (tests/test_reliability_*.py, test_fuzz.py, test_intruders.py,
+test_hostile.py) with the scale variables below set, unless the environment sets them
+already; every scenario appends one JSON line of figures to the report
+(``KERNEL_EXT_RELIABILITY_REPORT``), which is then printed as a Markdown table with the
+machine and the date, ready for docs/reliability.md.
 
 =================================  ========  ====================================
 variable                           soak      what
@@ -47,6 +48,7 @@ SUITE = [
     "tests/test_reliability_load.py",
     "tests/test_fuzz.py",
     "tests/test_intruders.py",
+    "tests/test_hostile.py",
 ]
 SOAK_SCALE = {
     "KERNEL_EXT_RELIABILITY_RUNS": "20",

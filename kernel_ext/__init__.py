@@ -5,6 +5,8 @@ Public names are re-exported here; see each module for its guarantees.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from kernel_ext.context import (
     ToolCall,
     current_call_id,
@@ -25,7 +27,6 @@ from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
 from kernel_ext.plugin import adisable, disable, enable
 from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.protocol import Block, Envelope, decode, encode, pseudo_envelope
-from kernel_ext.relay import ChatRelay, create_app, mount_relay
 from kernel_ext.resolve import Resolution, ResolutionPath, resolve_call_id
 from kernel_ext.stream import (
     StreamHub,
@@ -36,7 +37,23 @@ from kernel_ext.stream import (
 )
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
 
+if TYPE_CHECKING:
+    from kernel_ext.relay import ChatRelay, create_app, mount_relay
+
 __version__ = "0.1.0"
+
+# Imported on first use: ``python -m kernel_ext.relay`` must find the module not yet
+# imported (runpy warns, and would run a second copy of it, otherwise).
+_RELAY_NAMES = frozenset({"ChatRelay", "create_app", "mount_relay"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _RELAY_NAMES:
+        from kernel_ext import relay
+
+        return getattr(relay, name)
+    raise AttributeError(f"module 'kernel_ext' has no attribute {name!r}")
+
 
 __all__ = [
     "Block",

@@ -20,9 +20,14 @@ from typing import Any, TypeVar
 
 from opentelemetry.metrics import Counter
 
-__all__ = ["BatchedCount", "RareLog", "slot_constructor"]
+__all__ = ["BatchedCount", "RareLog", "is_rare", "slot_constructor"]
 
 _T = TypeVar("_T")
+
+
+def is_rare(seen: int) -> bool:
+    """Whether a fault's ``seen``-th occurrence is one to log: the 1st, 2nd, 4th, 8th …"""
+    return seen > 0 and seen & (seen - 1) == 0
 
 
 class RareLog:
@@ -48,10 +53,8 @@ class RareLog:
 
         Returns the number of times ``reason`` has been seen, this one included.
         """
-        with self._lock:
-            seen = self._counts.get(reason, 0) + 1
-            self._counts[reason] = seen
-        if seen & (seen - 1) == 0:
+        seen = self.note(reason)
+        if is_rare(seen):
             with contextlib.suppress(Exception):  # a broken handler must not reach the caller
                 self._logger.log(
                     level,
@@ -61,6 +64,14 @@ class RareLog:
                     seen,
                     exc_info=exc_info,
                 )
+        return seen
+
+    def note(self, reason: str) -> int:
+        """Count one ``reason`` without logging; the number of times it has been seen, this
+        one included (:func:`is_rare` says whether to log it)."""
+        with self._lock:
+            seen = self._counts.get(reason, 0) + 1
+            self._counts[reason] = seen
         return seen
 
     def counts(self) -> dict[str, int]:

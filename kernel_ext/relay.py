@@ -25,6 +25,14 @@ Guarantees:
   (``tool_event_stream``, ``kx_blocks``, unknown events) reaches no one; it is dropped,
   logged (1st, 2nd, 4th … time per reason) and counted, as are invalid blocks and frames
   over the bounds.
+* Hostile packets cost a count, not a crash or a log line each: a secret that is not
+  valid UTF-8 (a lone surrogate) is a wrong secret; an event whose name is not a string,
+  or with arguments its handler cannot take, is dropped (and answered, when it asks for
+  an acknowledgement); an ``on_connect`` that fails refuses the connection (never leaves
+  it half-open in python-socketio's manager). Packets python-socketio cannot decode or
+  dispatch are counted, and the tracebacks the libraries log about them are let through
+  on the 1st, 2nd, 4th … time of each kind only (a filter on the server's python-socketio,
+  python-engineio and the ``asyncio`` loggers; every other record passes untouched).
 * Order: frames of one internal connection are emitted in arrival order, one after the
   other, whatever the server's ``async_handlers`` setting (handlers queue synchronously
   into a per-connection worker).
@@ -41,9 +49,11 @@ Guarantees:
   that did not reach Redis again once Redis is back (counted ``redis_*``), so browsers on
   the other web processes get it after an outage.
 
-Run a standalone relay with ``python -m kernel_ext.relay --port 8765`` (secret from
-``KERNEL_EXT_SECRET``; ``--redis-url`` for a Redis client manager); it binds 127.0.0.1
-unless ``--host`` says otherwise.
+Run a standalone relay with ``python -m kernel_ext.relay --port 8765 --authenticate
+pkg.mod:fn --authorize-join pkg.mod:fn`` (secret from ``KERNEL_EXT_SECRET``;
+``--redis-url`` for a Redis client manager); it binds 127.0.0.1 unless ``--host`` says
+otherwise. Without both hooks it refuses to start unless ``--allow-anyone`` is given, and
+on a host other than a loopback one even then (:func:`main`).
 """
 
 from __future__ import annotations
@@ -53,18 +63,24 @@ import asyncio
 import contextlib
 import hmac
 import inspect
+import ipaddress
+import json
 import logging
+import math
 import os
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from types import FrameType
+from typing import Any, NoReturn
 
+import engineio
 import socketio
 from socketio.async_pubsub_manager import AsyncPubSubManager
 
 from kernel_ext import metrics
-from kernel_ext._telemetry import RareLog
+from kernel_ext._telemetry import RareLog, is_rare
 from kernel_ext.errors import BlockTooLargeError, ConfigError, DecodeError, check_positive_ints
 from kernel_ext.protocol import (
     CHAT_EVENT,
@@ -197,13 +213,22 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         # (forget-after, room, block, sids served), oldest first.
         self._held: list[tuple[float, str, Any, set[str]]] = []
         self._counts: dict[str, int] = {}
+        self._arities: dict[str, tuple[int, float]] = {}
+        self._packet_log = RareLog(logger)
+
+    def _set_server(self, server: Any) -> None:
+        # python-socketio calls this from register_namespace, however the relay is mounted.
+        super()._set_server(server)
+        _watch_library_logs(self, server)
 
     # -- stats ----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
         """Counts by outcome since start (``frames``, ``blocks_emitted``, ``rejected_*`` …,
         ``redis_*`` with :func:`create_app`'s Redis manager) and the current
-        ``internal``/``browsers`` connections."""
+        ``internal``/``browsers`` connections. ``rejected_bad_packet`` counts packets of this
+        server that python-socketio could not decode or dispatch (logged by the library),
+        ``suppressed_log_records`` those of its log records the relay held back."""
         counts = dict(self._counts)
         counts.update(getattr(getattr(self.server, "manager", None), "counts", None) or {})
         counts["internal"] = len(self._internal)
@@ -213,11 +238,45 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
     def _count(self, outcome: str, n: int = 1) -> None:
         self._counts[outcome] = self._counts.get(outcome, 0) + n
 
-    def _reject(self, sid: str, reason: str, what: str) -> None:
+    def _reject(self, sid: str, reason: str, what: str, *, exc_info: bool = False) -> None:
         self._count("rejected_" + reason)
         with contextlib.suppress(Exception):
             metrics.relay_frames.add(1, {"outcome": reason})
-        _rare("relay_" + reason, "relay: dropped %s from %s (%s)", what, sid, reason)
+        level = logging.ERROR if exc_info else logging.WARNING
+        _rare(
+            "relay_" + reason,
+            "relay: dropped %s from %s (%s)",
+            what,
+            sid,
+            reason,
+            level=level,
+            exc_info=exc_info,
+        )
+
+    def _library_record(self, record: logging.LogRecord) -> bool:
+        """Count a library's log record about a malformed packet (``rejected_bad_packet``)
+        and say whether to keep it: the 1st, 2nd, 4th … of each kind (exception type), the
+        first with its traceback, the later ones in one line; the rest are dropped
+        (``suppressed_log_records``)."""
+        error = record.exc_info[1] if record.exc_info else None
+        kind = type(error).__name__
+        self._count("rejected_bad_packet")
+        with contextlib.suppress(Exception):
+            metrics.relay_frames.add(1, {"outcome": "bad_packet"})
+        seen = self._packet_log.note(kind)
+        if not is_rare(seen):
+            self._count("suppressed_log_records")
+            return False
+        detail = str(error)[:200]
+        note = f"a malformed packet from a client: {kind}: {detail}; seen {seen} times"
+        if seen == 1:
+            note += "; logged again on the 2nd, 4th, 8th … time, without the traceback"
+        else:
+            record.exc_info = None
+            record.exc_text = None
+        record.msg = f"{record.getMessage()} [{note}]"
+        record.args = ()
+        return True
 
     # -- connections ----------------------------------------------------------------------
 
@@ -225,8 +284,7 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         """Internal sender (shared secret) or browser (hook); refuse everything else."""
         if isinstance(auth, Mapping) and "internal" in auth:
             given = auth.get("internal")
-            ok = isinstance(given, str) and hmac.compare_digest(given.encode("utf-8"), self._secret)
-            if not ok:
+            if not self._secret_matches(given):
                 self._reject(sid, "bad_secret", "an internal connection")
                 raise socketio.exceptions.ConnectionRefusedError("unauthorized")
             conn = _Internal()
@@ -257,19 +315,61 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         if conn is not None:
             conn.queue.put_nowait(None)
 
+    def _secret_matches(self, given: Any) -> bool:
+        """Whether ``given`` is the internal secret, compared in constant time as bytes; any
+        string (lone surrogates too) is compared, anything else does not match."""
+        if not isinstance(given, str):
+            return False
+        return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), self._secret)
+
     async def trigger_event(self, event: str, *args: Any) -> Any:
         """Dispatch; an event with no handler is dropped, logged and counted, and so is a
-        ``connect`` or ``disconnect`` that a client sent as an ordinary event."""
+        ``connect`` or ``disconnect`` that a client sent as an ordinary event, an event whose
+        name is not a string (``bad_event_name``) and one with more or fewer arguments than
+        its handler takes (``bad_arguments``). A connection whose ``on_connect`` raises
+        anything but a refusal is refused (``rejected_connect_error``, logged rarely)."""
+        sid = args[0] if args else "?"
+        if not isinstance(event, str):  # a client may name an event 5, true or {"a": 1}
+            self._reject(
+                sid, "bad_event_name", f"an event with a non-string name ({type(event).__name__})"
+            )
+            return None
         if event in ("connect", "disconnect"):
             forged = self._sent_by_client(event, args)
         else:
-            forged = not hasattr(self, "on_" + (event or ""))
+            forged = not hasattr(self, "on_" + event)
         if forged:
-            sid = args[0] if args else "?"
             who = "internal sender" if sid in self._internal else "browser"
-            self._reject(sid, "unknown_event", f"event {event!r} from a {who}")
+            self._reject(sid, "unknown_event", f"event {event[:64]!r} from a {who}")
+            return None
+        if event == "connect":
+            return await self._connect(args)
+        if event != "disconnect" and not self._takes(event, len(args)):
+            self._reject(sid, "bad_arguments", f"event {event!r} with {len(args) - 1} arguments")
             return None
         return await super().trigger_event(event, *args)
+
+    async def _connect(self, args: tuple[Any, ...]) -> Any:
+        """The server's own ``connect``. python-socketio handles only refusals: any other
+        exception would be logged with its traceback and leave the connection half-open in
+        its manager for good, so it refuses the connection instead."""
+        try:
+            return await super().trigger_event("connect", *args)
+        except (socketio.exceptions.ConnectionRefusedError, ConnectionRefusedError):
+            raise
+        except Exception as exc:
+            if isinstance(exc, TypeError) and not self._takes("connect", len(args)):
+                raise  # python-socketio retries a legacy on_connect(sid, environ)
+            sid = args[0] if args else "?"
+            self._reject(sid, "connect_error", "a connection (on_connect failed)", exc_info=True)
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized") from None
+
+    def _takes(self, event: str, count: int) -> bool:
+        """Whether the handler of ``event`` takes ``count`` positional arguments."""
+        bounds = self._arities.get(event)
+        if bounds is None:  # one entry per handler name: hasattr was checked
+            bounds = self._arities[event] = _positional_bounds(getattr(self, "on_" + event))
+        return bounds[0] <= count <= bounds[1]
 
     def _sent_by_client(self, event: str, args: tuple[Any, ...]) -> bool:
         """Whether a ``connect``/``disconnect`` came from a connected client as an ordinary
@@ -519,6 +619,115 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
                 done.set_result(emitted)
 
 
+def _positional_bounds(handler: Any) -> tuple[int, float]:
+    """How many positional arguments ``handler`` takes, at least and at most."""
+    try:
+        parameters = list(inspect.signature(handler).parameters.values())
+    except (TypeError, ValueError):
+        return 0, math.inf
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    positional = [p for p in parameters if p.kind in kinds]
+    required = sum(p.default is inspect.Parameter.empty for p in positional)
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return required, math.inf
+    return required, len(positional)
+
+
+# -- the libraries' log records of malformed packets --------------------------------------
+#
+# For a packet it cannot decode or dispatch (``42/chat,[]``, ``{}``, not JSON, nested past
+# the recursion limit, an unknown packet type) python-socketio raises, and python-engineio
+# logs the exception with its traceback at ERROR, once per packet, on the server's
+# engineio logger ("message async handler error"; "Unknown receive error" for its own
+# packet types). asyncio logs the same when python-socketio's event task fails on an
+# unhashable event name (only when the server has decorator handlers for the namespace:
+# the relay drops non-string names itself). One filter on those loggers hands exactly these
+# records to the relay of their server; every other record passes untouched.
+
+_LIBRARY_MESSAGES = frozenset({"message async handler error", "Unknown receive error"})
+_TASK_MESSAGE = "Task exception was never retrieved"
+_SOCKETIO_DIR = os.path.dirname(socketio.__file__)
+_ENGINEIO_DIR = os.path.dirname(engineio.__file__)
+_JSON_DIR = os.path.dirname(json.__file__)
+_LIBRARY_DIRS = tuple(d + os.sep for d in (_SOCKETIO_DIR, _ENGINEIO_DIR, _JSON_DIR))
+# Where a malformed packet makes the libraries raise: (directory, file) -> functions, or
+# None for any function of the file.
+_DECODE_SITES: dict[tuple[str, str], frozenset[str] | None] = {
+    (_SOCKETIO_DIR, "packet.py"): None,
+    (_SOCKETIO_DIR, "msgpack_packet.py"): None,
+    (_SOCKETIO_DIR, "async_server.py"): frozenset({"_handle_eio_message", "_handle_event"}),
+    (_SOCKETIO_DIR, "base_server.py"): frozenset({"_get_event_handler"}),
+    (_ENGINEIO_DIR, "async_socket.py"): frozenset({"receive"}),
+    (_JSON_DIR, "decoder.py"): None,
+    (_JSON_DIR, "__init__.py"): None,
+}
+# A library server (python-socketio's or its python-engineio server) -> its relay.
+_RELAY_OF: weakref.WeakKeyDictionary[Any, weakref.ref[ChatRelay]] = weakref.WeakKeyDictionary()
+
+
+class _MalformedPacketFilter(logging.Filter):
+    """Hands a library record about a malformed packet to its server's relay (which keeps
+    the 1st, 2nd, 4th … of each kind); every other record passes untouched."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        relay = _relay_of_record(record)
+        return True if relay is None else relay._library_record(record)
+
+
+_PACKET_FILTER = _MalformedPacketFilter()
+
+
+def _watch_library_logs(relay: ChatRelay, server: Any) -> None:
+    """Route ``server``'s records about malformed packets to ``relay`` (the first relay
+    registered on a server keeps them). The one filter goes once onto each logger."""
+    eio = getattr(server, "eio", None)
+    for owner in (server, eio):
+        with contextlib.suppress(TypeError):  # not weak-referenceable: nothing to route
+            known = _RELAY_OF.get(owner)
+            if known is None or known() is None:
+                _RELAY_OF[owner] = weakref.ref(relay)
+    for log in (getattr(server, "logger", None), getattr(eio, "logger", None)):
+        if isinstance(log, logging.LoggerAdapter):
+            log = log.logger
+        if isinstance(log, logging.Logger):
+            log.addFilter(_PACKET_FILTER)  # a no-op when it is there already
+    logging.getLogger("asyncio").addFilter(_PACKET_FILTER)
+
+
+def _relay_of_record(record: logging.LogRecord) -> ChatRelay | None:
+    """The relay whose server logged ``record`` about a malformed packet, else ``None``."""
+    message = record.msg
+    if not record.exc_info or not isinstance(message, str):
+        return None
+    if message not in _LIBRARY_MESSAGES and not message.startswith(_TASK_MESSAGE):
+        return None
+    frames: list[FrameType] = []
+    tb = record.exc_info[2]
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    if not frames or not all(f.f_code.co_filename.startswith(_LIBRARY_DIRS) for f in frames):
+        return None  # an application's or the relay's own code raised: a real error
+    code = frames[-1].f_code
+    site = (os.path.dirname(code.co_filename), os.path.basename(code.co_filename))
+    if site not in _DECODE_SITES:
+        return None
+    functions = _DECODE_SITES[site]
+    if functions is not None and code.co_name not in functions:
+        return None
+    for frame in frames:
+        owner = frame.f_locals.get("self")
+        for candidate in (owner, getattr(owner, "server", None)):
+            try:
+                ref = _RELAY_OF.get(candidate)
+            except TypeError:
+                continue
+            relay = ref() if ref is not None else None
+            if relay is not None:
+                return relay
+    return None
+
+
 class RelayRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
     """python-socketio's Redis client manager, except that a terminal block whose publish
     to the other web processes failed (Redis down; python-socketio publishes once and only
@@ -642,28 +851,149 @@ def create_app(
     return RelayApp(app=app, sio=sio, relay=relay)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m kernel_ext.relay``: serve a standalone relay with uvicorn."""
+def is_loopback_host(host: str) -> bool:
+    """Whether ``--host`` binds to this machine only: ``localhost`` (any case) or an IP
+    literal in 127.0.0.0/8 or ``::1``. Anything else — ``0.0.0.0``, ``::``, an empty host,
+    another name (not resolved) — may be reachable from the network."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _parser() -> argparse.ArgumentParser:
     from kernel_ext.plugin import ENV_REDIS_URL, ENV_SECRET
 
-    parser = argparse.ArgumentParser(prog="python -m kernel_ext.relay", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8765)
-    parser.add_argument("--redis-url", default=os.environ.get(ENV_REDIS_URL))
-    parser.add_argument("--namespace", default=NAMESPACE)
-    parser.add_argument("--log-level", default="warning")
+    parser = argparse.ArgumentParser(
+        prog="python -m kernel_ext.relay",
+        description="Serve the kernel_ext /chat relay on its own (uvicorn): blocks from "
+        "internal senders to the browsers in each conversation's room.",
+        epilog=f"The internal senders' secret comes from {ENV_SECRET}. Without both "
+        "--authenticate and --authorize-join the relay refuses to start, unless "
+        "--allow-anyone is given on a loopback --host.",
+    )
+    parser.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to bind; one other than localhost, 127.0.0.0/8 or ::1 needs both "
+        "hooks (default: %(default)s)",
+    )
+    parser.add_argument("--port", type=int, default=8765, help="port (default: %(default)s)")
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help=f"redis:// URL of a Redis client manager shared by several web processes "
+        f"(default: ${ENV_REDIS_URL} if set, else none: this process only)",
+    )
+    parser.add_argument(
+        "--namespace", default=NAMESPACE, help="Socket.IO namespace (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="log level (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--authenticate",
+        metavar="MODULE:FUNCTION",
+        help="browser authentication hook, authenticate(auth, environ) -> identity or None "
+        "(default: none, every browser is accepted)",
+    )
+    parser.add_argument(
+        "--authorize-join",
+        metavar="MODULE:FUNCTION",
+        help="room hook, authorize_join(identity, conversation_id) -> bool "
+        "(default: none, every join is allowed)",
+    )
+    parser.add_argument(
+        "--allow-anyone",
+        action="store_true",
+        help="start without both hooks, on a loopback --host only: every browser may then "
+        "join any conversation (default: off, refuse to start)",
+    )
+    return parser
+
+
+def _openness(authenticate: str | None, authorize_join: str | None) -> str:
+    """What a relay without these hooks lets browsers do ('' when both are given)."""
+    if not authenticate and not authorize_join:
+        return "without hooks every browser may join any conversation"
+    if not authorize_join:
+        return "without --authorize-join every authenticated browser may join any conversation"
+    if not authenticate:
+        return (
+            "without --authenticate every browser is accepted and looks the same to "
+            "--authorize-join"
+        )
+    return ""
+
+
+def _refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def _load_hook(parser: argparse.ArgumentParser, option: str, spec: str) -> Callable[..., Any]:
+    from kernel_ext.instrument import _load_callable
+
+    try:
+        return _load_callable(spec, option)
+    except ConfigError as exc:
+        _refuse(parser, str(exc))
+    except Exception as exc:  # the module itself failed while importing
+        _refuse(parser, f"{option} {spec!r} cannot be loaded ({type(exc).__name__}: {exc})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m kernel_ext.relay``: serve a standalone relay with uvicorn.
+
+    Refuses to start (a one-line error, exit status 2) without both hooks unless
+    ``--allow-anyone`` is given, and without both hooks on a non-loopback ``--host``
+    (:func:`is_loopback_host`) even then; a hook that cannot be loaded, or a missing
+    ``KERNEL_EXT_SECRET``, is refused the same way."""
+    from kernel_ext.plugin import ENV_REDIS_URL, ENV_SECRET
+
+    parser = _parser()
     args = parser.parse_args(argv)
+    openness = _openness(args.authenticate, args.authorize_join)
+    if openness and not is_loopback_host(args.host):
+        _refuse(
+            parser,
+            f"--host {args.host} may be reachable from the network and {openness}: give both "
+            "--authenticate and --authorize-join (--allow-anyone is for loopback hosts only)",
+        )
+    if openness and not args.allow_anyone:
+        _refuse(
+            parser,
+            f"{openness}: give both --authenticate and --authorize-join (MODULE:FUNCTION), "
+            "or --allow-anyone to accept that",
+        )
     secret = os.environ.get(ENV_SECRET, "")
     if not secret:
-        parser.error(f"set {ENV_SECRET} to the internal senders' shared secret")
+        _refuse(parser, f"set {ENV_SECRET} to the internal senders' shared secret")
+    authenticate = (
+        _load_hook(parser, "--authenticate", args.authenticate) if args.authenticate else None
+    )
+    authorize_join = (
+        _load_hook(parser, "--authorize-join", args.authorize_join)
+        if args.authorize_join
+        else allow_all
+    )
     import uvicorn
 
     logging.basicConfig(level=args.log_level.upper())
+    if openness:
+        logger.warning(
+            "relay started with --allow-anyone on %s:%d: %s", args.host, args.port, openness
+        )
     ready = create_app(
         secret,
-        redis_url=args.redis_url,
+        redis_url=args.redis_url or os.environ.get(ENV_REDIS_URL) or None,
         namespace=args.namespace,
-        authorize_join=allow_all,
+        authenticate=authenticate,
+        authorize_join=authorize_join,
     )
     uvicorn.run(
         ready.app,
@@ -676,4 +1006,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    # Run the module under its own name, so that its loggers are kernel_ext.relay's.
+    from kernel_ext.relay import main as _main
+
+    raise SystemExit(_main())

@@ -118,7 +118,8 @@ async def barrier(browser: Browser, port: int) -> None:
 
 
 class RelayProcess:
-    """``python -m kernel_ext.relay`` in a subprocess on a fixed port; killed in ``stop``."""
+    """``python -m kernel_ext.relay`` in a subprocess on a fixed port (on 127.0.0.1, open to
+    every browser: ``--allow-anyone``); killed in ``stop``."""
 
     def __init__(self, port: int | None = None, redis_url: str | None = None) -> None:
         self.port = port or free_port()
@@ -128,6 +129,7 @@ class RelayProcess:
     def start(self) -> None:
         env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
         cmd = [sys.executable, "-m", "kernel_ext.relay", "--port", str(self.port)]
+        cmd.append("--allow-anyone")
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)

@@ -5,8 +5,10 @@
 * short Engine.IO pings (``--ping-interval``/``--ping-timeout``), so a frozen process is
   noticed by its clients in about a second instead of 45;
 * ``GET /stats``: the relay's counters and the sizes of everything it keeps (held
-  terminals, remembered terminals, per-connection frame queues, rooms), so a test can
-  check that nothing grows.
+  terminals, remembered terminals, per-connection frame queues, rooms), of what the
+  server's client manager and Engine.IO server hold (namespace and room entries, pending
+  connections, environs, sockets) and the process's resident memory, so a test can check
+  that nothing grows.
 
 Usage: ``KERNEL_EXT_SECRET=s python tests/reliability_relay.py --port P [--redis-url U]``.
 """
@@ -26,15 +28,34 @@ from starlette.routing import Route
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 
 
+def rss_kb() -> int | None:
+    """The process's resident memory now, KiB (Linux; ``None`` elsewhere)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
 def sizes(relay: ChatRelay, sio: Any) -> dict[str, Any]:
     """What the relay and its server hold right now."""
-    rooms = sio.manager.rooms.get(relay.namespace, {})
+    manager = sio.manager
+    rooms = manager.rooms.get(relay.namespace, {})
     return {
         "counts": relay.stats(),
         "held_terminals": len(relay._held),
         "remembered_terminals": len(relay._terminals),
         "queued_frames": sum(conn.queue.qsize() for conn in relay._internal.values()),
         "rooms": len(rooms),
+        "namespace_entries": sum(len(ns.get(None, ())) for ns in manager.rooms.values()),
+        "room_entries": sum(len(room) for ns in manager.rooms.values() for room in ns.values()),
+        "pending_connects": sum(len(sids) for sids in manager.pending_connect.values()),
+        "pending_disconnects": sum(len(sids) for sids in manager.pending_disconnect.values()),
+        "callbacks": len(manager.callbacks),
+        "environs": len(sio.environ),
+        "eio_sockets": len(sio.eio.sockets),
+        "rss_kb": rss_kb(),
         "pid": os.getpid(),
     }
 

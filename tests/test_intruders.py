@@ -167,8 +167,8 @@ async def test_guessing_the_internal_secret_is_refused_counted_logged_and_consta
     monkeypatch.setattr(relay_module, "hmac", types.SimpleNamespace(compare_digest=compare_digest))
     caplog.set_level(logging.WARNING, logger="kernel_ext.relay")
     attempts = 200
-    guesses = [f"{SECRET[:-1]}{i}" for i in range(attempts - 4)]
-    guesses += [SECRET + "x", SECRET[:1], "", "ü" * len(SECRET)]
+    guesses = [f"{SECRET[:-1]}{i}" for i in range(attempts - 5)]
+    guesses += [SECRET + "x", SECRET[:1], "", "ü" * len(SECRET), "\ud800" + SECRET[1:]]
     assert SECRET not in guesses
     seen_before = relay_module._rare.counts().get("relay_bad_secret", 0)
     async with relay_server() as (port, relay), browsers(port, C1) as (watcher,):
