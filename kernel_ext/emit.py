@@ -19,16 +19,28 @@ import abc
 import asyncio
 import contextlib
 import functools
+import json
 import logging
+import os
 import random
+import re
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
-from kernel_ext.protocol import CHAT_EVENT, KX_BLOCKS, KX_CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
+from kernel_ext.protocol import (
+    CHAT_EVENT,
+    KX_BLOCKS,
+    KX_CHAT_EVENT,
+    NAMESPACE,
+    TOOL_EVENT_STREAM,
+    WORKER_HEARTBEAT,
+    WORKER_ID_PATTERN,
+)
 from kernel_ext.stream import (
     HubConsumer,
     Outgoing,
@@ -41,6 +53,7 @@ from kernel_ext.stream import (
 __all__ = [
     "CHAT_EVENT",
     "DEFAULT_NAMESPACE",
+    "ENV_WORKER_ID",
     "KX_BLOCKS",
     "KX_CHAT_EVENT",
     "TOOL_EVENT_STREAM",
@@ -64,6 +77,27 @@ REDIS_DOWN = "redis_down"
 NO_LISTENER = "no_listener"
 
 Record = tuple[str, dict[str, Any]]
+
+ENV_WORKER_ID = "KERNEL_EXT_WORKER_ID"
+"""The worker id a sender presents when given none (default: a random one per sender)."""
+_WORKER_TAG = "kx_worker"  # the worker id on a RedisEmitter's pub/sub emit messages
+
+
+def _worker_id(given: str | None) -> str:
+    """``given``, else ``$KERNEL_EXT_WORKER_ID``, else a random id; checked against
+    ``protocol.WORKER_ID_PATTERN`` (:class:`ConfigError` naming where a bad one came from)."""
+    source = "worker_id"
+    if given is None:
+        given = os.environ.get(ENV_WORKER_ID) or None
+        source = ENV_WORKER_ID
+    if given is None:
+        return uuid.uuid4().hex
+    if not isinstance(given, str) or re.fullmatch(WORKER_ID_PATTERN, given) is None:
+        raise ConfigError(
+            f"{source} must be 1-128 characters of letters, digits and ._:@- (starting with a "
+            f"letter or digit), got {given!r}"
+        )
+    return given
 
 
 class Emitter(abc.ABC):
@@ -347,7 +381,11 @@ class LoopbackEmitter(Emitter):
     """Sends blocks to the web process's relay over a python-socketio ``AsyncClient``.
 
     Connects to ``url`` (e.g. ``http://127.0.0.1:8000``), namespace ``/chat``, with auth
-    ``{"internal": secret}``. Guarantees:
+    ``{"internal": secret, "worker": worker_id}``. ``worker_id`` (default
+    ``$KERNEL_EXT_WORKER_ID``, else a random id per emitter) names this worker to the relay,
+    which ends the worker's open streams with ``aborted`` when it stays disconnected longer
+    than the relay's grace period; a sender that reconnects (or a restarted process with
+    the same id) within it resumes as the same worker. Guarantees:
 
     * Blocks of one stream are sent in order, batched per room into ``kx_blocks`` frames
       of at most ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters.
@@ -385,6 +423,7 @@ class LoopbackEmitter(Emitter):
         reconnect_delay_max: float = 5.0,
         connect_timeout: float = 5.0,
         on_health: Callable[[bool], None] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         super().__init__(hub=hub, batch_max=batch_max)
         if not isinstance(url, str) or not url:
@@ -406,6 +445,7 @@ class LoopbackEmitter(Emitter):
         )
         self.url = url
         self._secret = secret
+        self.worker_id = _worker_id(worker_id)
         self.namespace = namespace
         self.socketio_path = socketio_path
         self.transports = transports if transports is not None else ["websocket"]
@@ -525,7 +565,7 @@ class LoopbackEmitter(Emitter):
             try:
                 await client.connect(
                     self.url,
-                    auth={"internal": self._secret},
+                    auth={"internal": self._secret, "worker": self.worker_id},
                     namespaces=[self.namespace],
                     transports=self.transports,
                     socketio_path=self.socketio_path,
@@ -711,11 +751,15 @@ def _redis_manager_class() -> Any:
     class ReportingRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
         """python-socketio's write-only Redis manager, recording each publish's result:
         ``last_receivers`` is Redis's receiver count, or ``None`` when the publish failed
-        (python-socketio only logs that)."""
+        (python-socketio only logs that); each emit carries ``worker_id`` (key
+        ``kx_worker``) when set."""
 
         last_receivers: int | None = None
+        worker_id: str | None = None
 
         async def _publish(self, data: Any) -> Any:
+            if self.worker_id is not None and data.get("method") == "emit":
+                data[_WORKER_TAG] = self.worker_id
             result = await super()._publish(data)
             self.last_receivers = result if isinstance(result, int) else None
             return result
@@ -746,6 +790,14 @@ class RedisEmitter(Emitter):
       the receivers; zero means no web process listens yet), retried while Redis is back,
       at most ``max_pending_terminals`` at once, for ``terminal_max_age`` seconds.
     * ``chat_event`` snapshots are emitted as ``chat_event`` in order with the blocks.
+    * Liveness (``heartbeat_interval`` seconds, ``None`` disables): each emit carries
+      ``worker_id`` (default ``$KERNEL_EXT_WORKER_ID``, else a random id per emitter) and a
+      heartbeat ``{"method": "kx_worker_heartbeat", "worker", "interval", "host_id"}`` is
+      published on the channel that often while Redis answers, so web processes whose
+      manager is :class:`~kernel_ext.relay.RelayRedisManager` end this worker's open
+      streams with ``aborted`` when it falls silent for longer than their grace period.
+      python-socketio's own managers ignore both. Keep the interval at most a third of the
+      web processes' grace.
     """
 
     def __init__(
@@ -765,10 +817,14 @@ class RedisEmitter(Emitter):
         socket_timeout: float = 2.0,
         on_health: Callable[[bool], None] | None = None,
         redis_options: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+        heartbeat_interval: float | None = 5.0,
     ) -> None:
         super().__init__(hub=hub, batch_max=batch_max)
         if not isinstance(url, str) or not url:
             raise ConfigError("url must be a redis:// URL")
+        if heartbeat_interval is not None:
+            check_positive_numbers(heartbeat_interval=heartbeat_interval)
         check_positive_numbers(
             health_interval=health_interval,
             retry_interval=retry_interval,
@@ -779,6 +835,9 @@ class RedisEmitter(Emitter):
         self.url = url
         self.channel = channel
         self.namespace = namespace
+        self.worker_id = _worker_id(worker_id)
+        self.heartbeat_interval = None if heartbeat_interval is None else float(heartbeat_interval)
+        self._next_heartbeat = 0.0
         self.health_interval = float(health_interval)
         self.retry_interval = float(retry_interval)
         self.retry_interval_max = float(retry_interval_max)
@@ -827,6 +886,9 @@ class RedisEmitter(Emitter):
             logger=logging.getLogger("kernel_ext.emit.redis"),
             redis_options=dict(self._options),
         )
+        if self.heartbeat_interval is not None:
+            self._manager.worker_id = self.worker_id
+        self._next_heartbeat = 0.0
         self._ping_client = aioredis.Redis.from_url(self.url, **self._options)
         self._first_ping = asyncio.Event()
         self._monitor = asyncio.get_running_loop().create_task(self._watch())
@@ -881,9 +943,31 @@ class RedisEmitter(Emitter):
         self._set_healthy(True)
         return True
 
+    async def _heartbeat(self) -> None:
+        """Publish the liveness heartbeat if it is due (on the ping client: the manager's
+        connection reports each emit's receivers)."""
+        if self.heartbeat_interval is None or not self._healthy or _now() < self._next_heartbeat:
+            return
+        self._next_heartbeat = _now() + self.heartbeat_interval
+        message = {
+            "method": WORKER_HEARTBEAT,
+            "worker": self.worker_id,
+            "interval": self.heartbeat_interval,
+            "host_id": self._manager.host_id,
+        }
+        try:
+            await self._ping_client.publish(self.channel, json.dumps(message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._set_healthy(False, f"heartbeat failed: {exc}")
+            return
+        self._bump("heartbeats")
+
     async def _watch(self) -> None:
         try:
             await self._ping()
+            await self._heartbeat()
         finally:
             self._first_ping.set()
         while not self._stopping:
@@ -895,12 +979,15 @@ class RedisEmitter(Emitter):
                     if len(self._terminals)
                     else (self.retry_interval)
                 )
+            if self.heartbeat_interval is not None and self._healthy:
+                interval = max(0.01, min(interval, self._next_heartbeat - _now()))
             self._wakeup.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), interval)
             if self._stopping:
                 return
             await self._ping()
+            await self._heartbeat()
             if self._healthy and len(self._terminals) and self._consumer is not None:
                 self._consumer.poke()
 

@@ -68,6 +68,8 @@ __all__ = [
     "TERMINAL_STATES",
     "TOOL_EVENT_STREAM",
     "TRUNCATION_MARKER",
+    "WORKER_HEARTBEAT",
+    "WORKER_ID_PATTERN",
     "Block",
     "BlockState",
     "Envelope",
@@ -96,6 +98,10 @@ DEFAULT_MAX_BLOCK_BYTES = 64 * 1024
 MAX_PAYLOAD_DEPTH = 32
 TRUNCATION_MARKER = "…[truncated {n} chars]"
 CALL_ID_PATTERN = r"^[0-9a-f]{16}$"
+# A sender's stable worker id (connect auth ``worker``; the Redis liveness signal), matched
+# whole (``re.fullmatch``), and the ``method`` of that signal on the Socket.IO Redis channel.
+WORKER_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}"
+WORKER_HEARTBEAT = "kx_worker_heartbeat"
 
 
 def _coerce_seq(value: object) -> int:
