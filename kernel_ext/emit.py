@@ -21,7 +21,6 @@ import contextlib
 import functools
 import json
 import logging
-import os
 import random
 import re
 import time
@@ -53,7 +52,6 @@ from kernel_ext.stream import (
 __all__ = [
     "CHAT_EVENT",
     "DEFAULT_NAMESPACE",
-    "ENV_WORKER_ID",
     "KX_BLOCKS",
     "KX_CHAT_EVENT",
     "TOOL_EVENT_STREAM",
@@ -78,24 +76,24 @@ NO_LISTENER = "no_listener"
 
 Record = tuple[str, dict[str, Any]]
 
-ENV_WORKER_ID = "KERNEL_EXT_WORKER_ID"
-"""The worker id a sender presents when given none (default: a random one per sender)."""
 _WORKER_TAG = "kx_worker"  # the worker id on a RedisEmitter's pub/sub emit messages
 
 
 def _worker_id(given: str | None) -> str:
-    """``given``, else ``$KERNEL_EXT_WORKER_ID``, else a random id; checked against
-    ``protocol.WORKER_ID_PATTERN`` (:class:`ConfigError` naming where a bad one came from)."""
-    source = "worker_id"
-    if given is None:
-        given = os.environ.get(ENV_WORKER_ID) or None
-        source = ENV_WORKER_ID
+    """``given`` (checked against ``protocol.WORKER_ID_PATTERN``), else a random id.
+
+    Deliberately not read from the environment: the id must differ from one process run to
+    the next. A process restarted under its predecessor's id would be taken for the old one
+    reconnecting, and the streams the old one left open would stay open for as long as the
+    new one lives; under a new id it can still end them (the relay hands a stream to whoever
+    sends its next block), and the rest are ended after the grace period.
+    """
     if given is None:
         return uuid.uuid4().hex
     if not isinstance(given, str) or re.fullmatch(WORKER_ID_PATTERN, given) is None:
         raise ConfigError(
-            f"{source} must be 1-128 characters of letters, digits and ._:@- (starting with a "
-            f"letter or digit), got {given!r}"
+            "worker_id must be 1-128 characters of letters, digits and ._:@- (starting with "
+            f"a letter or digit), got {given!r}"
         )
     return given
 
@@ -381,11 +379,10 @@ class LoopbackEmitter(Emitter):
     """Sends blocks to the web process's relay over a python-socketio ``AsyncClient``.
 
     Connects to ``url`` (e.g. ``http://127.0.0.1:8000``), namespace ``/chat``, with auth
-    ``{"internal": secret, "worker": worker_id}``. ``worker_id`` (default
-    ``$KERNEL_EXT_WORKER_ID``, else a random id per emitter) names this worker to the relay,
-    which ends the worker's open streams with ``aborted`` when it stays disconnected longer
-    than the relay's grace period; a sender that reconnects (or a restarted process with
-    the same id) within it resumes as the same worker. Guarantees:
+    ``{"internal": secret, "worker": worker_id}``. ``worker_id`` (default: a random id per
+    emitter; never reuse one across process runs) names this sender to the relay, which
+    ends the sender's open streams with ``aborted`` when it stays disconnected longer than
+    the relay's grace period; a sender that reconnects within it resumes. Guarantees:
 
     * Blocks of one stream are sent in order, batched per room into ``kx_blocks`` frames
       of at most ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters.
@@ -791,7 +788,7 @@ class RedisEmitter(Emitter):
       at most ``max_pending_terminals`` at once, for ``terminal_max_age`` seconds.
     * ``chat_event`` snapshots are emitted as ``chat_event`` in order with the blocks.
     * Liveness (``heartbeat_interval`` seconds, ``None`` disables): each emit carries
-      ``worker_id`` (default ``$KERNEL_EXT_WORKER_ID``, else a random id per emitter) and a
+      ``worker_id`` (default: a random id per emitter; never reuse one across process runs) and a
       heartbeat ``{"method": "kx_worker_heartbeat", "worker", "interval", "host_id"}`` is
       published on the channel that often while Redis answers, so web processes whose
       manager is :class:`~kernel_ext.relay.RelayRedisManager` end this worker's open

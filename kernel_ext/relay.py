@@ -177,12 +177,14 @@ class _OpenStreams:
     """The open streams of each worker — what browsers would wait for forever if it died.
 
     A stream opens on a running block with a callId (a block without one has no pane) and
-    closes at its terminal; a worker has a record only while it has open streams. Bounds:
-    ``max_streams`` per worker and ``max_workers`` records; beyond either, the oldest is
-    forgotten (counted ``<prefix>worker_streams_dropped`` / ``<prefix>workers_dropped``,
-    logged rarely). :meth:`end` turns a worker's open streams into ``aborted`` blocks and
-    remembers those streams (at most 4,096, for 300 s), so that :meth:`note` reports their
-    late blocks. Nothing here is persisted (T3).
+    closes at its terminal, whoever sends it; it belongs to the worker that sent its latest
+    running block (a restarted process that goes on with its predecessor's stream takes it
+    over); a worker has a record only while it has open streams. Bounds: ``max_streams``
+    per worker and ``max_workers`` records; beyond either, the oldest is forgotten (counted
+    ``<prefix>worker_streams_dropped`` / ``<prefix>workers_dropped``, logged rarely).
+    :meth:`end` turns a worker's open streams into ``aborted`` blocks and remembers those
+    streams (at most 4,096, for 300 s), so that :meth:`note` reports their late blocks.
+    Nothing here is persisted (T3).
     """
 
     def __init__(
@@ -193,12 +195,17 @@ class _OpenStreams:
         max_streams: int,
     ) -> None:
         self.workers: dict[str, _Worker] = {}
+        self.owner: dict[StreamKey, str] = {}
         self.ended: dict[StreamKey, float] = {}
-        self.open = 0
         self._count = count
         self._prefix = prefix
         self.max_workers = max_workers
         self.max_streams = max_streams
+
+    @property
+    def open(self) -> int:
+        """Open streams tracked, all workers together."""
+        return len(self.owner)
 
     def note(self, worker: str, raw: Mapping[str, Any], room: str) -> bool:
         """Track one block of ``worker`` about to go to ``room``; ``False`` when its stream
@@ -212,59 +219,70 @@ class _OpenStreams:
                 return False
             del self.ended[key]
         state = raw.get("state")
-        record = self.workers.get(worker)
         if state == "running":
             seq = _seq_of(raw)
             if seq is None or not isinstance(call_id, str) or not isinstance(key[1], str):
                 return True  # not a block this relay validated (Redis path): not tracked
-            if record is None:
-                record = self._add(worker)
-            streams = record.streams
-            known = streams.get(key)
-            if known is None:
-                if len(streams) >= self.max_streams:
-                    del streams[next(iter(streams))]
-                    self.open -= 1
-                    self._count(self._prefix + "worker_streams_dropped", 1)
-                    _rare(
-                        "worker_streams_dropped",
-                        "relay: more than %d open streams for worker %s; forgot the oldest",
-                        self.max_streams,
-                        worker,
-                    )
-                streams[key] = (room, seq)
-                self.open += 1
-            elif seq > known[1] or room != known[0]:
-                streams[key] = (room, max(seq, known[1]))
-        elif (
-            record is not None
-            and state in TERMINAL_STATES
-            and record.streams.pop(key, None) is not None
-        ):
-            self.open -= 1
-            if not record.streams:
-                self.forget(worker)
+            owner = self.owner.get(key)
+            if owner == worker:
+                streams = self.workers[worker].streams
+                known = streams[key]
+                if seq > known[1] or room != known[0]:
+                    streams[key] = (room, max(seq, known[1]))
+                return True
+            if owner is not None:  # taken over from another worker (a restarted process)
+                seq = max(seq, self._drop_stream(owner, key)[1])
+            self._open(worker, key, room, seq)
+        elif state in TERMINAL_STATES:
+            owner = self.owner.get(key)
+            if owner is not None:
+                self._drop_stream(owner, key)
         return True
 
-    def _add(self, worker: str) -> _Worker:
-        if len(self.workers) >= self.max_workers:
-            oldest = next(iter(self.workers))
-            self.forget(oldest)
-            self._count(self._prefix + "workers_dropped", 1)
+    def _open(self, worker: str, key: StreamKey, room: str, seq: int) -> None:
+        record = self.workers.get(worker)
+        if record is None:
+            if len(self.workers) >= self.max_workers:
+                oldest = next(iter(self.workers))
+                self.forget(oldest)
+                self._count(self._prefix + "workers_dropped", 1)
+                _rare(
+                    "workers_dropped",
+                    "relay: more than %d workers with open streams; forgot the oldest (%s)",
+                    self.max_workers,
+                    oldest,
+                )
+            record = self.workers[worker] = _Worker()
+        streams = record.streams
+        if len(streams) >= self.max_streams:
+            first = next(iter(streams))
+            del streams[first]
+            del self.owner[first]
+            self._count(self._prefix + "worker_streams_dropped", 1)
             _rare(
-                "workers_dropped",
-                "relay: more than %d workers with open streams; forgot the oldest (%s)",
-                self.max_workers,
-                oldest,
+                "worker_streams_dropped",
+                "relay: more than %d open streams for worker %s; forgot the oldest",
+                self.max_streams,
+                worker,
             )
-        record = self.workers[worker] = _Worker()
-        return record
+        streams[key] = (room, seq)
+        self.owner[key] = worker
+
+    def _drop_stream(self, worker: str, key: StreamKey) -> tuple[str, int]:
+        """Close ``key`` in ``worker``'s record (dropping an emptied record); its entry."""
+        del self.owner[key]
+        record = self.workers[worker]
+        entry = record.streams.pop(key)
+        if not record.streams:
+            self.forget(worker)
+        return entry
 
     def forget(self, worker: str) -> _Worker | None:
         """Drop ``worker``'s record (its timer cancelled); return it."""
         record = self.workers.pop(worker, None)
         if record is not None:
-            self.open -= len(record.streams)
+            for key in record.streams:
+                del self.owner[key]
             if record.timer is not None:
                 record.timer.cancel()
                 record.timer = None
@@ -340,12 +358,14 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         max_worker_streams: open streams tracked per worker.
 
     Gone workers: the relay tracks which streams each worker (the connect auth's ``worker``
-    id, else the connection's sid) has open — opened by a running block it emitted, closed
-    by the stream's terminal. When the last connection of a worker with open streams is
-    gone and no connection of that worker comes back within ``worker_grace`` seconds, the
-    relay emits one ``aborted`` block (``WORKER_GONE_MESSAGE``) to the room of each of
-    them, counted ``worker_aborted`` and logged once per worker at WARNING; a worker that
-    comes back in time cancels that (``workers_resumed``) and ends its streams itself.
+    id, else the connection's sid) has open — opened by a running block it emitted (a
+    stream belongs to the worker that sent its latest running block: a restarted process
+    may take its predecessor's streams over), closed by the stream's terminal, whoever
+    sends it. When the last connection of a worker with open streams is gone and no
+    connection of that worker comes back within ``worker_grace`` seconds, the relay emits
+    one ``aborted`` block (``WORKER_GONE_MESSAGE``) to the room of each of them, counted
+    ``worker_aborted`` and logged once per worker at WARNING; a worker that comes back in
+    time cancels that (``workers_resumed``) and ends its streams itself.
     Such a terminal is remembered like any other (a late re-send of the stream's terminal
     is not emitted again) and later running blocks of those streams are dropped
     (``after_worker_aborted``). Call :meth:`aclose` when the server stops.

@@ -8,8 +8,9 @@ redis-server for the write-only Redis path).
 
 What each test proves, at the browser: one ``aborted`` terminal per stream left open by a
 worker that is gone for longer than the grace period, none for streams that had ended,
-none when the worker comes back in time and ends its streams itself, never a second
-terminal — and that the relay's tracking is empty again afterwards.
+none when the worker (or its restarted process) comes back in time and ends its streams
+itself, never a second terminal, no false ``aborted`` while Redis is down — and that the
+relay's tracking is empty again afterwards.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from relay_helpers import CALL, CONV, NS, SECRET, barrier, terminals, wait_until
 from reliability_support import SHORT_PINGS, Clock, browser_on, report, running_relay
 from test_redis import wait_subscribed
 
-from kernel_ext.emit import ENV_WORKER_ID, LoopbackEmitter, RedisEmitter
+from kernel_ext.emit import LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import decode
 from kernel_ext.relay import WORKER_GONE_MESSAGE, ChatRelay, allow_all, create_app
@@ -194,7 +195,7 @@ async def test_a_killed_worker_gets_one_aborted_per_open_stream_within_the_grace
     print(f"loopback: SIGKILL -> both aborted seen after {seen_after:.2f} s (grace {GRACE} s)")
 
 
-async def test_a_worker_restarted_within_the_grace_ends_its_streams_itself() -> None:
+async def test_a_worker_restarted_within_the_grace_under_its_old_id_ends_its_streams() -> None:
     grace = 30.0  # far longer than a Python process takes to start
     async with relay_with(worker_grace=grace) as (port, relay), browser_on(port) as browser:
         async with worker_process("worker-restarted", relay_port=port) as first:
@@ -216,6 +217,34 @@ async def test_a_worker_restarted_within_the_grace_ends_its_streams_itself() -> 
         stream = browser.stream(CALL, task)
         assert states(stream) == ["running", "done"]
         assert stream[-1]["envelope"]["payload"] == {"text": answer}
+
+
+async def test_a_restarted_worker_takes_over_the_streams_it_goes_on_with_the_rest_end() -> None:
+    """A restarted process has a new worker id: the streams of its predecessor that it
+    ends or goes on with are its own; the one it ignores is ended after the grace."""
+    grace = 10.0  # longer than a Python process takes to start
+    async with relay_with(worker_grace=grace) as (port, relay), browser_on(port) as browser:
+        async with worker_process("before-restart", relay_port=port) as first:
+            await first.do("run t1 one", "run t2 one", "run t3 one")
+            await browser.wait_for(lambda blocks: len(blocks) == 3)
+            await first.kill()
+        await wait_until(lambda: relay.stats()["workers_in_grace"] == 1)
+        async with worker_process("after-restart", relay_port=port) as second:
+            await second.do("done t1 answer one", "run t2 two")
+            assert tracking(relay) == {
+                "workers_tracked": 2,
+                "workers_in_grace": 1,
+                "worker_streams": 2,
+            }
+            await browser.wait_for(lambda blocks: bool(aborted(blocks)), timeout=grace + 5)
+            await second.do("done t2 answer two")
+            await wait_until(lambda: tracking(relay) == EMPTY)
+        await barrier(browser, port)
+        stats = relay.stats()
+    assert states(browser.stream(CALL, "t1")) == ["running", "done"]
+    assert states(browser.stream(CALL, "t2")) == ["running", "running", "done"]
+    check_aborted(browser.stream(CALL, "t3"))
+    assert (stats["worker_aborted"], stats["workers_gone"]) == (1, 1)
 
 
 async def test_a_worker_back_after_the_grace_re_sends_its_terminal_and_it_is_not_shown() -> None:
@@ -309,23 +338,17 @@ async def test_a_bad_worker_id_is_refused_and_counted(bad: Any) -> None:
         assert relay.stats()["internal"] == 0
 
 
-def test_senders_present_a_worker_id_from_the_argument_the_environment_or_chance(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.delenv(ENV_WORKER_ID, raising=False)
+def test_senders_present_a_worker_id_of_their_own_or_the_one_given() -> None:
     one = LoopbackEmitter("http://127.0.0.1:1", SECRET)
     other = RedisEmitter("redis://127.0.0.1:1/0")
     assert len(one.worker_id) == 32
     assert one.worker_id != other.worker_id
-    assert LoopbackEmitter("http://127.0.0.1:1", SECRET, worker_id="pod-7").worker_id == "pod-7"
-    monkeypatch.setenv(ENV_WORKER_ID, "host-3:worker@1")
-    assert LoopbackEmitter("http://127.0.0.1:1", SECRET).worker_id == "host-3:worker@1"
-    assert RedisEmitter("redis://127.0.0.1:1/0").worker_id == "host-3:worker@1"
+    given = LoopbackEmitter("http://127.0.0.1:1", SECRET, worker_id="host-3:worker@1")
+    assert given.worker_id == "host-3:worker@1"
     with pytest.raises(ConfigError, match="worker_id"):
         LoopbackEmitter("http://127.0.0.1:1", SECRET, worker_id="two words")
-    monkeypatch.setenv(ENV_WORKER_ID, "x" * 129)
-    with pytest.raises(ConfigError, match=ENV_WORKER_ID):
-        RedisEmitter("redis://127.0.0.1:1/0")
+    with pytest.raises(ConfigError, match="worker_id"):
+        RedisEmitter("redis://127.0.0.1:1/0", worker_id="x" * 129)
     with pytest.raises(ConfigError, match="heartbeat_interval"):
         RedisEmitter("redis://127.0.0.1:1/0", worker_id="w", heartbeat_interval=0)
 
@@ -399,16 +422,16 @@ async def _equals(value: Awaitable[Any], expected: Any) -> bool:
 
 
 @pytest.mark.redis
-async def test_a_redis_worker_restarted_within_the_grace_ends_its_streams_itself(
+async def test_a_restarted_redis_worker_ends_its_predecessors_stream_within_the_grace(
     redis_server: RedisServer,
 ) -> None:
     async with two_web_processes(redis_server.url, 30.0) as (web1, web2, b1, b2):
-        async with worker_process("redis-restarted", redis_url=redis_server.url) as first:
+        async with worker_process("redis-before-restart", redis_url=redis_server.url) as first:
             await first.do("run t1 one")
             for browser in (b1, b2):
                 await browser.wait_for(lambda blocks: len(blocks) == 1)
             await first.kill()
-        async with worker_process("redis-restarted", redis_url=redis_server.url) as second:
+        async with worker_process("redis-after-restart", redis_url=redis_server.url) as second:
             await second.do("done t1 the answer")
             for browser in (b1, b2):
                 await browser.wait_for(lambda blocks: bool(terminals(blocks)))
