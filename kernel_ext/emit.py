@@ -39,6 +39,7 @@ from kernel_ext.protocol import (
     TOOL_EVENT_STREAM,
     WORKER_HEARTBEAT,
     WORKER_ID_PATTERN,
+    WORKER_TAG,
 )
 from kernel_ext.stream import (
     HubConsumer,
@@ -75,8 +76,6 @@ REDIS_DOWN = "redis_down"
 NO_LISTENER = "no_listener"
 
 Record = tuple[str, dict[str, Any]]
-
-_WORKER_TAG = "kx_worker"  # the worker id on a RedisEmitter's pub/sub emit messages
 
 
 def _worker_id(given: str | None) -> str:
@@ -380,7 +379,7 @@ class LoopbackEmitter(Emitter):
 
     Connects to ``url`` (e.g. ``http://127.0.0.1:8000``), namespace ``/chat``, with auth
     ``{"internal": secret, "worker": worker_id}``. ``worker_id`` (default: a random id per
-    emitter; never reuse one across process runs) names this sender to the relay, which
+    emitter; unique per process run) names this sender to the relay, which
     ends the sender's open streams with ``aborted`` when it stays disconnected longer than
     the relay's grace period; a sender that reconnects within it resumes. Guarantees:
 
@@ -756,7 +755,7 @@ def _redis_manager_class() -> Any:
 
         async def _publish(self, data: Any) -> Any:
             if self.worker_id is not None and data.get("method") == "emit":
-                data[_WORKER_TAG] = self.worker_id
+                data[WORKER_TAG] = self.worker_id
             result = await super()._publish(data)
             self.last_receivers = result if isinstance(result, int) else None
             return result
@@ -788,7 +787,7 @@ class RedisEmitter(Emitter):
       at most ``max_pending_terminals`` at once, for ``terminal_max_age`` seconds.
     * ``chat_event`` snapshots are emitted as ``chat_event`` in order with the blocks.
     * Liveness (``heartbeat_interval`` seconds, ``None`` disables): each emit carries
-      ``worker_id`` (default: a random id per emitter; never reuse one across process runs) and a
+      ``worker_id`` (default: a random id per emitter; unique per process run) and a
       heartbeat ``{"method": "kx_worker_heartbeat", "worker", "interval", "host_id"}`` is
       published on the channel that often while Redis answers, so web processes whose
       manager is :class:`~kernel_ext.relay.RelayRedisManager` end this worker's open

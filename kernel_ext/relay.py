@@ -82,6 +82,7 @@ from kernel_ext.protocol import (
     TOOL_EVENT_STREAM,
     WORKER_HEARTBEAT,
     WORKER_ID_PATTERN,
+    WORKER_TAG,
     Block,
     decode,
     terminal_envelope,
@@ -116,7 +117,6 @@ open streams: longer than the loopback emitter's longest reconnect delay (5 s)."
 WORKER_GONE_MESSAGE = "the worker stopped before the call ended"
 """``envelope.payload.message`` of the ``aborted`` block that ends a gone worker's stream."""
 _WORKER_ID = re.compile(WORKER_ID_PATTERN)
-_WORKER_TAG = "kx_worker"  # the worker id on a RedisEmitter's pub/sub emit messages
 _ENDED_MAX = 4_096  # streams ended on a gone worker's behalf, remembered …
 _ENDED_TTL = 300.0  # … for this many seconds, to drop their late blocks
 
@@ -1005,7 +1005,7 @@ class RelayRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
 
     async def _handle_emit(self, message: Any) -> None:
         workers = self._workers
-        worker = message.get(_WORKER_TAG) if workers is not None else None
+        worker = message.get(WORKER_TAG) if workers is not None else None
         if worker is not None and not self._note_worker_emit(worker, message):
             self._bump("redis_after_worker_aborted")
             _rare(

@@ -384,11 +384,15 @@ async def test_a_killed_redis_worker_gets_one_aborted_per_open_stream_on_every_w
             await worker.do(*OPEN_TWO_END_ONE)
             for browser in (b1, b2):
                 await browser.wait_for(lambda blocks: len(blocks) == 5)
+            # The scenario: the worker stays idle for longer than the grace; its heartbeats
+            # alone must keep it alive (a fixed duration, not a synchronisation).
+            await asyncio.sleep(2 * GRACE)
             for web in (web1, web2):
                 assert await redis_tracking(web) == {
                     "redis_workers_tracked": 1,
                     "redis_worker_streams": 2,
                 }
+            assert aborted(b1.blocks) == aborted(b2.blocks) == []
             clock = Clock()
             await worker.kill()
             for browser in (b1, b2):
