@@ -45,6 +45,7 @@ DEFAULT_REPORT = ROOT / "artifacts" / "reliability-soak.jsonl"
 SUITE = [
     "tests/test_reliability_faults.py",
     "tests/test_reliability_redis.py",
+    "tests/test_reliability_workers.py",
     "tests/test_reliability_load.py",
     "tests/test_fuzz.py",
     "tests/test_intruders.py",

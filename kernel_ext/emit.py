@@ -20,9 +20,12 @@ import asyncio
 import contextlib
 import copy
 import functools
+import json
 import logging
 import random
+import re
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
@@ -40,6 +43,9 @@ from kernel_ext.protocol import (
     KX_CHAT_EVENT,
     NAMESPACE,
     TOOL_EVENT_STREAM,
+    WORKER_HEARTBEAT,
+    WORKER_ID_PATTERN,
+    WORKER_TAG,
     encode_wire,
     fallback_terminal,
 )
@@ -79,6 +85,25 @@ REDIS_DOWN = "redis_down"
 NO_LISTENER = "no_listener"
 
 Record = tuple[str, dict[str, Any]]
+
+
+def _worker_id(given: str | None) -> str:
+    """``given`` (checked against ``protocol.WORKER_ID_PATTERN``), else a random id.
+
+    Deliberately not read from the environment: the id must differ from one process run to
+    the next. A process restarted under its predecessor's id would be taken for the old one
+    reconnecting, and the streams the old one left open would stay open for as long as the
+    new one lives; under a new id it can still end them (the relay hands a stream to whoever
+    sends its next block), and the rest are ended after the grace period.
+    """
+    if given is None:
+        return uuid.uuid4().hex
+    if not isinstance(given, str) or re.fullmatch(WORKER_ID_PATTERN, given) is None:
+        raise ConfigError(
+            "worker_id must be 1-128 characters of letters, digits and ._:@- (starting with "
+            f"a letter or digit), got {given!r}"
+        )
+    return given
 
 
 class Emitter(abc.ABC):
@@ -412,7 +437,10 @@ class LoopbackEmitter(Emitter):
     """Sends blocks to the web process's relay over a python-socketio ``AsyncClient``.
 
     Connects to ``url`` (e.g. ``http://127.0.0.1:8000``), namespace ``/chat``, with auth
-    ``{"internal": secret}``. Guarantees:
+    ``{"internal": secret, "worker": worker_id}``. ``worker_id`` (default: a random id per
+    emitter; unique per process run) names this sender to the relay, which
+    ends the sender's open streams with ``aborted`` when it stays disconnected longer than
+    the relay's grace period; a sender that reconnects within it resumes. Guarantees:
 
     * Blocks of one stream are sent in order, batched per room into ``kx_blocks`` frames
       of at most ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters.
@@ -450,6 +478,7 @@ class LoopbackEmitter(Emitter):
         reconnect_delay_max: float = 5.0,
         connect_timeout: float = 5.0,
         on_health: Callable[[bool], None] | None = None,
+        worker_id: str | None = None,
     ) -> None:
         super().__init__(hub=hub, batch_max=batch_max)
         if not isinstance(url, str) or not url:
@@ -471,6 +500,7 @@ class LoopbackEmitter(Emitter):
         )
         self.url = url
         self._secret = secret
+        self.worker_id = _worker_id(worker_id)
         self.namespace = namespace
         self.socketio_path = socketio_path
         self.transports = transports if transports is not None else ["websocket"]
@@ -597,7 +627,7 @@ class LoopbackEmitter(Emitter):
             try:
                 await client.connect(
                     self.url,
-                    auth={"internal": self._secret},
+                    auth={"internal": self._secret, "worker": self.worker_id},
                     namespaces=[self.namespace],
                     transports=self.transports,
                     socketio_path=self.socketio_path,
@@ -871,11 +901,15 @@ def _redis_manager_class() -> Any:
     class ReportingRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
         """python-socketio's write-only Redis manager, recording each publish's result:
         ``last_receivers`` is Redis's receiver count, or ``None`` when the publish failed
-        (python-socketio only logs that)."""
+        (python-socketio only logs that); each emit carries ``worker_id`` (key
+        ``kx_worker``) when set."""
 
         last_receivers: int | None = None
+        worker_id: str | None = None
 
         async def _publish(self, data: Any) -> Any:
+            if self.worker_id is not None and data.get("method") == "emit":
+                data[WORKER_TAG] = self.worker_id
             result = await super()._publish(data)
             self.last_receivers = result if isinstance(result, int) else None
             return result
@@ -906,6 +940,14 @@ class RedisEmitter(Emitter):
       the receivers; zero means no web process listens yet), retried while Redis is back,
       at most ``max_pending_terminals`` at once, for ``terminal_max_age`` seconds.
     * ``chat_event`` snapshots are emitted as ``chat_event`` in order with the blocks.
+    * Liveness (``heartbeat_interval`` seconds, ``None`` disables): each emit carries
+      ``worker_id`` (default: a random id per emitter; unique per process run) and a
+      heartbeat ``{"method": "kx_worker_heartbeat", "worker", "interval", "host_id"}`` is
+      published on the channel that often while Redis answers, so web processes whose
+      manager is :class:`~kernel_ext.relay.RelayRedisManager` end this worker's open
+      streams with ``aborted`` when it falls silent for longer than their grace period.
+      python-socketio's own managers ignore both. Keep the interval at most a third of the
+      web processes' grace.
     """
 
     def __init__(
@@ -925,10 +967,14 @@ class RedisEmitter(Emitter):
         socket_timeout: float = 2.0,
         on_health: Callable[[bool], None] | None = None,
         redis_options: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+        heartbeat_interval: float | None = 5.0,
     ) -> None:
         super().__init__(hub=hub, batch_max=batch_max)
         if not isinstance(url, str) or not url:
             raise ConfigError("url must be a redis:// URL")
+        if heartbeat_interval is not None:
+            check_positive_numbers(heartbeat_interval=heartbeat_interval)
         check_positive_numbers(
             health_interval=health_interval,
             retry_interval=retry_interval,
@@ -939,6 +985,9 @@ class RedisEmitter(Emitter):
         self.url = url
         self.channel = channel
         self.namespace = namespace
+        self.worker_id = _worker_id(worker_id)
+        self.heartbeat_interval = None if heartbeat_interval is None else float(heartbeat_interval)
+        self._next_heartbeat = 0.0
         self.health_interval = float(health_interval)
         self.retry_interval = float(retry_interval)
         self.retry_interval_max = float(retry_interval_max)
@@ -992,6 +1041,9 @@ class RedisEmitter(Emitter):
             logger=logging.getLogger("kernel_ext.emit.redis"),
             redis_options=dict(self._options),
         )
+        if self.heartbeat_interval is not None:
+            self._manager.worker_id = self.worker_id
+        self._next_heartbeat = 0.0
         self._ping_client = aioredis.Redis.from_url(self.url, **self._options)
         self._first_ping = asyncio.Event()
         self._monitor = asyncio.get_running_loop().create_task(self._watch())
@@ -1046,9 +1098,31 @@ class RedisEmitter(Emitter):
         self._set_healthy(True)
         return True
 
+    async def _heartbeat(self) -> None:
+        """Publish the liveness heartbeat if it is due (on the ping client: the manager's
+        connection reports each emit's receivers)."""
+        if self.heartbeat_interval is None or not self._healthy or _now() < self._next_heartbeat:
+            return
+        self._next_heartbeat = _now() + self.heartbeat_interval
+        message = {
+            "method": WORKER_HEARTBEAT,
+            "worker": self.worker_id,
+            "interval": self.heartbeat_interval,
+            "host_id": self._manager.host_id,
+        }
+        try:
+            await self._ping_client.publish(self.channel, json.dumps(message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._set_healthy(False, f"heartbeat failed: {exc}")
+            return
+        self._bump("heartbeats")
+
     async def _watch(self) -> None:
         try:
             await self._ping()
+            await self._heartbeat()
         finally:
             self._first_ping.set()
         while not self._stopping:
@@ -1060,12 +1134,15 @@ class RedisEmitter(Emitter):
                     if len(self._terminals)
                     else (self.retry_interval)
                 )
+            if self.heartbeat_interval is not None and self._healthy:
+                interval = max(0.01, min(interval, self._next_heartbeat - _now()))
             self._wakeup.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wakeup.wait(), interval)
             if self._stopping:
                 return
             await self._ping()
+            await self._heartbeat()
             if self._healthy and len(self._terminals) and self._consumer is not None:
                 self._consumer.poke()
 

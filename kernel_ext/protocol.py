@@ -76,6 +76,9 @@ __all__ = [
     "TERMINAL_STATES",
     "TOOL_EVENT_STREAM",
     "TRUNCATION_MARKER",
+    "WORKER_HEARTBEAT",
+    "WORKER_ID_PATTERN",
+    "WORKER_TAG",
     "Block",
     "BlockState",
     "Envelope",
@@ -109,6 +112,12 @@ DEFAULT_MAX_BLOCK_BYTES = 64 * 1024
 MAX_PAYLOAD_DEPTH = 32
 TRUNCATION_MARKER = "…[truncated {n} chars]"
 CALL_ID_PATTERN = r"^[0-9a-f]{16}$"
+# A sender's worker id (connect auth ``worker``; the Redis liveness signal), matched whole
+# (``re.fullmatch``); on the Socket.IO Redis channel, the ``method`` of the heartbeat and the
+# key that tags a write-only sender's emits with its id (docs/contracts.md).
+WORKER_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}"
+WORKER_HEARTBEAT = "kx_worker_heartbeat"
+WORKER_TAG = "kx_worker"
 
 
 def _coerce_seq(value: object) -> int:

@@ -68,9 +68,10 @@ import json
 import logging
 import math
 import os
+import re
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any, NoReturn
@@ -81,7 +82,13 @@ from socketio.async_pubsub_manager import AsyncPubSubManager
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog, is_rare
-from kernel_ext.errors import BlockTooLargeError, ConfigError, DecodeError, check_positive_ints
+from kernel_ext.errors import (
+    BlockTooLargeError,
+    ConfigError,
+    DecodeError,
+    check_positive_ints,
+    check_positive_numbers,
+)
 from kernel_ext.protocol import (
     CHAT_EVENT,
     DEFAULT_MAX_BLOCK_BYTES,
@@ -90,17 +97,25 @@ from kernel_ext.protocol import (
     KX_CHAT_EVENT,
     LEAVE_EVENT,
     NAMESPACE,
+    TERMINAL_STATES,
     TOOL_EVENT_STREAM,
+    WORKER_HEARTBEAT,
+    WORKER_ID_PATTERN,
+    WORKER_TAG,
+    Block,
     decode,
+    terminal_envelope,
 )
 
 __all__ = [
     "CHAT_EVENT",
+    "DEFAULT_WORKER_GRACE",
     "JOIN_EVENT",
     "KX_BLOCKS",
     "KX_CHAT_EVENT",
     "LEAVE_EVENT",
     "TOOL_EVENT_STREAM",
+    "WORKER_GONE_MESSAGE",
     "ChatRelay",
     "RelayApp",
     "RelayRedisManager",
@@ -114,6 +129,15 @@ logger = logging.getLogger(__name__)
 _rare = RareLog(logger)
 
 _ROOM_MAX = 512
+
+DEFAULT_WORKER_GRACE = 15.0
+"""Seconds a worker may be gone (disconnected, or silent on Redis) before the relay ends its
+open streams: longer than the loopback emitter's longest reconnect delay (5 s)."""
+WORKER_GONE_MESSAGE = "the worker stopped before the call ended"
+"""``envelope.payload.message`` of the ``aborted`` block that ends a gone worker's stream."""
+_WORKER_ID = re.compile(WORKER_ID_PATTERN)
+_ENDED_MAX = 4_096  # streams ended on a gone worker's behalf, remembered …
+_ENDED_TTL = 300.0  # … for this many seconds, to drop their late blocks
 
 BrowserAuth = Callable[[Any, Mapping[str, Any]], Any]
 """``authenticate(auth, environ) -> identity``: ``None``/``False`` refuses the browser;
@@ -137,15 +161,198 @@ async def _call_hook(hook: Callable[..., Any], *args: Any) -> Any:
 
 
 class _Internal:
-    """One internal sender's connection: its ordered emit queue and worker."""
+    """One internal sender's connection: its ordered emit queue and worker task, and the
+    worker it belongs to (its ``worker`` auth field, else ``sid/<sid>``)."""
 
-    __slots__ = ("queue", "task")
+    __slots__ = ("queue", "task", "worker")
 
-    def __init__(self) -> None:
+    def __init__(self, worker: str = "") -> None:
         self.queue: asyncio.Queue[tuple[str, str, Any, asyncio.Future[int]] | None] = (
             asyncio.Queue()
         )
         self.task: asyncio.Task[None] | None = None
+        self.worker = worker
+
+
+StreamKey = tuple[Any, Any]
+
+
+class _Worker:
+    """One worker's open streams, ``(callId, taskId) -> (room, highest seq seen)``, oldest
+    first, and what tells whether it is gone: its grace timer (loopback path) or when it was
+    last heard of and its heartbeat interval (Redis path)."""
+
+    __slots__ = ("interval", "namespace", "seen", "streams", "timer")
+
+    def __init__(self) -> None:
+        self.streams: dict[StreamKey, tuple[str, int]] = {}
+        self.timer: asyncio.TimerHandle | None = None
+        self.seen = time.monotonic()
+        self.interval = 0.0
+        self.namespace = NAMESPACE
+
+
+class _OpenStreams:
+    """The open streams of each worker — what browsers would wait for forever if it died.
+
+    A stream opens on a running block with a callId (a block without one has no pane) and
+    closes at its terminal, whoever sends it; it belongs to the worker that sent its latest
+    running block (a restarted process that goes on with its predecessor's stream takes it
+    over); a worker has a record only while it has open streams. Bounds: ``max_streams``
+    per worker and ``max_workers`` records; beyond either, the oldest is forgotten (counted
+    ``<prefix>worker_streams_dropped`` / ``<prefix>workers_dropped``, logged rarely).
+    :meth:`end` turns a worker's open streams into ``aborted`` blocks and remembers those
+    streams (at most 4,096, for 300 s), so that :meth:`note` reports their late blocks.
+    Nothing here is persisted (T3).
+    """
+
+    def __init__(
+        self,
+        count: Callable[[str, int], None],
+        prefix: str,
+        max_workers: int,
+        max_streams: int,
+    ) -> None:
+        self.workers: dict[str, _Worker] = {}
+        self.owner: dict[StreamKey, str] = {}
+        self.ended: dict[StreamKey, float] = {}
+        self._count = count
+        self._prefix = prefix
+        self.max_workers = max_workers
+        self.max_streams = max_streams
+
+    @property
+    def open(self) -> int:
+        """Open streams tracked, all workers together."""
+        return len(self.owner)
+
+    def note(self, worker: str, raw: Mapping[str, Any], room: str) -> bool:
+        """Track one block of ``worker`` about to go to ``room``; ``False`` when its stream
+        was ended on a gone worker's behalf already (the caller drops or dedups it)."""
+        call_id = raw.get("callId")
+        if call_id is None:
+            return True
+        key = (call_id, raw.get("taskId"))
+        if self.ended and key in self.ended:
+            if self.ended[key] > time.monotonic():
+                return False
+            del self.ended[key]
+        state = raw.get("state")
+        if state == "running":
+            seq = _seq_of(raw)
+            if seq is None or not isinstance(call_id, str) or not isinstance(key[1], str):
+                return True  # not a block this relay validated (Redis path): not tracked
+            owner = self.owner.get(key)
+            if owner == worker:
+                streams = self.workers[worker].streams
+                known = streams[key]
+                if seq > known[1] or room != known[0]:
+                    streams[key] = (room, max(seq, known[1]))
+                return True
+            if owner is not None:  # taken over from another worker (a restarted process)
+                seq = max(seq, self._drop_stream(owner, key)[1])
+            self._open(worker, key, room, seq)
+        elif state in TERMINAL_STATES:
+            owner = self.owner.get(key)
+            if owner is not None:
+                self._drop_stream(owner, key)
+        return True
+
+    def _open(self, worker: str, key: StreamKey, room: str, seq: int) -> None:
+        record = self.workers.get(worker)
+        if record is None:
+            if len(self.workers) >= self.max_workers:
+                oldest = next(iter(self.workers))
+                self.forget(oldest)
+                self._count(self._prefix + "workers_dropped", 1)
+                _rare(
+                    "workers_dropped",
+                    "relay: more than %d workers with open streams; forgot the oldest (%s)",
+                    self.max_workers,
+                    oldest,
+                )
+            record = self.workers[worker] = _Worker()
+        streams = record.streams
+        if len(streams) >= self.max_streams:
+            first = next(iter(streams))
+            del streams[first]
+            del self.owner[first]
+            self._count(self._prefix + "worker_streams_dropped", 1)
+            _rare(
+                "worker_streams_dropped",
+                "relay: more than %d open streams for worker %s; forgot the oldest",
+                self.max_streams,
+                worker,
+            )
+        streams[key] = (room, seq)
+        self.owner[key] = worker
+
+    def _drop_stream(self, worker: str, key: StreamKey) -> tuple[str, int]:
+        """Close ``key`` in ``worker``'s record (dropping an emptied record); its entry."""
+        del self.owner[key]
+        record = self.workers[worker]
+        entry = record.streams.pop(key)
+        if not record.streams:
+            self.forget(worker)
+        return entry
+
+    def forget(self, worker: str) -> _Worker | None:
+        """Drop ``worker``'s record (its timer cancelled); return it."""
+        record = self.workers.pop(worker, None)
+        if record is not None:
+            for key in record.streams:
+                del self.owner[key]
+            if record.timer is not None:
+                record.timer.cancel()
+                record.timer = None
+        return record
+
+    def end(self, worker: str) -> list[tuple[str, dict[str, Any]]]:
+        """Forget ``worker`` and return ``(room, aborted block)`` for each of its open
+        streams (a valid block per :mod:`kernel_ext.protocol`: ``seq`` one above the
+        highest seen, ``ts`` now); the streams are remembered as ended."""
+        record = self.forget(worker)
+        if record is None:
+            return []
+        now = time.monotonic()
+        while self.ended:
+            first = next(iter(self.ended))
+            if self.ended[first] > now:
+                break
+            del self.ended[first]
+        ts = int(time.time() * 1000)
+        ended = []
+        for (call_id, task_id), (room, seq) in record.streams.items():
+            try:
+                block = Block(
+                    v=1,
+                    call_id=call_id,
+                    task_id=task_id,
+                    state="aborted",
+                    ts=ts,
+                    envelope=terminal_envelope("aborted", task_id, seq + 1, WORKER_GONE_MESSAGE),
+                )
+            except Exception:  # an unvalidated id (Redis path): no valid block can end it
+                _rare("worker_abort_invalid", "relay: cannot end stream %r", (call_id, task_id))
+                continue
+            ended.append((room, block.model_dump(by_alias=True, mode="json")))
+            self.ended.pop((call_id, task_id), None)
+            self.ended[(call_id, task_id)] = now + _ENDED_TTL
+        while len(self.ended) > _ENDED_MAX:
+            del self.ended[next(iter(self.ended))]
+        return ended
+
+
+def _seq_of(raw: Mapping[str, Any]) -> int | None:
+    envelope = raw.get("envelope")
+    seq = envelope.get("seq") if isinstance(envelope, Mapping) else None
+    if isinstance(seq, bool):
+        return None
+    if isinstance(seq, int):
+        return seq
+    if isinstance(seq, float) and seq.is_integer():
+        return int(seq)
+    return None
 
 
 class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
@@ -164,6 +371,23 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         dedup_ttl: seconds a terminal is remembered.
         hold_terminals: terminals kept for late joiners of empty rooms (0 disables).
         hold_ttl: seconds such a terminal is kept.
+        worker_grace: seconds a worker may stay disconnected before the relay ends its open
+            streams with ``aborted`` (``None`` disables; see "Gone workers" below).
+        max_workers: workers with open streams tracked at once.
+        max_worker_streams: open streams tracked per worker.
+
+    Gone workers: the relay tracks which streams each worker (the connect auth's ``worker``
+    id, else the connection's sid) has open — opened by a running block it emitted (a
+    stream belongs to the worker that sent its latest running block: a restarted process
+    may take its predecessor's streams over), closed by the stream's terminal, whoever
+    sends it. When the last connection of a worker with open streams is gone and no
+    connection of that worker comes back within ``worker_grace`` seconds, the relay emits
+    one ``aborted`` block (``WORKER_GONE_MESSAGE``) to the room of each of them, counted
+    ``worker_aborted`` and logged once per worker at WARNING; a worker that comes back in
+    time cancels that (``workers_resumed``) and ends its streams itself.
+    Such a terminal is remembered like any other (a late re-send of the stream's terminal
+    is not emitted again) and later running blocks of those streams are dropped
+    (``after_worker_aborted``). Call :meth:`aclose` when the server stops.
 
     Raises:
         ConfigError: an empty secret or a bad bound.
@@ -183,6 +407,9 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         dedup_ttl: float = 300.0,
         hold_terminals: int = 256,
         hold_ttl: float = 30.0,
+        worker_grace: float | None = DEFAULT_WORKER_GRACE,
+        max_workers: int = 1_024,
+        max_worker_streams: int = 10_000,
     ) -> None:
         if not isinstance(secret, str) or not secret:
             raise ConfigError("secret must be a non-empty string")
@@ -190,7 +417,11 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
             max_block_bytes=max_block_bytes,
             max_frame_blocks=max_frame_blocks,
             max_pending_frames=max_pending_frames,
+            max_workers=max_workers,
+            max_worker_streams=max_worker_streams,
         )
+        if worker_grace is not None:
+            check_positive_numbers(worker_grace=worker_grace)
         super().__init__(namespace)
         self._secret = secret.encode("utf-8")
         self._authenticate = authenticate
@@ -213,6 +444,14 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         # (forget-after, room, block, sids served), oldest first.
         self._held: list[tuple[float, str, Any, set[str]]] = []
         self._counts: dict[str, int] = {}
+        self.worker_grace = None if worker_grace is None else float(worker_grace)
+        self._streams = (
+            None
+            if worker_grace is None
+            else _OpenStreams(self._count, "", max_workers, max_worker_streams)
+        )
+        self._ending: set[asyncio.Task[None]] = set()
+        self._closed = False
         self._arities: dict[str, tuple[int, float]] = {}
         self._packet_log = RareLog(logger)
 
@@ -233,6 +472,15 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         counts.update(getattr(getattr(self.server, "manager", None), "counts", None) or {})
         counts["internal"] = len(self._internal)
         counts["browsers"] = len(self._browsers)
+        if self._streams is not None:
+            counts["workers_tracked"] = len(self._streams.workers)
+            counts["workers_in_grace"] = sum(
+                1 for record in self._streams.workers.values() if record.timer is not None
+            )
+            counts["worker_streams"] = self._streams.open
+        manager = getattr(self.server, "manager", None)
+        if isinstance(manager, RelayRedisManager):
+            counts.update(manager.worker_sizes())
         return counts
 
     def _count(self, outcome: str, n: int = 1) -> None:
@@ -287,10 +535,15 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
             if not self._secret_matches(given):
                 self._reject(sid, "bad_secret", "an internal connection")
                 raise socketio.exceptions.ConnectionRefusedError("unauthorized")
-            conn = _Internal()
+            worker = self._worker_of(sid, auth)
+            if worker is None:
+                self._reject(sid, "bad_worker", "an internal connection")
+                raise socketio.exceptions.ConnectionRefusedError("bad worker id")
+            conn = _Internal(worker)
             conn.task = asyncio.get_running_loop().create_task(self._worker(sid, conn))
             self._internal[sid] = conn
             self._count("internal_connects")
+            self._worker_back(worker)
             return True
         identity: Any = True
         if self._authenticate is not None:
@@ -590,6 +843,7 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
         while True:
             job = await conn.queue.get()
             if job is None:
+                self._worker_left(conn.worker)
                 return
             kind, room, payload, done = job
             emitted = 0
@@ -597,6 +851,8 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
                 if kind == "blocks":
                     blocks = []
                     for raw in payload:
+                        if not self._track(conn, raw, room):
+                            continue
                         if raw.get("state") in ("done", "aborted"):
                             if self._seen_terminal(raw, room):
                                 self._count("duplicate_terminal")
@@ -617,6 +873,118 @@ class ChatRelay(socketio.AsyncNamespace):  # type: ignore[misc]
                 _rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
             if not done.done():
                 done.set_result(emitted)
+
+    # -- gone workers ---------------------------------------------------------------------
+
+    @staticmethod
+    def _worker_of(sid: str, auth: Mapping[str, Any]) -> str | None:
+        """The worker an internal connection belongs to: its ``worker`` auth field (a
+        string matching ``protocol.WORKER_ID_PATTERN``), ``sid/<sid>`` without one (never
+        resumed: sids change on reconnect), ``None`` for anything else."""
+        given = auth.get("worker")
+        if given is None:
+            return "sid/" + sid
+        if isinstance(given, str) and _WORKER_ID.fullmatch(given) is not None:
+            return given
+        return None
+
+    def _track(self, conn: _Internal, raw: Any, room: str) -> bool:
+        """Note a block about to be emitted; ``False``: drop it (a running block of a stream
+        this relay ended because its worker was gone)."""
+        if self._streams is None or self._streams.note(conn.worker, raw, room):
+            return True
+        if raw.get("state") != "running":
+            return True  # a terminal: the terminal dedup decides
+        self._count("after_worker_aborted")
+        _rare(
+            "after_worker_aborted",
+            "relay: dropped a running block of (%s, %s), ended when its worker was gone",
+            raw.get("callId"),
+            raw.get("taskId"),
+        )
+        return False
+
+    def _worker_back(self, worker: str) -> None:
+        """A connection of ``worker`` arrived: its grace timer, if any, is cancelled."""
+        record = self._streams.workers.get(worker) if self._streams is not None else None
+        if record is not None and record.timer is not None:
+            record.timer.cancel()
+            record.timer = None
+            self._count("workers_resumed")
+            logger.info("relay: worker %s is back within the grace period", worker)
+
+    def _worker_left(self, worker: str) -> None:
+        """A connection of ``worker`` is gone and its frames are emitted: if it was the
+        worker's last one and it has open streams, its grace timer starts."""
+        streams = self._streams
+        record = streams.workers.get(worker) if streams is not None else None
+        if record is None or record.timer is not None or self._closed:
+            return
+        if any(conn.worker == worker for conn in self._internal.values()):
+            return
+        assert self.worker_grace is not None
+        record.seen = time.monotonic()
+        loop = asyncio.get_running_loop()
+        record.timer = loop.call_later(self.worker_grace, self._worker_gone, worker)
+
+    def _worker_gone(self, worker: str) -> None:
+        """The grace timer of ``worker`` fired: end its open streams."""
+        streams = self._streams
+        record = streams.workers.get(worker) if streams is not None else None
+        if streams is None or record is None:
+            return
+        record.timer = None
+        if self._closed or any(conn.worker == worker for conn in self._internal.values()):
+            return
+        gone_for = time.monotonic() - record.seen
+        ended = streams.end(worker)
+        task = asyncio.get_running_loop().create_task(self._end_streams(worker, ended, gone_for))
+        self._ending.add(task)
+        task.add_done_callback(self._ending.discard)
+
+    async def _end_streams(
+        self, worker: str, ended: list[tuple[str, dict[str, Any]]], gone_for: float
+    ) -> None:
+        emitted = 0
+        for room, raw in ended:
+            if self._seen_terminal(raw, room):
+                continue  # its terminal went out already (another connection re-sent it)
+            self._hold_if_nobody_listens(room, raw)
+            try:
+                await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+                continue
+            emitted += 1
+        self._count("workers_gone")
+        self._count("worker_aborted", emitted)
+        logger.warning(
+            "relay: worker %s gone for %.1f s; ended its %d open stream(s) with aborted",
+            worker,
+            gone_for,
+            emitted,
+        )
+
+    async def aclose(self) -> None:
+        """Stop ending gone workers' streams: cancel every grace timer and any emission of
+        ``aborted`` blocks in progress (and the watch of :class:`RelayRedisManager`, if it
+        is the server's manager). Call it when the server stops — python-socketio gives a
+        namespace no hook for that. Idempotent."""
+        self._closed = True
+        if self._streams is not None:
+            for record in self._streams.workers.values():
+                if record.timer is not None:
+                    record.timer.cancel()
+                    record.timer = None
+        tasks = list(self._ending)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        manager = getattr(self.server, "manager", None)
+        if isinstance(manager, RelayRedisManager):
+            await manager.stop_watching()
 
 
 def _positional_bounds(handler: Any) -> tuple[int, float]:
@@ -734,7 +1102,27 @@ class RelayRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
     logs) is published again once Redis is back and as many web processes listen as did
     before (or ``settle`` seconds after Redis answered again), for at most ``retry_for``
     seconds, at most ``max_pending`` at once. Counts ``redis_publish_failed``,
-    ``redis_republished`` and ``redis_given_up`` in :attr:`counts`."""
+    ``redis_republished`` and ``redis_given_up`` in :attr:`counts`.
+
+    Gone workers on the write-only path (:class:`~kernel_ext.emit.RedisEmitter`, no relay
+    connection): such a worker tags each emit it publishes with its worker id (key
+    ``kx_worker``) and publishes a heartbeat (``{"method": "kx_worker_heartbeat", "worker",
+    "interval", "host_id"}``) every few seconds; python-socketio ignores both (an unknown
+    key, an unknown method). From the tagged ``tool_event_stream`` emits this manager
+    tracks each worker's open streams (bounded like :class:`ChatRelay`'s); when a worker
+    with open streams was last heard of (heartbeat or block) more than
+    ``max(worker_grace, 3 × its heartbeat interval)`` seconds ago, it emits one
+    ``aborted`` block per open stream to the browsers of **this** web process only (every
+    web process does the same for its own: one terminal per browser), counted
+    ``redis_worker_aborted``, and drops later blocks of those streams
+    (``redis_after_worker_aborted``). While it watches, it publishes the same heartbeat
+    without a worker every second (every ``worker_grace / 4`` seconds if shorter) and
+    judges a worker gone only at a time it heard the channel (its own heartbeats come
+    back); after hearing nothing for longer than two such steps (Redis was down for it),
+    every worker's grace starts again (``redis_watch_resumed``). ``worker_grace=None``
+    disables all of this. Call :meth:`stop_watching`
+    when the server stops (:meth:`ChatRelay.aclose` does).
+    """
 
     def __init__(
         self,
@@ -744,9 +1132,27 @@ class RelayRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
         max_pending: int = 1_024,
         retry_for: float = 300.0,
         settle: float = 10.0,
+        worker_grace: float | None = DEFAULT_WORKER_GRACE,
+        max_workers: int = 1_024,
+        max_worker_streams: int = 10_000,
     ) -> None:
+        check_positive_ints(max_workers=max_workers, max_worker_streams=max_worker_streams)
+        if worker_grace is not None:
+            check_positive_numbers(worker_grace=worker_grace)
         super().__init__(url, channel=channel)
         self.counts: dict[str, int] = {}
+        self.worker_grace = None if worker_grace is None else float(worker_grace)
+        self._workers = (
+            None
+            if worker_grace is None
+            else _OpenStreams(self._bump, "redis_", max_workers, max_worker_streams)
+        )
+        self._watching: asyncio.Task[None] | None = None
+        self._heard = 0.0
+        # The watch checks the channel every step; a process that heard nothing for longer
+        # than _deaf_after restarts every worker's grace when it hears again.
+        self._watch_step = min(1.0, (worker_grace or 4.0) / 4)
+        self._deaf_after = 2 * self._watch_step + 0.5
         self._listeners = 0
         self._pending: list[tuple[float, Any]] = []
         self._max_pending = max_pending
@@ -797,6 +1203,159 @@ class RelayRedisManager(socketio.AsyncRedisManager):  # type: ignore[misc]
                     break
                 self._bump("redis_republished")
 
+    # -- gone workers on the write-only path ----------------------------------------------
+
+    def worker_sizes(self) -> dict[str, int]:
+        """What the gone-worker watch holds now: ``redis_workers_tracked`` (workers with
+        open streams) and ``redis_worker_streams`` (their open streams)."""
+        if self._workers is None:
+            return {}
+        return {
+            "redis_workers_tracked": len(self._workers.workers),
+            "redis_worker_streams": self._workers.open,
+        }
+
+    async def _handle_emit(self, message: Any) -> None:
+        workers = self._workers
+        worker = message.get(WORKER_TAG) if workers is not None else None
+        if worker is not None and not self._note_worker_emit(worker, message):
+            self._bump("redis_after_worker_aborted")
+            _rare(
+                "redis_after_worker_aborted",
+                "relay: dropped a block of a stream ended when its worker was gone",
+            )
+            return
+        await super()._handle_emit(message)
+
+    def _note_worker_emit(self, worker: Any, message: Mapping[str, Any]) -> bool:
+        """Track a tagged emit; ``False`` when it belongs to a stream ended already."""
+        workers = self._workers
+        data = message.get("data")
+        room = message.get("room")
+        if (
+            workers is None
+            or not isinstance(worker, str)
+            or _WORKER_ID.fullmatch(worker) is None
+            or message.get("event") != TOOL_EVENT_STREAM
+            or not isinstance(room, str)
+            or not isinstance(data, list)
+            or len(data) != 1
+            or not isinstance(data[0], Mapping)
+        ):
+            return True
+        ok = workers.note(worker, data[0], room)
+        record = workers.workers.get(worker)
+        if record is not None:
+            record.seen = time.monotonic()
+            namespace = message.get("namespace")
+            record.namespace = namespace if isinstance(namespace, str) else "/"
+            if self._watching is None or self._watching.done():
+                self._heard = time.monotonic()
+                self._watching = asyncio.get_running_loop().create_task(self._watch_workers())
+        return ok
+
+    async def _listen(self) -> AsyncIterator[Any]:
+        """python-socketio's listener, less the heartbeats (handled here)."""
+        async for message in super()._listen():
+            if self._workers is not None and _is_heartbeat(message) and self._heartbeat(message):
+                continue
+            yield message
+
+    def _heartbeat(self, message: Any) -> bool:
+        """Handle ``message`` if it is a heartbeat (then ``True``)."""
+        try:
+            data = json.loads(message)
+        except (TypeError, ValueError):
+            return False
+        if not isinstance(data, dict) or data.get("method") != WORKER_HEARTBEAT:
+            return False
+        now = time.monotonic()
+        workers = self._workers
+        if workers is None:
+            return True
+        if now - self._heard > self._deaf_after and workers.workers:
+            # This process heard nothing for a while (Redis was down for it): heartbeats may
+            # have been lost on the way, so every worker's grace starts again now.
+            for silent in workers.workers.values():
+                silent.seen = max(silent.seen, now)
+            self._bump("redis_watch_resumed")
+        self._heard = now  # the channel works for this process
+        worker = data.get("worker")
+        record = workers.workers.get(worker) if isinstance(worker, str) else None
+        if record is None:
+            return True  # a web process's own check, or a worker with no open stream
+        record.seen = now
+        interval = data.get("interval")
+        if isinstance(interval, (int, float)) and 0 < interval < 3_600:
+            record.interval = float(interval)
+        return True
+
+    async def _watch_workers(self) -> None:
+        """While workers have open streams: check the channel, end the gone workers'."""
+        workers = self._workers
+        assert workers is not None
+        assert self.worker_grace is not None
+        grace = self.worker_grace
+        probe = json.dumps({"method": WORKER_HEARTBEAT, "worker": None, "host_id": self.host_id})
+        while workers.workers:
+            try:
+                if self.redis is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(
+                            self.redis.publish(self.channel, probe), self._watch_step
+                        )
+                await asyncio.sleep(self._watch_step)
+                # Judged at the last time this process heard the channel (its own checks
+                # come back every step while Redis works): a worker is gone only if it was
+                # overdue while this process could hear it.
+                heard = self._heard
+                for worker, record in list(workers.workers.items()):
+                    if heard - record.seen > max(grace, 3 * record.interval):
+                        await self._end_worker_locally(
+                            worker, record.namespace, heard - record.seen
+                        )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                _rare("worker_watch", "relay: watching workers failed", exc_info=True)
+
+    async def _end_worker_locally(self, worker: str, namespace: str, silent_for: float) -> None:
+        workers = self._workers
+        assert workers is not None
+        emitted = 0
+        for room, raw in workers.end(worker):
+            # This process's browsers only: each web process ends the streams for its own.
+            await self.emit(
+                TOOL_EVENT_STREAM, raw, namespace=namespace, room=room, ignore_queue=True
+            )
+            emitted += 1
+        self._bump("redis_workers_gone")
+        self._bump("redis_worker_aborted", emitted)
+        logger.warning(
+            "relay: worker %s silent on Redis for %.1f s; ended its %d open stream(s) "
+            "with aborted for this process's browsers",
+            worker,
+            silent_for,
+            emitted,
+        )
+
+    async def stop_watching(self) -> None:
+        """Cancel the gone-worker watch (when the server stops). Idempotent."""
+        task, self._watching = self._watching, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def _is_heartbeat(message: Any) -> bool:
+    if isinstance(message, (bytes, bytearray)):
+        return _HEARTBEAT_BYTES in message
+    return isinstance(message, str) and WORKER_HEARTBEAT in message
+
+
+_HEARTBEAT_BYTES = WORKER_HEARTBEAT.encode()
+
 
 def _is_terminal_emit(data: Any) -> bool:
     if not isinstance(data, dict) or data.get("event") != TOOL_EVENT_STREAM:
@@ -834,12 +1393,18 @@ def create_app(
 ) -> RelayApp:
     """An ``AsyncServer`` (Redis client manager when ``redis_url`` is given) with a
     :class:`ChatRelay` mounted, wrapped in ``socketio.ASGIApp`` — for tests and the demo.
+    ``worker_grace``, ``max_workers`` and ``max_worker_streams`` go to the Redis manager too.
 
     ``max_http_buffer_size`` bounds one incoming message (a whole ``kx_blocks`` frame).
     """
     manager = None
     if redis_url is not None:
-        manager = RelayRedisManager(redis_url, channel=redis_channel)
+        watch = ("worker_grace", "max_workers", "max_worker_streams")
+        manager = RelayRedisManager(
+            redis_url,
+            channel=redis_channel,
+            **{key: relay_options[key] for key in watch if key in relay_options},
+        )
     sio = socketio.AsyncServer(
         async_mode="asgi",
         client_manager=manager,

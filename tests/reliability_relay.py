@@ -5,10 +5,11 @@
 * short Engine.IO pings (``--ping-interval``/``--ping-timeout``), so a frozen process is
   noticed by its clients in about a second instead of 45;
 * ``GET /stats``: the relay's counters and the sizes of everything it keeps (held
-  terminals, remembered terminals, per-connection frame queues, rooms), of what the
-  server's client manager and Engine.IO server hold (namespace and room entries, pending
-  connections, environs, sockets) and the process's resident memory, so a test can check
-  that nothing grows.
+  terminals, remembered terminals, per-connection frame queues, rooms, workers with open
+  streams), of what the server's client manager and Engine.IO server hold (namespace and
+  room entries, pending connections, environs, sockets) and the process's resident memory,
+  so a test can check that nothing grows;
+* ``--worker-grace``: the relay's (and its Redis manager's) grace period for gone workers.
 
 Usage: ``KERNEL_EXT_SECRET=s python tests/reliability_relay.py --port P [--redis-url U]``.
 """
@@ -66,7 +67,11 @@ def main() -> None:
     parser.add_argument("--redis-url", default=None)
     parser.add_argument("--ping-interval", type=int, default=1)
     parser.add_argument("--ping-timeout", type=float, default=0.5)
+    parser.add_argument("--worker-grace", type=float, default=None)
     args = parser.parse_args()
+    options: dict[str, Any] = {}
+    if args.worker_grace is not None:
+        options["worker_grace"] = args.worker_grace
     holder: dict[str, Any] = {}
 
     async def stats(request: Request) -> JSONResponse:
@@ -77,6 +82,7 @@ def main() -> None:
         redis_url=args.redis_url,
         authorize_join=allow_all,
         other_asgi_app=Starlette(routes=[Route("/stats", stats)]),
+        **options,
     )
     holder.update(relay=ready.relay, sio=ready.sio)
     ready.sio.eio.ping_interval = args.ping_interval

@@ -86,9 +86,11 @@ class TestRelay(RelayProcess):
         port: int | None = None,
         redis_url: str | None = None,
         pings: tuple[float, float] = SHORT_PINGS,
+        worker_grace: float | None = None,
     ) -> None:
         super().__init__(port, redis_url)
         self.pings = pings
+        self.worker_grace = worker_grace
         handle, self._log_path = tempfile.mkstemp(prefix="kx-relay-", suffix=".log")
         os.close(handle)
 
@@ -98,6 +100,8 @@ class TestRelay(RelayProcess):
         cmd += ["--ping-interval", str(self.pings[0]), "--ping-timeout", str(self.pings[1])]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
+        if self.worker_grace is not None:
+            cmd += ["--worker-grace", str(self.worker_grace)]
         with open(self._log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 cmd, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
@@ -121,9 +125,11 @@ class TestRelay(RelayProcess):
 
 @contextlib.asynccontextmanager
 async def running_relay(
-    redis_url: str | None = None, pings: tuple[float, float] = SHORT_PINGS
+    redis_url: str | None = None,
+    pings: tuple[float, float] = SHORT_PINGS,
+    worker_grace: float | None = None,
 ) -> Any:
-    relay = TestRelay(redis_url=redis_url, pings=pings)
+    relay = TestRelay(redis_url=redis_url, pings=pings, worker_grace=worker_grace)
     relay.start()
     try:
         await relay.wait_ready()
