@@ -257,7 +257,7 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
     from kernel_ext.demo.script import COLLEAGUES
     from kernel_ext.demo.worker import Colleague, DemoAgent
     from kernel_ext.emit import MemoryEmitter
-    from kernel_ext.plugin import disable, enable
+    from kernel_ext.plugin import adisable, enable
 
     ports = [free_port() for _ in COLLEAGUES]
     peers = [ScriptedPeer(f"http://127.0.0.1:{p}/", delay=0.05) for p in ports]
@@ -275,9 +275,7 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
             answer = await agent.answer("demo-room", FIRST_QUESTION)
             assert await emitter.flush(5)
     finally:
-        closing = disable()
-        if closing is not None:
-            await closing
+        await adisable()
         for peer in peers:
             await peer.aclose()
         provider.shutdown()

@@ -77,7 +77,7 @@ from kernel_ext.demo.script import (
 )
 from kernel_ext.errors import ColleagueError
 from kernel_ext.integrations.pydantic_ai import KernelExtCapability
-from kernel_ext.plugin import ENV_SECRET, disable, enable
+from kernel_ext.plugin import ENV_SECRET, adisable, enable
 from kernel_ext.protocol import NAMESPACE
 from kernel_ext.stream import StreamHub, get_default_hub
 
@@ -410,11 +410,7 @@ async def serve(
         await agent.aclose()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(control.disconnect(), 5)
-        if wired.emitter is not None:
-            await wired.emitter.flush(5)
-        closing = disable()
-        if closing is not None:
-            await closing
+        await adisable(5)
         provider.shutdown()
 
 
