@@ -28,7 +28,7 @@ import pytest
 import socketio
 from conftest import RedisServer, serve_asgi
 from relay_helpers import CALL, CONV, NS, SECRET, barrier, terminals, wait_until
-from reliability_support import SHORT_PINGS, Clock, browser_on, report, running_relay
+from reliability_support import RUNS, SHORT_PINGS, Clock, browser_on, report, running_relay
 from test_redis import wait_subscribed
 
 from kernel_ext.emit import LoopbackEmitter, RedisEmitter
@@ -36,7 +36,7 @@ from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import decode
 from kernel_ext.relay import WORKER_GONE_MESSAGE, ChatRelay, allow_all, create_app
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.network, pytest.mark.timeout(120 + 15 * RUNS)]
 
 WORKER_SCRIPT = Path(__file__).with_name("stream_worker.py")
 GRACE = 2.0
@@ -50,9 +50,14 @@ class WorkerProcess:
     input, one answer per line on its standard output. Killed in :meth:`close`."""
 
     def __init__(
-        self, worker_id: str, *, relay_port: int | None = None, redis_url: str | None = None
+        self,
+        worker_id: str,
+        *,
+        relay_port: int | None = None,
+        redis_url: str | None = None,
+        call_id: str = CALL,
     ) -> None:
-        self.args = ["--worker-id", worker_id, "--room", CONV, "--call", CALL]
+        self.args = ["--worker-id", worker_id, "--room", CONV, "--call", call_id]
         if relay_port is not None:
             self.args += ["--relay-url", f"http://127.0.0.1:{relay_port}"]
         else:
@@ -167,32 +172,41 @@ OPEN_TWO_END_ONE = ("run t1 one", "run t1 two", "run t2 one", "run t0 one", "don
 
 
 async def test_a_killed_worker_gets_one_aborted_per_open_stream_within_the_grace() -> None:
+    """Repeated ``KERNEL_EXT_RELIABILITY_RUNS`` times: each run a new worker process opens
+    two streams and ends a third, then is SIGKILLed."""
+    seen_after: list[float] = []
     async with relay_with(worker_grace=GRACE) as (port, relay), browser_on(port) as browser:
-        async with worker_process("worker-killed", relay_port=port) as worker:
-            await worker.do(*OPEN_TWO_END_ONE)
-            await browser.wait_for(lambda blocks: len(blocks) == 5)
-            assert tracking(relay) == {**EMPTY, "workers_tracked": 1, "worker_streams": 2}
-            clock = Clock()
-            await worker.kill()
-            await browser.wait_for(lambda blocks: len(aborted(blocks)) == 2, timeout=GRACE + 5)
-            seen_after = clock.elapsed()
-        await wait_until(lambda: tracking(relay) == EMPTY)  # released after the abort
-        await barrier(browser, port)
+        for run in range(RUNS):
+            call_id = f"{run + 1:016x}"
+            where: dict[str, Any] = {"relay_port": port, "call_id": call_id}
+            async with worker_process(f"worker-killed-{run}", **where) as worker:
+                await worker.do(*OPEN_TWO_END_ONE)
+                await browser.wait_for(lambda _, c=call_id: len(browser.stream(c)) == 5)
+                assert tracking(relay) == {**EMPTY, "workers_tracked": 1, "worker_streams": 2}
+                clock = Clock()
+                await worker.kill()
+                await browser.wait_for(
+                    lambda _, c=call_id: len(aborted(browser.stream(c))) == 2, timeout=GRACE + 5
+                )
+                seen_after.append(clock.elapsed())
+            await wait_until(lambda: tracking(relay) == EMPTY)  # released after the abort
+            await barrier(browser, port)
+            for task in ("t1", "t2"):
+                check_aborted(browser.stream(call_id, task))
+            assert states(browser.stream(call_id, "t1")) == ["running", "running", "aborted"]
+            assert states(browser.stream(call_id, "t0")) == ["running", "done"]  # had ended
+            assert len(terminals(browser.stream(call_id))) == 3
         stats = relay.stats()
-    for task in ("t1", "t2"):
-        check_aborted(browser.stream(CALL, task))
-    assert states(browser.stream(CALL, "t1")) == ["running", "running", "aborted"]
-    assert states(browser.stream(CALL, "t0")) == ["running", "done"]  # had ended: nothing
-    assert len(terminals(browser.blocks)) == 3
-    assert (stats["worker_aborted"], stats["workers_gone"]) == (2, 1)
+    assert (stats["worker_aborted"], stats["workers_gone"]) == (2 * RUNS, RUNS)
     report(
         "worker SIGKILLed mid-stream (loopback)",
+        runs=RUNS,
         grace_s=GRACE,
-        open_streams=2,
-        aborted_delivered=2,
-        seconds_from_kill_to_aborted=round(seen_after, 2),
+        open_streams=2 * RUNS,
+        aborted_delivered=len(aborted(browser.blocks)),
+        seconds_from_kill_to_aborted=f"{min(seen_after):.2f}–{max(seen_after):.2f}",
     )
-    print(f"loopback: SIGKILL -> both aborted seen after {seen_after:.2f} s (grace {GRACE} s)")
+    print(f"loopback: SIGKILL -> both aborted seen after {max(seen_after):.2f} s (grace {GRACE})")
 
 
 async def test_a_worker_restarted_within_the_grace_under_its_old_id_ends_its_streams() -> None:

@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.sampling import (
     TraceIdRatioBased,
 )
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from reliability_support import RUNS, report
 
 from kernel_ext import (
     MemoryEmitter,
@@ -117,7 +118,8 @@ async def test_sampled_out_calls_are_attributed_end_once_and_leave_nothing(name:
     async with setup(sampler) as s:
         kernel = Kernel()
         seen: list[tuple[str, str]] = []  # (call id, how the call ended)
-        for i in range(20):
+        calls = 20 * RUNS
+        for i in range(calls):
 
             def returns(i: int = i) -> str:
                 s.hub.publish(f"sync step of call {i}", task_id="t1")
@@ -153,7 +155,7 @@ async def test_sampled_out_calls_are_attributed_end_once_and_leave_nothing(name:
 
         await s.emitter.flush(5)
         assert all(call_id for call_id, _ in seen)
-        assert len({call_id for call_id, _ in seen}) == len(seen) == 80
+        assert len({call_id for call_id, _ in seen}) == len(seen) == 4 * calls
         for call_id, ended in seen:
             blocks = s.emitter.blocks(CONV)
             mine = [b for b in blocks if b["callId"] == call_id]
@@ -172,6 +174,14 @@ async def test_sampled_out_calls_are_attributed_end_once_and_leave_nothing(name:
         assert (stats.streams, stats.calls, stats.closed, stats.queue) == (0, 0, 0, 0)
         assert len(s.tap) == 0
         assert stats["error"] == 0
+        finals = s.emitter.terminals(CONV)
+    report(
+        f"sampled-out tool calls ({name})",
+        calls=4 * calls,
+        open_streams_expected=4 * calls,
+        terminals_delivered=sum(1 for b in finals if b["taskId"] == "t1"),
+        left_in_hub_and_tap=stats.streams + stats.calls + len(s.tap),
+    )
 
 
 async def test_a_recorded_call_also_ends_exactly_once() -> None:

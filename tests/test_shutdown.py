@@ -22,17 +22,19 @@ from typing import Any
 import pytest
 from conftest import serve_asgi
 from relay_helpers import SECRET, barrier, terminals
-from reliability_support import browser_on
+from reliability_support import RUNS, browser_on, report
 
 from kernel_ext.relay import allow_all, create_app
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.network, pytest.mark.timeout(60 + 30 * RUNS)]
 
 WORKER = Path(__file__).with_name("shutdown_worker.py")
 CALL = "5b8aa5a2d2c872e8"
 
 
-async def run_worker(mode: str, port: int, conversation: str) -> tuple[int, str, str]:
+async def run_worker(
+    mode: str, port: int, conversation: str, call_id: str = CALL
+) -> tuple[int, str, str]:
     env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
@@ -40,7 +42,7 @@ async def run_worker(mode: str, port: int, conversation: str) -> tuple[int, str,
         mode,
         f"http://127.0.0.1:{port}",
         conversation,
-        CALL,
+        call_id,
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -79,24 +81,37 @@ async def test_the_terminal_queued_at_shutdown_reaches_the_browser_once(
     conversation = f"conv-{mode}"
     ready = create_app(SECRET, authorize_join=allow_all)
     async with serve_asgi(ready.app) as port, browser_on(port, conversation) as browser:
-        code, out, err = await run_worker(mode, port, conversation)
-        assert code == status, err
-        await browser.wait_for(lambda _: bool(terminals(browser.stream(CALL))), timeout=20)
-        await barrier(browser, port)
-        stream = browser.stream(CALL, "t")
-        assert [b["state"] for b in stream] == ["running", "done"], err
-        assert stream[-1]["envelope"]["payload"] == {"text": "the final answer"}
-        if mode.endswith("sigterm"):
-            assert "SIGTERM; flushing the sender" in err
-        if mode in ("sync-disable", "async-adisable", "async-disable-awaited"):
-            report = last_json(out)
-            assert report["counts"].get("unflushed", 0) == 0
-            assert report["counts"]["sent"] == 2
-        if mode in ("async-adisable", "async-disable-awaited"):
-            assert last_json(out)["flushed"] is True
-        if mode == "async-disable-awaited":
-            (warning,) = last_json(out)["warned"]
-            assert "adisable" in warning
+        for run in range(RUNS):
+            call_id = f"{run + 1:016x}"
+            code, out, err = await run_worker(mode, port, conversation, call_id)
+            assert code == status, err
+            await browser.wait_for(
+                lambda _, call_id=call_id: bool(terminals(browser.stream(call_id))), timeout=20
+            )
+            await barrier(browser, port)
+            stream = browser.stream(call_id, "t")
+            assert [b["state"] for b in stream] == ["running", "done"], err
+            assert stream[-1]["envelope"]["payload"] == {"text": "the final answer"}
+            if mode.endswith("sigterm"):
+                assert "SIGTERM; flushing the sender" in err
+            if mode in ("sync-disable", "async-adisable", "async-disable-awaited"):
+                counts = last_json(out)["counts"]
+                assert counts.get("unflushed", 0) == 0
+                assert counts["sent"] == 2
+            if mode in ("async-adisable", "async-disable-awaited"):
+                assert last_json(out)["flushed"] is True
+            if mode == "async-disable-awaited":
+                (warning,) = last_json(out)["warned"]
+                assert "adisable" in warning
+        delivered = len(terminals(browser.blocks))
+    assert delivered == RUNS
+    report(
+        f"worker stops right after queueing a terminal ({mode})",
+        runs=RUNS,
+        terminals_expected=RUNS,
+        terminals_delivered=delivered,
+        exit_status=status,
+    )
 
 
 async def test_a_loop_that_ends_under_the_sender_counts_and_logs_what_it_lost() -> None:

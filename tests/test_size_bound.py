@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from conftest import RedisServer, serve_asgi
 from relay_helpers import SECRET, barrier, terminals, wait_until
-from reliability_support import WatchedBrowser, Worker, browser_on, running_relay
+from reliability_support import RUNS, WatchedBrowser, Worker, browser_on, report, running_relay
 from test_redis import wait_subscribed
 
 from kernel_ext.emit import RedisEmitter
@@ -26,7 +26,7 @@ from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, FALLBACK_INVALID
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import StreamHub
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.network, pytest.mark.timeout(120 + 60 * RUNS)]
 
 SIZES = [60_000, 65_530, 70_000, 300_000, 5_000_000]
 ALPHABETS = {
@@ -96,15 +96,25 @@ async def check_panes(browser: WatchedBrowser, port: int, answers: dict[str, str
 
 async def test_long_answers_reach_the_browser_once_over_the_loopback_relay() -> None:
     ready = create_app(SECRET, authorize_join=allow_all)
+    cut = 0
     async with serve_asgi(ready.app) as port, browser_on(port, "conv-size") as browser:
         async with Worker(port, max_running_per_second=None) as worker:
-            answers = await publish_answers(worker, "conv-size")
-            cut = await check_panes(browser, port, answers)
+            for _ in range(RUNS):
+                answers = await publish_answers(worker, "conv-size")
+                cut += await check_panes(browser, port, answers)
             stats = worker.hub.stats()
         assert stats["degraded"] == 0
         assert ready.relay.stats().get("rejected_too_large", 0) == 0
-        assert cut == 14  # every answer but the 60,000-character ASCII one is over 64 KiB
+        assert cut == 14 * RUNS  # every answer but the 60,000-character ASCII one is cut
         assert worker.loopback.counts.get("terminals_degraded", 0) == 0
+    report(
+        "final answers of 60 k–5 M characters (ASCII, CJK, emoji), loopback relay",
+        runs=RUNS,
+        terminals_expected=15 * RUNS,
+        terminals_delivered=len(terminals(browser.blocks)),
+        cut_with_marker=cut,
+        refused_by_relay=ready.relay.stats().get("rejected_too_large", 0),
+    )
 
 
 @pytest.mark.redis
@@ -112,13 +122,22 @@ async def test_long_answers_reach_the_browser_once_over_redis(redis_server: Redi
     def redis_emitter(hub: StreamHub) -> RedisEmitter:
         return RedisEmitter(redis_server.url, hub=hub)
 
+    cut = 0
     async with running_relay(redis_server.url) as relay, browser_on(relay.port, "c") as browser:
         await wait_subscribed(redis_server.url, 1)
         async with Worker(emitter=redis_emitter, max_running_per_second=None) as worker:
-            answers = await publish_answers(worker, "c")
-            cut = await check_panes(browser, relay.port, answers)
+            for _ in range(RUNS):
+                answers = await publish_answers(worker, "c")
+                cut += await check_panes(browser, relay.port, answers)
             assert worker.hub.stats()["degraded"] == 0
-        assert cut == 14
+        assert cut == 14 * RUNS
+    report(
+        "final answers of 60 k–5 M characters (ASCII, CJK, emoji), Redis emitter",
+        runs=RUNS,
+        terminals_expected=15 * RUNS,
+        terminals_delivered=len(terminals(browser.blocks)),
+        cut_with_marker=cut,
+    )
 
 
 def at_bound_text(worker: Worker, extra: int) -> Callable[[str, str], str]:
