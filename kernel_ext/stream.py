@@ -32,8 +32,8 @@ Guarantees of :meth:`StreamHub.publish` (and the module-level :func:`publish`):
   their number is bounded by the streams), ``max_calls`` live calls with state (the oldest
   is forgotten beyond, ``call_limit``), ``max_closed_per_call`` closed streams remembered
   per call (the oldest is forgotten beyond). A stream's state is released at its terminal,
-  a call's when it ends; idle streams of calls that never end after ``stream_idle_ttl``
-  seconds (``expired``).
+  a call's when it ends; a stream idle for ``stream_idle_ttl`` seconds (its call's end never
+  came) is ended like at its call's end (counted ``expired``), so its pane ends too.
 * Terminals without a callId (attribution failed) are remembered like the streams of one
   call that never ends, so a repeated one is dropped too (at most ``max_closed_per_call``).
 * With no sender attached, blocks are counted ``no_sender`` and not kept.
@@ -113,6 +113,7 @@ PublishItem = Envelope | Mapping[str, Any] | str
 _current_tool_call = _CURRENT_CALL.get  # kernel_ext.current_tool_call without its call
 _time_ns = time.time_ns
 _DEFAULT_ABORT_MESSAGE = "the tool call ended before its stream did"
+_IDLE_ABORT_MESSAGE = "the stream was idle too long; its tool call's end was never seen"
 _MAX_TASK_ID = 512
 _MAX_RING = 1024
 _SWEEP_EVERY = 1.0
@@ -836,16 +837,15 @@ class StreamHub:
             del closed[next(iter(closed))]
 
     def _sweep(self, now: float) -> None:
-        """Forget expired closed markers and idle streams (consumer side, about once a second)."""
-        expired = 0
+        """End idle streams of calls whose end never came, and forget idle empty calls
+        (consumer side, about once a second)."""
         with self._lock:
             idle_before = now - self.stream_idle_ttl
-            stale = [key for key, s in self._streams.items() if s.touched < idle_before]
-            for key in stale:
-                stream = self._streams.pop(key)
-                stream.closed = True
-                stream.call.open.pop(key[1], None)
-                expired += 1
+            stale = [
+                (key, stream.room, stream.call.path, stream.provisional)
+                for key, stream in self._streams.items()
+                if stream.touched < idle_before
+            ]
             # A call that closed streams is remembered until it ends (or the call bound).
             calls_stale = [
                 call_id
@@ -854,9 +854,18 @@ class StreamHub:
             ]
             for call_id in calls_stale:
                 del self._calls[call_id]
-        if expired:
-            self._count(EXPIRED, expired)
-            _rare(EXPIRED, "stream hub: %d idle stream(s) forgotten", expired, level=logging.INFO)
+        for (call_id, task_id), room, path, provisional in stale:
+            state, item = provisional or ("aborted", _IDLE_ABORT_MESSAGE)
+            self._terminal(item, call_id, task_id, state, room, path)
+        if stale:
+            self._count(EXPIRED, len(stale))
+            _rare(
+                EXPIRED,
+                "stream hub: %d stream(s) idle for %g s ended (their call's end never came)",
+                len(stale),
+                self.stream_idle_ttl,
+                level=logging.INFO,
+            )
 
     def _fold_throttled(self) -> None:
         """Move the lock-free throttle ticks into ``_counts`` (lock held). An increment that

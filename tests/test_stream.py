@@ -609,3 +609,35 @@ async def test_a_provisional_terminal_ends_the_stream_only_if_the_call_ends_firs
     assert followed[-1]["envelope"]["payload"] == {"text": "the real answer"}
     stats = hub.stats()
     assert (stats.streams, stats.calls) == (0, 0)
+
+
+async def test_a_stream_whose_call_never_ends_is_ended_once_it_is_idle_too_long(
+    clock: FakeClock, tap: Tap
+) -> None:
+    hub = StreamHub(clock=clock, tap=tap, stream_idle_ttl=60)
+    async with MemoryEmitter(hub=hub) as mem:
+        with in_call():
+            hub.publish("working", task_id="plain")
+            hub.publish("which one?", task_id="asked")
+            hub.publish("which one?", task_id="asked", state="done", provisional=True)
+        clock.advance(60)  # exactly the idle bound: not yet
+        with in_call(CALL2):
+            hub.publish("wake the sweep")
+        await mem.flush(5)
+        assert mem.terminals() == []
+        clock.advance(1.5)  # past it (the sweep runs about once a second)
+        with in_call(CALL2):
+            hub.publish("wake the sweep again")
+        await mem.flush(5)
+        by_task = {b["taskId"]: b for b in mem.terminals() if b["callId"] == CALL}
+        assert by_task["plain"]["state"] == "aborted"
+        assert "idle too long" in by_task["plain"]["envelope"]["payload"]["message"]
+        assert by_task["asked"]["state"] == "done"
+        assert by_task["asked"]["envelope"]["payload"] == {"text": "which one?"}
+        assert len(mem.terminals()) == 2
+        with in_call():  # still no second terminal
+            hub.publish("late", task_id="plain")
+            hub.publish("late", task_id="plain", state="done")
+        await mem.flush(5)
+        assert len(mem.terminals()) == 2
+        assert hub.stats()["expired"] == 2
