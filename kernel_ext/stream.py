@@ -855,8 +855,8 @@ class StreamHub:
             for call_id in calls_stale:
                 del self._calls[call_id]
         for (call_id, task_id), room, path, provisional in stale:
-            state, item = provisional or ("aborted", _IDLE_ABORT_MESSAGE)
-            self._terminal(item, call_id, task_id, state, room, path)
+            end: tuple[str, Any] = provisional or ("aborted", _IDLE_ABORT_MESSAGE)
+            self._terminal(end[1], call_id, task_id, end[0], room, path)
         if stale:
             self._count(EXPIRED, len(stale))
             _rare(
