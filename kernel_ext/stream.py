@@ -848,12 +848,12 @@ class StreamHub:
             ]
             # A call that closed streams is remembered until it ends (or the call bound).
             calls_stale = [
-                call_id
-                for call_id, stats in self._calls.items()
+                stale_id
+                for stale_id, stats in self._calls.items()
                 if not stats.open and not stats.closed and stats.touched < idle_before
             ]
-            for call_id in calls_stale:
-                del self._calls[call_id]
+            for stale_id in calls_stale:
+                del self._calls[stale_id]
         for (call_id, task_id), room, path, provisional in stale:
             end: tuple[str, Any] = provisional or ("aborted", _IDLE_ABORT_MESSAGE)
             self._terminal(end[1], call_id, task_id, end[0], room, path)
