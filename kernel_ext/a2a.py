@@ -507,23 +507,16 @@ class A2AStreamAdapter:
     def _emit(
         self, item: Item, task_id: str | None, state: BlockState, *, provisional: bool = False
     ) -> None:
+        # The keyword only when set: a publisher written before it still works otherwise.
+        extra: dict[str, Any] = {"provisional": True} if provisional else {}
         try:
-            if provisional:  # only then: a publisher written before the keyword still works
-                self._publish(
-                    item,
-                    task_id=task_id,
-                    state=state,
-                    conversation_id=self._conversation_id,
-                    tool_name=self._tool_name,
-                    provisional=True,
-                )
-                return
             self._publish(
                 item,
                 task_id=task_id,
                 state=state,
                 conversation_id=self._conversation_id,
                 tool_name=self._tool_name,
+                **extra,
             )
         except Exception:  # publish never raises by contract; never let it reach the tool
             logger.exception("a2a adapter: publish raised; block lost")

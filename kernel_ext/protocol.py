@@ -92,6 +92,7 @@ __all__ = [
     "fits",
     "pseudo_envelope",
     "terminal_envelope",
+    "text_block",
     "text_block_fast_limit",
 ]
 
@@ -505,6 +506,18 @@ def fallback_terminal(
     :data:`FALLBACK_INVALID`). A valid block for any string ``task_id`` of 1–512
     characters (a longer or empty one is replaced by its first 512 characters or ``-``)."""
     task_id = task_id[:512] or "-"
+    return text_block(
+        call_id, task_id, state, ts, seq, FALLBACK_TOO_LARGE if too_large else FALLBACK_INVALID
+    )
+
+
+def text_block(
+    call_id: str | None, task_id: str, state: str, ts: int, seq: int, text: str
+) -> dict[str, Any]:
+    """The wire form of a block whose envelope is the caller's own text envelope: a running
+    block's pseudo-envelope (``payload.text``) or a terminal (``payload.text`` for ``done``,
+    ``payload.message`` for ``aborted``). Built as is, not validated: the caller passes a
+    valid call id, a task id of 1–512 characters and a non-negative seq."""
     return {
         "v": PROTOCOL_VERSION,
         "callId": call_id,
@@ -517,11 +530,7 @@ def fallback_terminal(
             "streamKey": task_id,
             "seq": seq,
             "status": state,
-            "payload": {
-                ("text" if state == "done" else "message"): (
-                    FALLBACK_TOO_LARGE if too_large else FALLBACK_INVALID
-                )
-            },
+            "payload": {("message" if state == "aborted" else "text"): text},
         },
     }
 

@@ -73,6 +73,7 @@ from kernel_ext.protocol import (
     encode_wire,
     fallback_terminal,
     fits,
+    text_block,
     text_block_fast_limit,
 )
 from kernel_ext.resolve import _count_context
@@ -962,22 +963,7 @@ class StreamHub:
         marker when needed), and an estimate of its encoded size in characters; validated
         unless built here from trusted parts."""
         if item.__class__ is str and 0 < len(task_id) <= _MAX_TASK_ID:
-            key = "message" if state == "aborted" else "text"
-            wire = {
-                "v": PROTOCOL_VERSION,
-                "callId": call_id,
-                "taskId": task_id,
-                "state": state,
-                "ts": ts,
-                "envelope": {
-                    "v": PROTOCOL_VERSION,
-                    "kind": "text",
-                    "streamKey": task_id,
-                    "seq": seq,
-                    "status": state,
-                    "payload": {key: item},
-                },
-            }
+            wire = text_block(call_id, task_id, state, ts, seq, item)
             if len(item) + len(task_id) * 2 <= self._fast_chars:
                 return wire, len(item) + len(task_id) * 2 + 256
             Block.model_validate(wire)
@@ -999,15 +985,8 @@ class StreamHub:
             envelope = item.model_dump(by_alias=True, mode="json")
         elif isinstance(item, Mapping):
             envelope = decode_envelope(item).model_dump(by_alias=True, mode="json")
-        elif isinstance(item, str):
-            envelope = {
-                "v": PROTOCOL_VERSION,
-                "kind": "text",
-                "streamKey": task_id,
-                "seq": seq,
-                "status": state,
-                "payload": {"message" if state == "aborted" else "text": item},
-            }
+        elif isinstance(item, str):  # a task id the fast path does not take: validated below
+            envelope = text_block(call_id, task_id, state, ts, seq, item)["envelope"]
         else:
             raise DecodeError(
                 f"invalid item: expected Envelope, mapping or str, got {type(item).__name__}"
