@@ -394,6 +394,7 @@ async def adisable(timeout: float = 5.0) -> bool:
         state, _state = _state, None
     if state is None:
         return True
+    _restore_sigterm(state)  # here: signal handlers are set and reset on the main thread
     running = asyncio.get_running_loop()
     emitter = state.emitter
     if emitter is not None and state.loop is running:
