@@ -381,6 +381,13 @@ async def test_malformed_packets_are_counted_and_their_tracebacks_logged_rarely(
                 await raw.barrier()  # the connection survives every one of them
 
             figures = await attack_with_a_legit_stream(relay, attack, "malformed")
+            # python-engineio handles each message in a task of its own: the barrier's answer
+            # can overtake the last packets' handling, so wait (with a deadline) for it.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 30
+            while (await relay.stats())["counts"].get("rejected_bad_packet", 0) < TRIES:
+                assert loop.time() < deadline, "not every malformed packet was handled"
+                await asyncio.sleep(0.05)  # polling with a deadline
         stats = (await relay.stats())["counts"]
         log = relay.log()
     by_kind: dict[str, int] = {}
