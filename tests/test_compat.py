@@ -1,0 +1,59 @@
+"""Contracts of the private names kernel_ext reads (kernel_ext._compat).
+
+These FAIL, not fall back, on the versions the test environment pins: a release that moves
+one of them must be looked at (and pyproject's upper bounds raised) deliberately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import pytest
+import socketio
+from conftest import RedisServer
+
+from kernel_ext import _compat
+
+
+def test_sdk_spans_keep_the_fields_the_processor_reads() -> None:
+    assert _compat.SPAN_FIELDS is not None
+    assert _compat.ACTIVE["span_fields"] == "private"
+
+
+def test_a_span_context_is_a_tuple_whose_item_1_is_the_span_id() -> None:
+    assert _compat.SPAN_CONTEXT_INDEXED is True
+    assert _compat.ACTIVE["span_context"] == "private"
+
+
+def test_python_socketio_redis_publish_returns_what_redis_returned() -> None:
+    assert _compat.publish_result_supported() is True
+    assert _compat.ACTIVE["redis_publish_result"] == "private"
+
+
+@pytest.mark.redis
+@pytest.mark.network
+async def test_the_publish_result_is_the_receiver_count_of_a_real_redis(
+    redis_server: RedisServer,
+) -> None:
+    class Manager(_compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+        pass
+
+    manager = Manager(redis_server.url, write_only=True)
+    await manager.emit("x", {"a": 1}, namespace="/chat", room="r")
+    assert manager.last_receivers == 0  # nobody subscribed
+    listener = socketio.AsyncRedisManager(redis_server.url)
+    listener.set_server(socketio.AsyncServer())
+    task = asyncio.get_running_loop().create_task(listener._thread())
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while manager.last_receivers != 1:
+            assert loop.time() < deadline, "the listener never subscribed"
+            await asyncio.sleep(0.02)  # polling with a deadline
+            await manager.emit("x", {"a": 1}, namespace="/chat", room="r")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(task, 10)
+    assert manager.last_receivers == 1
