@@ -98,7 +98,7 @@ class BoundedMap(Generic[K, V]):
         return found[1]
 
     def __contains__(self, key: object) -> bool:
-        found = self._entries.get(key)  # type: ignore[call-overload]
+        found = self._entries.get(key)  # type: ignore[arg-type]
         if found is None:
             return False
         if self.ttl is not None and found[0] <= self._clock():

@@ -10,9 +10,9 @@ measured reason. They all live here, so a release that renames one shows up in o
   2 µs budget per tool span (``benchmarks/bench_attribution.py``).
 * **``SpanContext`` as a tuple** (:data:`SPAN_CONTEXT_INDEXED`): its span id is item 1 of the
   tuple it is; indexing saves the ``span_id`` property's Python call.
-* **python-socketio's Redis publish** (:class:`PublishResult`, probed on first use): ``AsyncRedisManager._publish``
-  returns what Redis's ``PUBLISH`` returned (the number of subscribers that received the
-  message), which is how a sender or a relay learns that a publish failed or reached no web
+* **python-socketio's Redis publish** (:class:`PublishResult`, probed on first use):
+  ``AsyncRedisManager._publish`` returns what Redis's ``PUBLISH`` returned (the number of
+  subscribers that received the message), which is how a sender or a relay learns that a publish failed or reached no web
   process; python-socketio itself only logs a failure.
 
 Each probe runs once, here, at import. When a probe fails the code that uses it takes the
@@ -57,7 +57,7 @@ def _probe_span_fields() -> SpanFields | None:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 
-        span = (
+        span: Any = (
             TracerProvider(sampler=ALWAYS_ON)
             .get_tracer("kernel_ext.compat")
             .start_span("probe", attributes={"probe": "yes"})
@@ -72,7 +72,7 @@ def _probe_span_fields() -> SpanFields | None:
             and parent is span.parent
             and start_time == span.start_time
         ):
-            return read  # type: ignore[no-any-return]
+            return read
     except Exception:
         pass
     return None

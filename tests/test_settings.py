@@ -56,7 +56,7 @@ def test_a_bad_value_is_a_config_error_naming_the_variable(
 
 
 def test_a_bad_argument_is_named_as_the_argument() -> None:
-    with pytest.raises(ConfigError, match="^max_streams"):
+    with pytest.raises(ConfigError, match=r"^max_streams"):
         load_settings(max_streams=-3)
 
 
