@@ -12,8 +12,8 @@ measured reason. They all live here, so a release that renames one shows up in o
   tuple it is; indexing saves the ``span_id`` property's Python call.
 * **python-socketio's Redis publish** (:class:`PublishResult`, probed on first use):
   ``AsyncRedisManager._publish`` returns what Redis's ``PUBLISH`` returned (the number of
-  subscribers that received the message), which is how a sender or a relay learns that a publish failed or reached no web
-  process; python-socketio itself only logs a failure.
+  subscribers that received the message), which is how a sender or a relay learns that a
+  publish failed or reached no web process; python-socketio itself only logs a failure.
 
 Each probe runs once, here, at import. When a probe fails the code that uses it takes the
 public path (slower) or reports less, and says so: the active path is in :data:`ACTIVE`
