@@ -79,7 +79,7 @@ class _Sink(Emitter):
                 self.terminals += item.terminal
         self.blocks += n
         if n:
-            self.hub.record_sent(n)
+            self.hub.record_delivered(n)
         if self.terminals >= self.want:
             self.caught_up.set()
 

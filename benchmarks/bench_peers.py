@@ -99,7 +99,7 @@ class CountingEmitter(Emitter):
                     self.terminal_seen.set()
         self.blocks += n
         if n:
-            self.hub.record_sent(n)
+            self.hub.record_delivered(n)
 
 
 # -- kernel_ext ---------------------------------------------------------------------------

@@ -320,7 +320,7 @@ class MemoryEmitter(Emitter):
                 self.chat_events.append((item.room, item.event))
                 self.order.append(("chat_event", item.room, item.event))
         if sent:
-            hub.record_sent(sent)
+            hub.record_delivered(sent)
         if items:
             self._changed.set()
 
@@ -767,7 +767,7 @@ class LoopbackEmitter(Emitter):
                     )
                 else:
                     await self._client.emit(KX_BLOCKS, payload, namespace=self.namespace)
-                    hub.record_sent(len(blocks))
+                    hub.record_delivered(len(blocks))
             except Exception as exc:
                 _rare("emit_failed", "loopback emitter: emit failed: %s", exc)
                 if terminals and self._inflight.pop(frame_id, None) is None:
@@ -799,7 +799,7 @@ class LoopbackEmitter(Emitter):
             rejected = ack.get("rejected")
             if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
                 rejected = 0
-            self.hub.record_sent(n_blocks - min(rejected, n_blocks))
+            self.hub.record_delivered(n_blocks - min(rejected, n_blocks))
             if not rejected:
                 return
             refused = _refused_indexes(ack.get("refused"), len(blocks))
@@ -1185,7 +1185,7 @@ class RedisEmitter(Emitter):
                 self._bump("no_listener")
                 self._drop_or_hold(item, NO_LISTENER)
             else:
-                hub.record_sent()
+                hub.record_delivered()
 
     def _drop_or_hold(self, item: OutgoingBlock, reason: str) -> None:
         if item.terminal:
@@ -1209,7 +1209,7 @@ class RedisEmitter(Emitter):
             receivers = await self._publish(TOOL_EVENT_STREAM, entry.item.block, entry.item.room)
             if receivers:
                 delivered += 1
-                self.hub.record_sent()
+                self.hub.record_delivered()
                 continue
             self._terminals.hold(entry)
             if receivers is None:  # Redis is down again: keep the rest as they are

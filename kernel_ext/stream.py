@@ -137,7 +137,7 @@ UNFLUSHED = "unflushed"
 ERROR = "error"
 # Counted, not dropped: a terminal that had to be rebuilt (invalid/too large) to be sent.
 DEGRADED = "degraded"
-# Outcome ``sent`` is reported by the sender (:meth:`StreamHub.record_sent`).
+# Outcome ``sent`` is reported by the sender (:meth:`StreamHub.record_delivered`).
 SENT = "sent"
 
 
@@ -553,7 +553,7 @@ class StreamHub:
         """Blocks queued for the sender right now (cheap; no lock)."""
         return len(self._queue)
 
-    def record_sent(self, n: int = 1) -> None:
+    def record_delivered(self, n: int = 1) -> None:
         """For senders: ``n`` blocks left this process (counted ``sent``)."""
         self._count(SENT, n)
 
