@@ -184,7 +184,7 @@ async def _memory_pass(calls: int, traced: bool) -> tuple[int, str]:
 
 
 def _drops(counts: dict[str, int]) -> list[int]:
-    return [v for k, v in counts.items() if k not in ("queued", "sent", "degraded")]
+    return [v for k, v in counts.items() if k not in ("admitted", "delivered", "degraded")]
 
 
 def bench_memory(calls: int) -> list[dict[str, Any]]:

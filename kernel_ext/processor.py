@@ -42,12 +42,12 @@ from __future__ import annotations
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
-from kernel_ext import resolve
+from kernel_ext import _compat, resolve
 from kernel_ext._telemetry import RareLog, slot_constructor
 from kernel_ext.context import _CURRENT_CALL
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
@@ -98,15 +98,14 @@ class ToolSpanProcessor(SpanProcessor):
         try:
             if self._shutdown:
                 return
-            # The SDK span's fields, read directly (see _attribute_getter): all of them or
-            # none, so that a span laid out differently takes the public properties.
-            try:
-                inner = span._attributes._dict  # type: ignore[union-attr]
-                context = span._context
-                parent_span = span._parent
-                start_time = span._start_time
-            except AttributeError:
-                inner = None
+            # The SDK span's fields in one call (kernel_ext._compat.SPAN_FIELDS): all of them
+            # or none, so that a span laid out differently takes the public properties.
+            inner: Any = None
+            if _SPAN_FIELDS is not None:
+                try:
+                    inner, context, parent_span, start_time = _SPAN_FIELDS(span)
+                except AttributeError:  # not an SDK span
+                    inner = None
             get: _Get
             if inner.__class__ is dict:
                 get = inner.get
@@ -187,11 +186,12 @@ class ToolSpanProcessor(SpanProcessor):
     def on_end(self, span: ReadableSpan) -> None:
         """Remove a tool span's call from the tap; tell the sink it ended. Never raises."""
         try:
-            try:  # as in on_start
-                inner = span._attributes._dict  # type: ignore[union-attr]
-                context = span._context
-            except AttributeError:
-                inner = None
+            inner: Any = None  # as in on_start
+            if _SPAN_FIELDS is not None:
+                try:
+                    inner, context, _, _ = _SPAN_FIELDS(span)
+                except AttributeError:
+                    inner = None
             get: _Get
             if inner.__class__ is dict:
                 get = inner.get
@@ -330,35 +330,19 @@ def _span_id(context: SpanContext | None) -> object:
     return context.span_id if context is not None else 0
 
 
-def _indexed_context() -> type:
-    """``SpanContext`` when its span id is at index 1 of the tuple it is (as it always has
-    been: the ``span_id`` property returns ``self[1]``, one Python call the processor saves
-    by indexing), else a class no context is an instance of."""
-    try:
-        if SpanContext(1, 2, False)[1] == 2:
-            return SpanContext
-    except Exception:  # pragma: no cover - an API laid out differently
-        pass
-    return type("_NoContext", (), {})  # pragma: no cover
-
-
-_INDEXED_CONTEXT = _indexed_context()
+_SPAN_FIELDS = _compat.SPAN_FIELDS
+# SpanContext when its span id is item 1 of the tuple it is (the processor indexes it to save
+# the ``span_id`` property's Python call), else a class no context is an instance of.
+_INDEXED_CONTEXT: type = SpanContext if _compat.SPAN_CONTEXT_INDEXED else type("_NoContext", (), {})
 
 
 def _attribute_getter(span: ReadableSpan) -> _Get:
     """The ``get`` of the span's attributes, through the public ``span.attributes``.
 
-    On the SDK's own spans, ``on_start``/``on_end`` read the span's fields directly
-    instead: ``_attributes._dict`` (the plain dict inside its ``BoundedAttributes``),
-    ``_context``, ``_parent``, ``_start_time`` — what the public properties return or wrap.
-    ``span.attributes`` builds a new ``MappingProxyType`` per access, and each lookup
-    through it runs two Python-level methods (``Mapping.get``, ``__getitem__``) that end in
-    that same dict lookup; each other property is one more Python call. Together about
-    1 µs of the processor's 2 µs budget for one tool span (measured by
-    ``benchmarks/bench_attribution.py``). The SDK's own ``__getitem__`` reads that dict
-    without its lock too; a one-key ``dict.get`` is atomic. A span that lacks any of those
-    fields (another implementation, or an SDK laid out differently) comes here and to the
-    public properties.
+    On the SDK's own spans, ``on_start``/``on_end`` read the span's fields directly instead
+    (:data:`kernel_ext._compat.SPAN_FIELDS` says why and how); a span that lacks them
+    (another implementation, or an SDK laid out differently) comes here and to the public
+    properties.
     """
     attributes = span.attributes
     return attributes.get if attributes is not None else _no_attribute

@@ -28,10 +28,14 @@ from dataclasses import dataclass
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import BatchedCount
-from kernel_ext.context import current_tool_call
+from kernel_ext.context import _CURRENT_CALL, ToolCall
 from kernel_ext.tap import Tap, default_tap
 
-__all__ = ["Resolution", "ResolutionPath", "flush_metrics", "resolve_call_id"]
+__all__ = ["Resolution", "ResolutionPath", "attribute", "flush_metrics", "resolve_call_id"]
+
+_current_call = _CURRENT_CALL.get  # current_tool_call() without its call
+CONTEXT = "context"
+NEAR_MATCH = "near_match"
 
 
 class ResolutionPath(str, enum.Enum):
@@ -76,33 +80,22 @@ _NO_CONVERSATION = {
 }
 
 
-def resolve_call_id(
-    conversation_id: str | None = None,
-    tool_name: str = "ask_colleague",
-    *,
-    tap: Tap | None = None,
-) -> Resolution:
-    """Which tool call a block of ``conversation_id`` belongs to, and how that was decided.
+def attribute(
+    conversation_id: str | None, tool_name: str, tap: Tap | None
+) -> tuple[str | None, str | None, str, ToolCall | None]:
+    """The attribution rule of T2, once: ``(call_id, conversation_id, path, call)``.
 
-    The active tool call of this context wins (``context``). Otherwise the ``tap`` (default:
-    :func:`kernel_ext.default_tap`) is asked for the live calls named ``tool_name`` in
-    ``conversation_id`` (``None`` asks about calls whose span had no conversation id):
-    exactly one gives ``near_match``, more give ``ambiguous``, none give ``none``.
-
-    Never raises; costs about one contextvar lookup and one dict lookup on the context
-    path (the returned object may be shared between calls; it is immutable).
+    The active tool call of this context wins (path ``context``; ``call`` is it, and the
+    conversation is its own when it has one). Otherwise the ``tap`` (default:
+    :func:`kernel_ext.default_tap`) gives the one live call named ``tool_name`` in
+    ``conversation_id`` (``near_match``), or no id (``ambiguous``: more than one, or one
+    evicted while live; ``none``: no candidate). Counted per path; never raises. A plain
+    tuple: ``publish`` calls this per block (:func:`resolve_call_id` is the readable form).
     """
-    call = current_tool_call()
+    call = _current_call()
     if call is not None:
         _count_context()
-        conversation = call.conversation_id or conversation_id
-        resolution = _context_cache.get(call.call_id)
-        if resolution is None or resolution.conversation_id != conversation:
-            resolution = Resolution(call.call_id, ResolutionPath.CONTEXT, conversation)
-            if len(_context_cache) >= _CACHE_SIZE:
-                _context_cache.clear()
-            _context_cache[call.call_id] = resolution
-        return resolution
+        return call.call_id, call.conversation_id or conversation_id, CONTEXT, call
     try:
         live, count = (tap if tap is not None else default_tap()).near_match(
             conversation_id, tool_name
@@ -111,12 +104,39 @@ def resolve_call_id(
         live, count = None, 0
     if live is not None:
         _COUNTS[ResolutionPath.NEAR_MATCH].add_one()
-        return Resolution(live.call_id, ResolutionPath.NEAR_MATCH, conversation_id)
+        return live.call_id, conversation_id, NEAR_MATCH, None
     path = ResolutionPath.AMBIGUOUS if count else ResolutionPath.NONE
     _COUNTS[path].add_one()
-    if conversation_id is None:
-        return _NO_CONVERSATION[path]
-    return Resolution(None, path, conversation_id)
+    return None, conversation_id, path.value, None
+
+
+def resolve_call_id(
+    conversation_id: str | None = None,
+    tool_name: str = "ask_colleague",
+    *,
+    tap: Tap | None = None,
+) -> Resolution:
+    """Which tool call a block of ``conversation_id`` belongs to, and how that was decided
+    (:func:`attribute`'s rule, as a :class:`Resolution`).
+
+    ``conversation_id=None`` asks about calls whose span had no conversation id. Never
+    raises; the returned object may be shared between calls (it is immutable).
+    """
+    call_id, conversation, path, call = attribute(conversation_id, tool_name, tap)
+    if call is not None:
+        resolution = _context_cache.get(call.call_id)
+        if resolution is None or resolution.conversation_id != conversation:
+            resolution = Resolution(call.call_id, ResolutionPath.CONTEXT, conversation)
+            if len(_context_cache) >= _CACHE_SIZE:
+                _context_cache.clear()
+            _context_cache[call.call_id] = resolution
+        return resolution
+    if call_id is not None:
+        return Resolution(call_id, ResolutionPath.NEAR_MATCH, conversation)
+    resolved = ResolutionPath(path)
+    if conversation is None:
+        return _NO_CONVERSATION[resolved]
+    return Resolution(None, resolved, conversation)
 
 
 def flush_metrics() -> None:

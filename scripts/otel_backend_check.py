@@ -13,7 +13,7 @@ script
 3. asks the demo's first question (two concurrent ``ask_colleague`` calls), flushes the
    spans, and reads them back from Phoenix's REST API;
 4. checks that each tool span arrived with its stream attributes: ``gen_ai.*`` names and
-   ids, ``kernel_ext.call_id.path = context``, ``kernel_ext.stream.blocks_sent`` equal to
+   ids, ``kernel_ext.call_id.path = context``, ``kernel_ext.stream.blocks_admitted`` equal to
    the running and terminal blocks the browser received for that callId (= the span id),
    ``kernel_ext.stream.blocks_dropped = 0``; then prints what a user sees in the backend.
 
@@ -59,7 +59,7 @@ from kernel_ext.relay import create_app
 SERVICE_NAME = "kernel-ext-demo"
 TOOL_SPAN = "execute_tool ask_colleague"
 STREAM_ATTRIBUTES = (
-    "kernel_ext.stream.blocks_sent",
+    "kernel_ext.stream.blocks_admitted",
     "kernel_ext.stream.blocks_dropped",
     "kernel_ext.stream.streams",
     "kernel_ext.call_id.path",
@@ -274,7 +274,7 @@ def check(spans: list[dict[str, Any]], received: dict[str, list[dict[str, Any]]]
             "gen_ai.operation.name": "execute_tool",
             "gen_ai.tool.name": "ask_colleague",
             "kernel_ext.call_id.path": "context",
-            "kernel_ext.stream.blocks_sent": len(blocks),
+            "kernel_ext.stream.blocks_admitted": len(blocks),
             "kernel_ext.stream.blocks_dropped": 0,
         }
         for name, want in expected.items():

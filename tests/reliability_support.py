@@ -327,7 +327,7 @@ class Worker:
     def losses(self) -> dict[str, int]:
         """Blocks the worker dropped, by reason (only the reasons that happened)."""
         counts = self.hub.stats().counts
-        return {k: v for k, v in counts.items() if k not in ("queued", "sent") and v}
+        return {k: v for k, v in counts.items() if k not in ("admitted", "delivered") and v}
 
 
 EMPTY = {"tap": 0, "streams": 0, "calls": 0, "queue": 0, "pending_terminals": 0}

@@ -71,7 +71,7 @@ async def test_blocks_reach_the_browser_in_order_batched_with_one_terminal() -> 
             assert stream[-1]["state"] == "done"
         assert len(terminals(b.blocks)) == 3
         assert relay.stats()["frames"] < 303  # batched on the internal hop
-        assert hub.stats()["sent"] == 303
+        assert hub.stats()["delivered"] == 303
 
 
 async def test_running_blocks_are_dropped_while_disconnected_and_the_terminal_waits() -> None:

@@ -80,7 +80,7 @@ async def test_enable_wires_instrumentor_processor_hub_and_emitter(
     assert [b["state"] for b in ok_blocks] == ["running", "running", "done"]
     assert [b["state"] for b in failed_blocks] == ["running", "running", "aborted"]
     attributes = spans[0].attributes or {}
-    assert attributes["kernel_ext.stream.blocks_sent"] == 3
+    assert attributes["kernel_ext.stream.blocks_admitted"] == 3
     assert attributes["kernel_ext.call_id.path"] == "context"
     assert state.hub.stats().calls == 0  # released when the spans ended
 

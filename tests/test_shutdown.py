@@ -97,7 +97,7 @@ async def test_the_terminal_queued_at_shutdown_reaches_the_browser_once(
             if mode in ("sync-disable", "async-adisable", "async-disable-awaited"):
                 counts = last_json(out)["counts"]
                 assert counts.get("unflushed", 0) == 0
-                assert counts["sent"] == 2
+                assert counts["delivered"] == 2
             if mode in ("async-adisable", "async-disable-awaited"):
                 assert last_json(out)["flushed"] is True
             if mode == "async-disable-awaited":

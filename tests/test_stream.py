@@ -10,19 +10,20 @@ from typing import Any
 
 import pytest
 
-from kernel_ext import stream as stream_module
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import MemoryEmitter
 from kernel_ext.protocol import FALLBACK_INVALID, Envelope, decode
 from kernel_ext.stream import (
+    ATTR_BLOCKS_ADMITTED,
     ATTR_BLOCKS_DROPPED,
-    ATTR_BLOCKS_SENT,
     ATTR_CALL_ID_PATH,
     StreamHub,
     get_default_hub,
     publish,
     set_default_hub,
 )
+from kernel_ext.stream import hub as hub_module
+from kernel_ext.stream.consumer import build
 from kernel_ext.tap import LiveCall, Tap
 
 CALL = "00f067aa0ba902b7"
@@ -116,7 +117,7 @@ async def test_throttle_lets_ten_per_second_and_counts_drops_per_stream(
     texts = [b["envelope"]["payload"]["text"] for b in mem.blocks() if b["taskId"] == "t1"]
     assert texts == [f"a{i}" for i in range(10)] + ["after a second"]
     assert hub.stats()["throttled"] == 15
-    assert attributes[ATTR_BLOCKS_SENT] == 12
+    assert attributes[ATTR_BLOCKS_ADMITTED] == 12
     assert attributes[ATTR_BLOCKS_DROPPED] == 15
     assert attributes[ATTR_CALL_ID_PATH] == "context"
 
@@ -127,9 +128,9 @@ async def test_sliding_window_never_lets_more_than_ten_in_any_second(
     accepted_at: list[float] = []
     with in_call():
         for i in range(200):
-            before = hub.stats()["queued"]
+            before = hub.stats()["admitted"]
             hub.publish(f"b{i}")
-            if hub.stats()["queued"] > before:
+            if hub.stats()["admitted"] > before:
                 accepted_at.append(clock.now)
             clock.advance(0.037)
     for i, t in enumerate(accepted_at):
@@ -269,7 +270,7 @@ async def test_nested_tool_call_block_and_abort_of_open_streams_on_end(
         hub.publish("working", task_id="task-a")
         hub.publish("working", task_id="task-b")
         hub.publish("done here", task_id="task-b", state="done")
-    assert hub.call_attributes(CALL)[ATTR_BLOCKS_SENT] == 4
+    assert hub.call_attributes(CALL)[ATTR_BLOCKS_ADMITTED] == 4
     hub.tool_call_ended(parent, "boom")
     hub.tool_call_ended(parent, "boom again")  # a second end changes nothing
     records = await mem.wait_for(n_blocks(6))
@@ -424,7 +425,7 @@ def test_publish_never_raises_even_when_attribution_breaks(
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("resolver bug")
 
-    monkeypatch.setattr(hub, "_resolve", broken)
+    monkeypatch.setattr(hub_module, "attribute", broken)
     hub.publish("x")
     hub.publish("x", state="done")
     assert hub.stats()["error"] == 2
@@ -432,9 +433,10 @@ def test_publish_never_raises_even_when_attribution_breaks(
 
 @pytest.fixture(autouse=True)
 def _no_default_hub_leak() -> Iterator[None]:
-    before = stream_module._default_hub
+    before = set_default_hub(None)
+    set_default_hub(before)
     yield
-    stream_module._default_hub = before
+    set_default_hub(before)
 
 
 @pytest.fixture
@@ -453,14 +455,14 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 def test_the_consumer_builds_running_text_as_the_general_path_does(
     hub: StreamHub, task_id: str | None, loop: asyncio.AbstractEventLoop
 ) -> None:
-    # _take builds running text blocks inline; the result must be what _wire builds (and
-    # valid on the wire), and anything it does not cover must still take the general path.
+    # _take builds running text blocks inline; the result must be what consumer.build makes
+    # (and valid on the wire), and anything it does not cover must still take that path.
     hub.consumer(loop)
     with in_call():
         hub.publish("hello", task_id=task_id)
     [raw] = list(hub._queue)
     taken = hub._take(10)
-    expected = hub._build(raw)
+    expected = build(raw, hub.max_block_bytes, hub._fast_chars, lambda *a, **k: None)
     if task_id is not None and not 0 < len(task_id) <= 512:
         # the general path validates it: an empty or over-long task id is invalid
         assert expected is None
@@ -524,7 +526,7 @@ def test_a_stream_closed_after_a_lookup_without_the_lock_is_not_written_to(
         streams.stale = stale
         hub.publish("late")  # the lookup without the lock sees the closed stream
     assert streams.stale is None
-    assert stale.sent == 1
+    assert stale.seq == 1  # the stale stream took nothing after its terminal
     assert [raw[5] for raw in hub._queue] == ["first", "the end"]
     assert hub.stats()["closed"] == 1
 

@@ -1,0 +1,278 @@
+"""The sender's side of a hub: queue items, their wire form, and :class:`HubConsumer`.
+
+Publishers queue a :class:`QueueItem` (cheap: nothing is built or validated on the tool's
+thread); the one sender takes them through its :class:`HubConsumer`, which turns each into
+an :class:`OutgoingBlock` (the block's wire dict, valid and within the size bound) or an
+:class:`OutgoingChatEvent`, in publish order. Building happens here, on the sender's loop:
+
+* a running text block is the protocol's pseudo-envelope (:func:`kernel_ext.protocol.text_block`);
+  an envelope (object or mapping) is validated and passed through; a nested tool call
+  becomes a ``tool_call`` envelope;
+* over the size bound, payload strings are cut with the marker
+  (:func:`kernel_ext.protocol.encode_wire`); a running block that cannot be built is dropped
+  (``invalid`` / ``too_large``, counted on its call); a terminal that cannot be built is
+  degraded to :func:`kernel_ext.protocol.fallback_terminal` (``degraded``), never lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from kernel_ext._telemetry import RareLog
+from kernel_ext.errors import BlockTooLargeError, DecodeError
+from kernel_ext.protocol import (
+    PROTOCOL_VERSION,
+    Block,
+    Envelope,
+    decode_envelope,
+    encode_wire,
+    fallback_terminal,
+    fits,
+    text_block,
+)
+from kernel_ext.stream.counts import DEGRADED, ERROR, INVALID, TOO_LARGE
+
+if TYPE_CHECKING:
+    from kernel_ext.stream.hub import StreamHub
+
+__all__ = [
+    "CHAT_EVENT_STATE",
+    "HubConsumer",
+    "Outgoing",
+    "OutgoingBlock",
+    "OutgoingChatEvent",
+    "QueueItem",
+    "ToolCallItem",
+    "build",
+]
+
+logger = logging.getLogger("kernel_ext.stream")
+_rare = RareLog(logger)
+
+MAX_TASK_ID = 512
+CHAT_EVENT_STATE = "chat_event"
+"""The ``state`` of a queued ``chat_event`` snapshot (not a block)."""
+
+
+class QueueItem(NamedTuple):
+    """One thing published and not yet taken by the sender (built into an ``Outgoing``)."""
+
+    room: str
+    call_id: str | None
+    task_id: str
+    state: str  # running | done | aborted | chat_event
+    ts_ns: int
+    item: Any  # a str, an Envelope, an envelope mapping, a ToolCallItem or a chat event
+    seq: int  # the stream's seq for a caller-made envelope (0 for the peer's own)
+
+
+queue_item: Callable[..., QueueItem] = tuple.__new__
+"""``queue_item(QueueItem, (room, …, seq))``: a :class:`QueueItem` at the cost of a tuple."""
+
+
+class ToolCallItem(NamedTuple):
+    """A nested tool call's start marker (built into a ``tool_call`` envelope)."""
+
+    tool_name: str
+    call_id: str
+
+
+@dataclass(slots=True)
+class OutgoingBlock:
+    """One block ready for a sender: ``block`` is the wire form (a JSON-ready dict).
+    Read-only by convention (not frozen: a frozen dataclass costs ~1 µs more per block)."""
+
+    room: str
+    block: dict[str, Any]
+    call_id: str | None
+    task_id: str
+    terminal: bool
+    size: int = 0
+    """An estimate of the encoded size in characters (senders pack frames with it)."""
+
+
+@dataclass(slots=True)
+class OutgoingChatEvent:
+    """The kernel's ``chat_event`` snapshot for ``room``, ordered with the blocks."""
+
+    room: str
+    event: dict[str, Any]
+
+
+Outgoing = OutgoingBlock | OutgoingChatEvent
+
+# The fixed parts of a text block, in characters, for the frame-size estimate.
+_TEXT_BLOCK_CHARS = 256
+
+
+def build(
+    raw: QueueItem, max_block_bytes: int, fast_chars: int, drop: Callable[..., None]
+) -> Outgoing | None:
+    """The :class:`Outgoing` of a queue item, or ``None`` when a running block cannot be
+    built (counted through ``drop(reason, call_id=…)``). Never raises."""
+    room, call_id, task_id, state, ts_ns, item, seq = raw
+    if state == CHAT_EVENT_STATE:
+        return OutgoingChatEvent(room, item)
+    terminal = state != "running"
+    try:
+        block, size = _wire(call_id, task_id, state, ts_ns // 1_000_000, item, seq, max_block_bytes)
+    except (DecodeError, ValueError, TypeError) as exc:
+        if not terminal:
+            reason = TOO_LARGE if isinstance(exc, BlockTooLargeError) else INVALID
+            drop(reason, call_id=call_id)
+            _rare(reason, "publish: running block of task %r dropped: %s", task_id, exc)
+            return None
+        drop(DEGRADED)  # counted, not dropped: the terminal goes out degraded
+        _rare(DEGRADED, "publish: %s block of task %r rebuilt: %s", state, task_id, exc)
+        try:
+            block = fallback_terminal(
+                call_id,
+                str(task_id),
+                "done" if state == "done" else "aborted",
+                ts_ns // 1_000_000,
+                seq,
+                too_large=isinstance(exc, BlockTooLargeError),
+            )
+            Block.model_validate(block)
+        except Exception:
+            drop(ERROR)
+            _rare(ERROR, "stream hub: terminal of task %r lost", task_id, exc_info=True)
+            return None
+        size = len(repr(block))
+    except Exception:
+        drop(ERROR)
+        _rare(ERROR, "stream hub: could not build a block", exc_info=True)
+        return None
+    return OutgoingBlock(room, block, call_id, task_id, terminal, size)
+
+
+def _wire(
+    call_id: str | None,
+    task_id: str,
+    state: str,
+    ts: int,
+    item: Any,
+    seq: int,
+    max_block_bytes: int,
+) -> tuple[dict[str, Any], int]:
+    """The wire dict of one block within the size bound (payload strings cut with the
+    marker when needed) and an estimate of its encoded size in characters. Validated, but
+    for a text block that is small by :func:`~kernel_ext.protocol.text_block_fast_limit`."""
+    if item.__class__ is str and 0 < len(task_id) <= MAX_TASK_ID:
+        wire = text_block(call_id, task_id, state, ts, seq, item)
+        if fits(wire, max_block_bytes):
+            return wire, len(item) + len(task_id) * 2 + _TEXT_BLOCK_CHARS
+        Block.model_validate(wire)
+        return wire, len(encode_wire(wire, max_bytes=max_block_bytes))  # cut in place
+    if isinstance(item, ToolCallItem):
+        envelope: dict[str, Any] = {
+            "v": PROTOCOL_VERSION,
+            "kind": "tool_call",
+            "streamKey": task_id,
+            "seq": seq,
+            "status": "running",
+            "payload": {"toolName": item.tool_name, "name": item.tool_name, "callId": item.call_id},
+        }
+    elif isinstance(item, Envelope):
+        envelope = item.model_dump(by_alias=True, mode="json")
+    elif isinstance(item, Mapping):
+        envelope = decode_envelope(item).model_dump(by_alias=True, mode="json")
+    elif isinstance(item, str):  # a task id the text path does not take: validated below
+        envelope = text_block(call_id, task_id, state, ts, seq, item)["envelope"]
+    else:
+        raise DecodeError(
+            f"invalid item: expected Envelope, mapping or str, got {type(item).__name__}"
+        )
+    wire = {
+        "v": PROTOCOL_VERSION,
+        "callId": call_id,
+        "taskId": task_id,
+        "state": state,
+        "ts": ts,
+        "envelope": envelope,
+    }
+    Block.model_validate(wire)
+    if fits(wire, max_block_bytes):
+        return wire, len(repr(wire))
+    return wire, len(encode_wire(wire, max_bytes=max_block_bytes))
+
+
+class HubConsumer:
+    """The sender's end of a :class:`~kernel_ext.stream.StreamHub`: :meth:`get` batches of
+    outgoing items.
+
+    Runs on one event loop. A publisher on another thread wakes it only when it is idle
+    (one ``call_soon_threadsafe`` per idle→busy transition, not per block).
+    """
+
+    def __init__(self, hub: StreamHub, loop: asyncio.AbstractEventLoop) -> None:
+        self._hub = hub
+        self._loop = loop
+        self._event = asyncio.Event()
+        self._loop_thread: int | None = None
+        self._closed = False
+        self._poked = False
+
+    @property
+    def hub(self) -> StreamHub:
+        """The hub this consumer takes from."""
+        return self._hub
+
+    @property
+    def closed(self) -> bool:
+        """Whether this consumer was detached (by :meth:`close` or a newer consumer)."""
+        return self._closed
+
+    async def get(self, max_items: int = 256) -> list[Outgoing]:
+        """Wait for and return up to ``max_items`` items in publish order; ``[]`` when
+        :meth:`poke` was called or the consumer is closed."""
+        hub = self._hub
+        self._loop_thread = threading.get_ident()
+        while True:
+            if self._closed:
+                return []
+            items = hub._take(max_items)
+            if items:
+                return items
+            if self._poked:
+                self._poked = False
+                return []
+            hub._idle = True
+            if hub.queue_size or self._poked or self._closed:
+                hub._idle = False
+                continue
+            await self._event.wait()
+            self._event.clear()
+
+    def take_nowait(self, max_items: int = 256) -> list[Outgoing]:
+        """What is queued now (up to ``max_items``), without waiting."""
+        return [] if self._closed else self._hub._take(max_items)
+
+    def poke(self) -> None:
+        """Make a waiting :meth:`get` return (``[]`` if nothing is queued); loop thread only."""
+        self._poked = True
+        self._event.set()
+
+    def close(self, reason: str = "no_sender") -> int:
+        """Detach from the hub: later blocks count ``no_sender``; queued ones are dropped,
+        counted ``reason``. Returns how many of those were terminals."""
+        lost = 0
+        if not self._closed:
+            self._closed = True
+            lost = self._hub._detach(self, reason)
+            self._wake()
+        return lost
+
+    def _wake(self) -> None:
+        try:
+            if threading.get_ident() == self._loop_thread:
+                self._event.set()
+            else:
+                self._loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass

@@ -1,0 +1,127 @@
+"""What the stream layer counts, in three words: admitted, delivered, dropped.
+
+* **admitted** — a block the hub's rules let through (attributed, within the throttle and
+  the bounds) and queued for the sender; counted on its call too.
+* **delivered** — a block the sender saw leave the process (acknowledged by the relay, or
+  published to at least one web process through Redis).
+* **dropped** — a block that will not reach a browser, by ``reason``: before admission (the
+  rules: ``throttled``, ``closed``, …) or after it (the sender: ``disconnected``,
+  ``rejected``, …); counted on its call too while the hub holds the call.
+
+An admitted block is later either delivered or dropped (or still queued). A terminal that
+had to be rebuilt to be sent is also counted ``degraded`` (not a drop). :class:`Counts`
+keeps the totals and adds them to the OpenTelemetry counter ``kernel_ext.blocks``
+(``outcome`` = ``admitted`` | ``delivered`` | ``dropped`` | ``degraded``, and ``reason``
+for drops) in batches, off the publishing path.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter
+
+from kernel_ext import metrics
+
+__all__ = [
+    "ADMITTED",
+    "CALL_LIMIT",
+    "CLOSED",
+    "DEGRADED",
+    "DELIVERED",
+    "DUPLICATE_TERMINAL",
+    "ERROR",
+    "EXPIRED",
+    "INVALID",
+    "NO_ROOM",
+    "NO_SENDER",
+    "NO_TASK_ID",
+    "QUEUE_FULL",
+    "STREAM_LIMIT",
+    "THROTTLED",
+    "TOO_LARGE",
+    "UNATTRIBUTED",
+    "UNFLUSHED",
+    "Counts",
+]
+
+# Outcomes that are not drops.
+ADMITTED = "admitted"
+DELIVERED = "delivered"
+DEGRADED = "degraded"
+
+# Senders count more reasons of their own; docs/operations.md lists them all.
+# Drop reasons counted by the stream layer (``kernel_ext.blocks``, outcome ``dropped``):
+THROTTLED = "throttled"
+CLOSED = "closed"
+DUPLICATE_TERMINAL = "duplicate_terminal"
+UNATTRIBUTED = "unattributed"
+NO_ROOM = "no_room"
+NO_SENDER = "no_sender"
+NO_TASK_ID = "no_task_id"
+QUEUE_FULL = "queue_full"
+STREAM_LIMIT = "stream_limit"
+INVALID = "invalid"
+TOO_LARGE = "too_large"
+EXPIRED = "expired"
+CALL_LIMIT = "call_limit"
+UNFLUSHED = "unflushed"
+ERROR = "error"
+
+_NOT_DROPS = frozenset({ADMITTED, DELIVERED, DEGRADED})
+
+
+class Counts:
+    """Totals by outcome and drop reason since the hub was made.
+
+    :meth:`add` is for callers that do not hold the hub's lock, :meth:`add_locked` for
+    those that do (the lock is the hub's, passed in). :meth:`tick_throttled` is the one
+    lock-free count (the throttle's drop path): an increment that races a snapshot may be
+    lost, every other one is counted once.
+    """
+
+    __slots__ = ("_flushed", "_lock", "_ticks", "totals")
+
+    def __init__(self, lock: threading.Lock) -> None:
+        self._lock = lock
+        self.totals: Counter[str] = Counter()
+        self._ticks = itertools.count()
+        self._flushed: Counter[str] = Counter()
+
+    def add(self, what: str, n: int = 1) -> None:
+        """Count ``n`` of ``what`` (takes the lock)."""
+        with self._lock:
+            self.totals[what] += n
+
+    def add_locked(self, what: str, n: int = 1) -> None:
+        """Count ``n`` of ``what``; the lock is held by the caller."""
+        self.totals[what] += n
+
+    def tick_throttled(self) -> None:
+        """Count one ``throttled`` drop without the lock."""
+        next(self._ticks)
+
+    def snapshot(self) -> dict[str, int]:
+        """The totals now (lock held by the caller)."""
+        ticks, self._ticks = self._ticks, itertools.count()
+        n = next(ticks)
+        if n:
+            self.totals[THROTTLED] += n
+        return dict(self.totals)
+
+    def flush_metrics(self) -> None:
+        """Add what was counted since the last flush to ``kernel_ext.blocks``. Never raises."""
+        try:
+            with self._lock:
+                totals = self.snapshot()
+            for what, total in totals.items():
+                delta = total - self._flushed[what]
+                if delta <= 0:
+                    continue
+                self._flushed[what] = total
+                if what in _NOT_DROPS:
+                    metrics.blocks.add(delta, {"outcome": what})
+                else:
+                    metrics.blocks.add(delta, {"outcome": "dropped", "reason": what})
+        except Exception:
+            pass

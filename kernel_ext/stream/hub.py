@@ -1,0 +1,736 @@
+"""The stream hub: per-stream rules and the queue between publishers and one sender.
+
+Guarantees of :meth:`StreamHub.publish` (and the module-level :func:`kernel_ext.publish`):
+
+* Enqueue-only: it never blocks, never raises, and may be called from the event loop or any
+  thread. Blocks are built and validated on the sender's side (:mod:`.consumer`).
+* Attribution by :func:`kernel_ext.resolve.attribute` (T2: the active call, else the
+  near-match, else none); the room is the call's conversation id, else the
+  ``conversation_id`` argument. No room → dropped (``no_room``). A running block without a
+  callId is not sent (``unattributed``); a terminal without one goes out with ``callId: null``.
+* A stream is one (callId, taskId); ``task_id=None`` means the callId (a local block). A
+  ``str`` item becomes a pseudo-envelope whose ``seq`` comes from the stream's counter,
+  strictly increasing; ``done`` text goes to ``payload.text``, ``aborted`` text to
+  ``payload.message``.
+* T4: at most ``max_running_per_second`` running blocks per stream in any window of one
+  second (a strict sliding window); over it the newest block is dropped (``throttled``). A
+  terminal is never throttled, never queued behind dropped blocks, and sent exactly once per
+  stream: a second terminal is dropped (``duplicate_terminal``), and so is any running block
+  after it (``closed``), for as long as the call is live — what closed is remembered with
+  the call, not on a clock.
+* A call's end (:meth:`StreamHub.tool_call_ended`: the instrumented runtime returned or
+  raised, or the call's span ended) closes every stream of it: an open stream gets its
+  provisional terminal if it has one (``publish(..., provisional=True)``), else one
+  ``aborted``; afterwards nothing more of that call is sent (``closed``), also not from
+  tasks the tool started that outlive it (they hold the ended :class:`~kernel_ext.ToolCall`).
+* Bounded: at most ``max_streams`` open streams (``stream_limit`` beyond), ``max_queue``
+  queued running blocks (``queue_full`` beyond; terminals are queued regardless, and their
+  number is bounded by the streams), ``max_calls`` live calls with state (the oldest is
+  forgotten beyond, ``call_limit``), ``max_closed_per_call`` closed streams remembered per
+  call (the oldest is forgotten beyond). A stream's state is released at its terminal, a
+  call's when it ends; a stream idle for ``stream_idle_ttl`` seconds (its call's end never
+  came) is ended like at its call's end (counted ``expired``), so its pane ends too.
+* Terminals without a callId (attribution failed) are remembered like the streams of one
+  call that never ends, so a repeated one is dropped too (at most ``max_closed_per_call``).
+* With no sender attached, blocks are counted ``no_sender`` and not kept.
+
+Counts (:mod:`.counts`: admitted, delivered, dropped by reason) are in
+:meth:`StreamHub.stats` and reach OpenTelemetry in batches from the sender's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from kernel_ext._telemetry import RareLog
+from kernel_ext.context import _CURRENT_CALL, CallLife
+from kernel_ext.errors import check_positive_ints, check_positive_numbers
+from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, Envelope, text_block, text_block_fast_limit
+from kernel_ext.resolve import attribute
+from kernel_ext.stream.consumer import (
+    CHAT_EVENT_STATE,
+    MAX_TASK_ID,
+    HubConsumer,
+    Outgoing,
+    OutgoingBlock,
+    QueueItem,
+    ToolCallItem,
+    build,
+    queue_item,
+)
+from kernel_ext.stream.counts import (
+    ADMITTED,
+    CALL_LIMIT,
+    CLOSED,
+    DELIVERED,
+    DUPLICATE_TERMINAL,
+    ERROR,
+    EXPIRED,
+    INVALID,
+    NO_ROOM,
+    NO_SENDER,
+    NO_TASK_ID,
+    QUEUE_FULL,
+    STREAM_LIMIT,
+    THROTTLED,
+    UNATTRIBUTED,
+    Counts,
+)
+from kernel_ext.tap import LiveCall
+
+if TYPE_CHECKING:
+    from opentelemetry.util.types import AttributeValue
+
+    from kernel_ext.tap import Tap
+
+__all__ = [
+    "ATTR_BLOCKS_ADMITTED",
+    "ATTR_BLOCKS_DROPPED",
+    "ATTR_CALL_ID_PATH",
+    "ATTR_STREAMS",
+    "HubStats",
+    "PublishItem",
+    "PublishState",
+    "StreamHub",
+]
+
+logger = logging.getLogger("kernel_ext.stream")
+_rare = RareLog(logger)
+
+ATTR_BLOCKS_ADMITTED = "kernel_ext.stream.blocks_admitted"
+ATTR_BLOCKS_DROPPED = "kernel_ext.stream.blocks_dropped"
+ATTR_CALL_ID_PATH = "kernel_ext.call_id.path"
+ATTR_STREAMS = "kernel_ext.stream.streams"
+
+PublishState = Literal["running", "done", "aborted"]
+PublishItem = Envelope | Mapping[str, Any] | str
+
+_current_tool_call = _CURRENT_CALL.get  # kernel_ext.current_tool_call without its call
+_time_ns = time.time_ns
+_DEFAULT_ABORT_MESSAGE = "the tool call ended before its stream did"
+_IDLE_ABORT_MESSAGE = "the stream was idle too long; its tool call's end was never seen"
+_MAX_RING = 1024
+_SWEEP_EVERY = 1.0
+_TEXT_BLOCK_CHARS = 256  # the fixed parts of a text block, for the frame-size estimate
+
+
+class _CallStats:
+    """What the hub holds for one live call: counters, open streams, closed stream keys
+    (an insertion-ordered set, oldest first) and the call's life when it was seen."""
+
+    __slots__ = ("admitted", "closed", "dropped", "life", "open", "path", "touched")
+
+    def __init__(self, path: str, now: float) -> None:
+        self.admitted = 0
+        self.dropped = 0
+        self.path = path
+        self.open: dict[str, _Stream] = {}
+        self.closed: dict[str, None] = {}
+        self.life: CallLife | None = None
+        self.touched = now
+
+
+class _Stream:
+    __slots__ = ("call", "closed", "cursor", "provisional", "ring", "room", "seq", "touched")
+
+    def __init__(self, room: str, call: _CallStats, ring_size: int, now: float) -> None:
+        # Set (under the hub's lock) when the stream leaves the hub's streams: a publisher
+        # that looked it up without the lock then knows to look again.
+        self.closed = False
+        self.room = room
+        self.call = call
+        self.ring = [-math.inf] * ring_size  # admission times; ``cursor`` is the oldest
+        self.cursor = 0
+        self.seq = 0
+        self.touched = now
+        # (state, item) of the terminal to send if the call ends with the stream open.
+        self.provisional: tuple[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class HubStats:
+    """A snapshot of a hub: counts since it was made, and its current sizes.
+
+    ``counts`` keys are ``admitted``, ``delivered``, ``degraded`` and the drop reasons
+    (``throttled``, ``closed``, …, :mod:`kernel_ext.stream.counts`). ``closed`` is the number
+    of closed streams remembered (with their live calls).
+    """
+
+    counts: dict[str, int] = field(default_factory=dict)
+    streams: int = 0
+    calls: int = 0
+    closed: int = 0
+    queue: int = 0
+    consumer: bool = False
+
+    def __getitem__(self, reason: str) -> int:
+        return self.counts.get(reason, 0)
+
+
+class StreamHub:
+    """Per-stream rules and the queue between publishers and one sender (module docstring).
+
+    Args:
+        max_running_per_second: running blocks per stream per second (T4, default 10);
+            ``None`` disables the throttle (benchmarks).
+        max_streams: open streams kept (default 10,000).
+        max_queue: running blocks queued for the sender (default 10,000).
+        max_calls: live calls with state kept (default 10,000).
+        max_closed_per_call: closed streams remembered per live call to drop late blocks
+            (default 1,024).
+        stream_idle_ttl: seconds after which an idle open stream is ended (default 900).
+        max_block_bytes: the size bound of one encoded block (truncated beyond).
+        tap: the tap for near-match attribution (default: the process-wide tap).
+        clock: the monotonic clock of the throttle and the idle bound (tests pass a fake).
+
+    Raises:
+        ConfigError: a bound is not a positive number.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_running_per_second: float | None = 10.0,
+        max_streams: int = 10_000,
+        max_queue: int = 10_000,
+        max_calls: int = 10_000,
+        max_closed_per_call: int = 1_024,
+        stream_idle_ttl: float = 900.0,
+        max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+        tap: Tap | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        check_positive_ints(
+            max_streams=max_streams,
+            max_queue=max_queue,
+            max_calls=max_calls,
+            max_closed_per_call=max_closed_per_call,
+            max_block_bytes=max_block_bytes,
+        )
+        check_positive_numbers(stream_idle_ttl=stream_idle_ttl)
+        if max_running_per_second is None:
+            ring, window = 1, 0.0
+        else:
+            rate = max_running_per_second
+            check_positive_numbers(max_running_per_second=rate)
+            # A strict sliding window: at most `ring` blocks in any `window` seconds.
+            ring = max(1, min(_MAX_RING, int(rate)))
+            window = ring / float(rate)
+        self.max_running_per_second = max_running_per_second
+        self.max_streams = max_streams
+        self.max_queue = max_queue
+        self.max_calls = max_calls
+        self.max_closed_per_call = max_closed_per_call
+        self.stream_idle_ttl = float(stream_idle_ttl)
+        self.max_block_bytes = max_block_bytes
+        self._fast_chars = text_block_fast_limit(max_block_bytes)
+        self._ring = ring
+        self._window = window
+        self._tap = tap
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._counts = Counts(self._lock)
+        self._streams: dict[tuple[str | None, str], _Stream] = {}
+        self._calls: dict[str, _CallStats] = {}
+        # Terminals without a callId: remembered as the streams of one call that never ends.
+        self._unattributed = _CallStats("none", 0.0)
+        self._queue: deque[QueueItem] = deque()
+        self._consumer: HubConsumer | None = None
+        self._idle = False
+        self._next_sweep = 0.0
+        self._next_flush = 0.0
+
+    # -- publishing (any thread) ----------------------------------------------------------
+
+    def publish(
+        self,
+        item: PublishItem,
+        *,
+        task_id: str | None = None,
+        state: PublishState = "running",
+        conversation_id: str | None = None,
+        tool_name: str = "ask_colleague",
+        provisional: bool = False,
+    ) -> None:
+        """Queue one block for the sender (docs/contracts.md; guarantees: module docstring).
+
+        ``provisional`` (terminal states only): do not end the stream now; end it with this
+        terminal when its call ends if nothing ended it before (a colleague's question that
+        the tool may return, or follow up on in the same call). Never raises, never blocks.
+        """
+        try:
+            call_id, room, path, call = attribute(conversation_id, tool_name, self._tap)
+            life = call.life if call is not None else None
+            if state == "running":
+                if call_id is None:
+                    self._counts.add(UNATTRIBUTED)
+                    return
+                if room is None:
+                    self._counts.add(NO_ROOM)
+                    return
+                consumer = self._consumer
+                if consumer is None:
+                    self._counts.add(NO_SENDER)
+                    return
+                if task_id is None:
+                    task_id = call_id
+                key = (call_id, task_id)
+                now = self._clock()
+                stream = self._streams.get(key)
+                # The common drop needs no lock: _admit's window test, read without it (the
+                # window only ever fills up; an admission is decided under the lock).
+                if stream is not None and now - stream.ring[stream.cursor] < self._window:
+                    stream.call.dropped += 1
+                    self._counts.tick_throttled()
+                    return
+                lock = self._lock
+                lock.acquire()  # not ``with``: half the cost on CPython 3.11
+                try:
+                    if stream is None or stream.closed:  # else it is still the stream of key
+                        stream = self._streams.get(key)
+                        if stream is None:
+                            stream = self._open(key, room, path, life)
+                            if stream is None:
+                                return
+                    if not self._admit(stream, now):
+                        return
+                    if item.__class__ is str:  # a pseudo-envelope: its seq is the stream's
+                        seq = stream.seq = stream.seq + 1
+                    else:
+                        seq = 0
+                    self._queue.append(
+                        queue_item(
+                            QueueItem, (stream.room, call_id, task_id, state, _time_ns(), item, seq)
+                        )
+                    )
+                finally:
+                    lock.release()
+                if self._idle:
+                    self._idle = False
+                    consumer._wake()
+                return
+            if state == "done" or state == "aborted":
+                self._terminal(item, call_id, task_id, state, room, path, life, provisional)
+                return
+            self._counts.add(INVALID)
+            _rare(INVALID, "publish: unknown state %r; block dropped", state)
+        except Exception:
+            self._counts.add(ERROR)
+            _rare(ERROR, "publish failed; block dropped", exc_info=True)
+
+    def publish_chat_event(
+        self, event: Mapping[str, Any], *, conversation_id: str | None = None
+    ) -> None:
+        """Queue the kernel's ``chat_event`` snapshot for the room (the active call's
+        conversation, else ``conversation_id``), ordered before blocks published after it.
+        Not throttled. Never raises."""
+        try:
+            call = _current_tool_call()
+            room = (call.conversation_id if call is not None else None) or conversation_id
+            if room is None:
+                self._counts.add(NO_ROOM)
+                return
+            if self._consumer is None:
+                self._counts.add(NO_SENDER)
+                return
+            with self._lock:
+                if len(self._queue) >= self.max_queue:
+                    self._counts.add_locked(QUEUE_FULL)
+                    return
+                self._queue.append(QueueItem(room, None, "", CHAT_EVENT_STATE, 0, dict(event), 0))
+            self._poke()
+        except Exception:
+            self._counts.add(ERROR)
+            _rare(ERROR, "publish_chat_event failed; event dropped", exc_info=True)
+
+    # -- the span processor's and the instrumented runtime's side (tap.CallSink) ----------
+
+    def tool_call_started(self, parent: LiveCall, child: LiveCall) -> None:
+        """CallSink: a ``tool_call`` block (``payload.toolName``/``name``, ``callId`` of the
+        child, status ``running``) on the parent's local stream. Never raises."""
+        try:
+            if parent.conversation_id is None:
+                self._counts.add(NO_ROOM)
+                return
+            if self._consumer is None:
+                self._counts.add(NO_SENDER)
+                return
+            key = (parent.call_id, parent.call_id)
+            with self._lock:
+                stream = self._streams.get(key)
+                if stream is None:
+                    stream = self._open(key, parent.conversation_id, "context")
+                    if stream is None:
+                        return
+                if not self._admit(stream, self._clock()):
+                    return
+                stream.seq += 1
+                item = ToolCallItem(child.tool_name, child.call_id)
+                self._queue.append(
+                    QueueItem(stream.room, *key, "running", _time_ns(), item, stream.seq)
+                )
+            self._poke()
+        except Exception:
+            self._counts.add(ERROR)
+            _rare(ERROR, "tool_call_started failed; block dropped", exc_info=True)
+
+    def tool_call_ended(self, call: LiveCall, error: str | None) -> None:
+        """CallSink: the call ended. Every open stream of it gets exactly one terminal — its
+        provisional one if it has one, else ``aborted`` with ``error`` or a default message —
+        and everything the hub held for the call is released; what is published for it
+        afterwards is dropped (``closed``). Telling the hub twice is harmless (the
+        instrumented runtime and the span processor may both tell it). Never raises."""
+        try:
+            call_id = call.call_id
+            if call_id not in self._calls:
+                # Most calls publish nothing. Without the lock: a stream opened by a publish
+                # racing this end is the same as one opened just after it (under the lock).
+                return
+            with self._lock:
+                stats = self._calls.get(call_id)
+                if stats is None:
+                    return
+                if stats.life is not None:
+                    stats.life.ended = True
+                streams = list(stats.open.items())
+            message = error if error else _DEFAULT_ABORT_MESSAGE
+            for task_id, stream in streams:
+                state, item = stream.provisional or ("aborted", message)
+                self._terminal(item, call_id, task_id, state, stream.room, stats.path)
+            with self._lock:
+                if self._calls.get(call_id) is stats:
+                    del self._calls[call_id]
+            self._maybe_flush()
+        except Exception:
+            self._counts.add(ERROR)
+            _rare(ERROR, "tool_call_ended failed", exc_info=True)
+
+    def call_attributes(self, call_id: str) -> Mapping[str, AttributeValue]:
+        """CallSink: span attributes for ``call_id`` so far: blocks admitted (let through by
+        the rules) and dropped (at the worker, before or after admission), open streams, and
+        how the callId was resolved. Empty when the hub knows nothing of the call. Never
+        raises."""
+        try:
+            if call_id not in self._calls:  # no lock needed to learn there is nothing
+                return {}
+            with self._lock:
+                stats = self._calls.get(call_id)
+                if stats is None:
+                    return {}
+                return {
+                    ATTR_BLOCKS_ADMITTED: stats.admitted,
+                    ATTR_BLOCKS_DROPPED: stats.dropped,
+                    ATTR_CALL_ID_PATH: stats.path,
+                    ATTR_STREAMS: len(stats.open),
+                }
+        except Exception:
+            return {}
+
+    # -- the sender's side ----------------------------------------------------------------
+
+    def consumer(self, loop: asyncio.AbstractEventLoop | None = None) -> HubConsumer:
+        """Attach the one sender; from now on blocks are queued instead of ``no_sender``.
+
+        ``loop`` is the event loop the consumer runs on (default: the running loop). Attaching
+        a new consumer detaches the previous one (its :meth:`HubConsumer.get` then returns
+        ``[]`` forever). Must not be called from tool code; may be called from any thread.
+        """
+        if loop is None:
+            loop = asyncio.get_running_loop()
+        new = HubConsumer(self, loop)
+        with self._lock:
+            old = self._consumer
+            self._consumer = new
+            self._idle = True
+        if old is not None:
+            old._closed = True
+            old._wake()
+        return new
+
+    @property
+    def queue_size(self) -> int:
+        """Blocks queued for the sender right now (cheap; no lock)."""
+        return len(self._queue)
+
+    def record_delivered(self, n: int = 1) -> None:
+        """For senders: ``n`` blocks left this process (counted ``delivered``)."""
+        self._counts.add(DELIVERED, n)
+
+    def record_dropped(self, reason: str, n: int = 1, call_id: str | None = None) -> None:
+        """For senders and the consumer side: ``n`` blocks will not reach a browser, counted
+        ``reason`` — and on ``call_id`` too while the hub still holds that call."""
+        with self._lock:
+            self._counts.add_locked(reason, n)
+            stats = self._calls.get(call_id) if call_id is not None else None
+            if stats is not None:
+                stats.dropped += n
+
+    def stats(self) -> HubStats:
+        """Counts and current sizes (also pushes pending counts to OpenTelemetry)."""
+        self._counts.flush_metrics()
+        with self._lock:
+            return HubStats(
+                counts=self._counts.snapshot(),
+                streams=len(self._streams),
+                calls=len(self._calls),
+                closed=sum(len(c.closed) for c in self._calls.values())
+                + len(self._unattributed.closed),
+                queue=len(self._queue),
+                consumer=self._consumer is not None,
+            )
+
+    def _detach(self, consumer: HubConsumer, reason: str = NO_SENDER) -> int:
+        """Detach ``consumer``; what was queued is dropped, counted ``reason``. Returns the
+        number of terminals among it (logged at ERROR)."""
+        with self._lock:
+            if self._consumer is not consumer:
+                return 0
+            self._consumer = None
+            lost = list(self._queue)
+            self._queue.clear()
+            if lost:
+                self._counts.add_locked(reason, len(lost))
+        terminals = sum(1 for raw in lost if raw.state in ("done", "aborted"))
+        if terminals:
+            logger.error(
+                "stream hub: sender detached; %d queued terminal(s) lost (%s)", terminals, reason
+            )
+        self._counts.flush_metrics()
+        return terminals
+
+    def _take(self, max_items: int) -> list[Outgoing]:
+        """Up to ``max_items`` queued items, built (the consumer's :meth:`HubConsumer.get`);
+        also ends idle streams and flushes counts, about once a second."""
+        pop = self._queue.popleft
+        out: list[Outgoing] = []
+        append = out.append
+        new = object.__new__
+        fast_chars = self._fast_chars
+        max_bytes = self.max_block_bytes
+        drop = self.record_dropped
+        try:
+            for _ in range(max_items):
+                raw = pop()
+                room, call_id, task_id, state, ts_ns, item, seq = raw
+                # The common block — small running text — built inline: what consumer.build
+                # makes of it, without its calls (this runs for every block).
+                if (
+                    state == "running"
+                    and item.__class__ is str
+                    and task_id.__class__ is str
+                    and 0 < len(task_id) <= MAX_TASK_ID
+                    and (size := len(item) + len(task_id) * 2) <= fast_chars
+                ):
+                    block = new(OutgoingBlock)  # OutgoingBlock(...) without its __init__
+                    block.room = room
+                    block.block = text_block(
+                        call_id, task_id, "running", ts_ns // 1_000_000, seq, item
+                    )
+                    block.call_id = call_id
+                    block.task_id = task_id
+                    block.terminal = False
+                    block.size = size + _TEXT_BLOCK_CHARS
+                    append(block)
+                    continue
+                built = build(raw, max_bytes, fast_chars, drop)
+                if built is not None:
+                    append(built)
+        except IndexError:  # the queue is empty
+            pass
+        now = self._clock()
+        if now >= self._next_sweep:
+            self._next_sweep = now + _SWEEP_EVERY
+            self._sweep(now)
+        self._maybe_flush(now)
+        return out
+
+    # -- the rules (lock held unless said otherwise) --------------------------------------
+
+    def _admit(self, stream: _Stream, now: float) -> bool:
+        """T4 and the queue bound for one running block of ``stream``: admitted (counted on
+        the hub and the call), or dropped (``throttled``/``queue_full``, counted)."""
+        ring = stream.ring
+        cursor = stream.cursor
+        if now - ring[cursor] < self._window:
+            self._drop_locked(THROTTLED, stream.call)
+            return False
+        if len(self._queue) >= self.max_queue:
+            self._drop_locked(QUEUE_FULL, stream.call)
+            return False
+        ring[cursor] = now
+        cursor += 1
+        stream.cursor = 0 if cursor == self._ring else cursor
+        stream.touched = now
+        stream.call.admitted += 1
+        self._counts.add_locked(ADMITTED)
+        return True
+
+    def _drop_locked(self, reason: str, stats: _CallStats | None) -> None:
+        self._counts.add_locked(reason)
+        if stats is not None:
+            stats.dropped += 1
+
+    def _open(
+        self, key: tuple[str, str], room: str, path: str, life: CallLife | None = None
+    ) -> _Stream | None:
+        """Open a stream; ``None`` (counted) when it or its call was closed, or over bounds."""
+        call_id, task_id = key
+        stats = self._calls.get(call_id)
+        if (life is not None and life.ended) or (stats is not None and task_id in stats.closed):
+            self._drop_locked(CLOSED, stats)
+            return None
+        if len(self._streams) >= self.max_streams:
+            self._drop_locked(STREAM_LIMIT, stats)
+            _rare(STREAM_LIMIT, "stream hub: %d streams open; block dropped", self.max_streams)
+            return None
+        now = self._clock()
+        if stats is None:
+            stats = self._new_call(call_id, path, now)
+        if life is not None:
+            stats.life = life
+        stream = _Stream(room, stats, self._ring, now)
+        self._streams[key] = stream
+        stats.open[task_id] = stream
+        return stream
+
+    def _new_call(self, call_id: str, path: str, now: float) -> _CallStats:
+        """State for a call; the oldest call's is forgotten when at the bound."""
+        if len(self._calls) >= self.max_calls:
+            oldest = next(iter(self._calls))
+            old = self._calls.pop(oldest)
+            for task_id in old.open:
+                gone = self._streams.pop((oldest, task_id), None)
+                if gone is not None:
+                    gone.closed = True
+            self._counts.add_locked(CALL_LIMIT)
+            _rare(
+                CALL_LIMIT,
+                "stream hub: %d live calls with state; the oldest (%s) forgotten",
+                self.max_calls,
+                oldest,
+            )
+        stats = self._calls[call_id] = _CallStats(path, now)
+        return stats
+
+    def _terminal(
+        self,
+        item: Any,
+        call_id: str | None,
+        task_id: str | None,
+        state: str,
+        room: str | None,
+        path: str,
+        life: CallLife | None = None,
+        provisional: bool = False,
+    ) -> None:
+        """The one terminal of a stream (takes the lock): queued once, or dropped
+        (``duplicate_terminal``, ``closed``, …); kept aside when ``provisional``."""
+        if task_id is None:
+            task_id = call_id
+        if task_id is None:
+            self._counts.add(NO_TASK_ID)
+            _rare(NO_TASK_ID, "publish: %s block with neither callId nor task id dropped", state)
+            return
+        if room is None:
+            self._counts.add(NO_ROOM)
+            _rare(NO_ROOM, "publish: %s block for task %r has no room; dropped", state, task_id)
+            return
+        key = (call_id, task_id)
+        with self._lock:
+            if call_id is None:
+                stats: _CallStats | None = self._unattributed
+                provisional = False  # no call end will come to send it later
+            else:
+                stats = self._calls.get(call_id)
+            if stats is not None and task_id in stats.closed:
+                self._drop_locked(DUPLICATE_TERMINAL, stats)
+                return
+            if life is not None and life.ended:
+                self._drop_locked(CLOSED, stats)
+                return
+            stream = self._streams.get(key)
+            if provisional:
+                if stream is None:
+                    stream = self._open(key, room, path, life)  # type: ignore[arg-type]
+                    if stream is None:
+                        return
+                stream.provisional = (state, item)
+                return
+            if stream is not None:
+                del self._streams[key]
+                stream.closed = True
+                stats = stream.call
+                stats.open.pop(task_id, None)
+                seq = stream.seq + 1
+                room = stream.room
+            else:
+                seq = 1
+                if stats is None and call_id is not None:
+                    stats = self._new_call(call_id, path, self._clock())
+            if stats is not None:
+                if life is not None:
+                    stats.life = life
+                closed = stats.closed
+                closed[task_id] = None
+                if len(closed) > self.max_closed_per_call:
+                    del closed[next(iter(closed))]
+            if self._consumer is None:
+                self._drop_locked(NO_SENDER, stats)
+                return
+            # Terminals bypass the queue bound: their number is bounded by the streams.
+            self._queue.append(QueueItem(room, call_id, task_id, state, _time_ns(), item, seq))
+            if stats is not None:
+                stats.admitted += 1
+            self._counts.add_locked(ADMITTED)
+        self._poke()
+
+    def _sweep(self, now: float) -> None:
+        """End idle streams of calls whose end never came, and forget idle empty calls
+        (the sender's side, about once a second; takes the lock)."""
+        with self._lock:
+            idle_before = now - self.stream_idle_ttl
+            stale = [
+                (key, stream.room, stream.call.path, stream.provisional)
+                for key, stream in self._streams.items()
+                if stream.touched < idle_before
+            ]
+            # A call that closed streams is remembered until it ends (or the call bound).
+            calls_stale = [
+                stale_id
+                for stale_id, stats in self._calls.items()
+                if not stats.open and not stats.closed and stats.touched < idle_before
+            ]
+            for stale_id in calls_stale:
+                del self._calls[stale_id]
+        for (call_id, task_id), room, path, provisional in stale:
+            end: tuple[str, Any] = provisional or ("aborted", _IDLE_ABORT_MESSAGE)
+            self._terminal(end[1], call_id, task_id, end[0], room, path)
+        if stale:
+            self._counts.add(EXPIRED, len(stale))
+            _rare(
+                EXPIRED,
+                "stream hub: %d stream(s) idle for %g s ended (their call's end never came)",
+                len(stale),
+                self.stream_idle_ttl,
+                level=logging.INFO,
+            )
+
+    def _poke(self) -> None:
+        consumer = self._consumer
+        if consumer is not None and self._idle:
+            self._idle = False
+            consumer._wake()
+
+    def _maybe_flush(self, now: float | None = None) -> None:
+        now = self._clock() if now is None else now
+        if now >= self._next_flush:
+            self._next_flush = now + _SWEEP_EVERY
+            self._counts.flush_metrics()
