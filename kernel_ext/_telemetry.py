@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 
 from opentelemetry.metrics import Counter
 
+from kernel_ext.errors import check_positive_ints
+
 __all__ = ["BatchedCount", "RareLog", "is_rare", "slot_constructor"]
 
 _T = TypeVar("_T")
@@ -92,8 +94,7 @@ class BatchedCount:
     __slots__ = ("_attributes", "_batch", "_counter", "_last", "_lock", "_ticks")
 
     def __init__(self, counter: Counter, attributes: Mapping[str, str], batch: int = 64) -> None:
-        if batch < 1:
-            raise ValueError(f"batch must be >= 1, got {batch!r}")
+        check_positive_ints(batch=batch)
         self._counter = counter
         self._attributes = dict(attributes)
         self._batch = batch

@@ -1,4 +1,4 @@
-"""The ``kernel-ext`` command: ``schema`` (and, as they land, ``tail`` and ``demo``)."""
+"""The ``kernel-ext`` command: ``schema``, ``tail`` and ``demo``."""
 
 from __future__ import annotations
 
