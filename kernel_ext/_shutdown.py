@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 __all__ = ["LoopThread", "SigtermFlush", "at_exit"]
 
+# The plugin's logger: these lines are the plugin's shutdown paths, as operators know them.
 logger = logging.getLogger("kernel_ext.plugin")
 
 _T = TypeVar("_T")

@@ -259,7 +259,7 @@ def enable(
         state._previous_hub = set_default_hub(hub)
         try:
             provider.add_span_processor(state.processor)
-            _instrument(state, instrumentor, targets, describe)
+            _instrument(state, targets, describe)
             if emitter is not None:
                 _start_emitter(state, emitter, loop)
             else:
@@ -281,13 +281,11 @@ def enable(
 
 
 def _instrument(
-    state: Enabled,
-    instrumentor: ToolRuntimeInstrumentor,
-    targets: Iterable[str | ToolTarget] | None,
-    describe: Describe | None,
+    state: Enabled, targets: Iterable[str | ToolTarget] | None, describe: Describe | None
 ) -> None:
     """Wrap ``targets`` with the hub as sink; without targets (or when something already
     instrumented the runtime) only attach the hub as the instrumentor's sink."""
+    instrumentor = state.instrumentor
     if not targets:
         instrumentor.sink = state.hub
         return

@@ -11,7 +11,8 @@ contextvar, from the call's start to its end.
 2. the :class:`ActiveCall` makes that span current and the call active (the contextvar,
    with the enclosing active call as ``parent``) while it is entered — once (``with``) or
    around each step of a generator (:meth:`ActiveCall.activate`);
-3. its end (:meth:`ActiveCall.finish`, or leaving the ``with``) records an exception on a
+3. its end (:meth:`ActiveCall.finish`: leaving ``with active`` or
+   ``with active.ending()``) records an exception on a
    span it opened (``Exception`` subclasses, as the OTel SDK does: status ERROR), writes
    the sink's ``call_attributes(call_id)`` on the span while it is live (invariant 7),
    tells the sink the call ended (whether or not its span records), and ends the span if
