@@ -15,6 +15,7 @@ Guarantees:
   cancellation.
 * :func:`current_call_id` is one ``ContextVar.get()``: it is the bound ``get`` of a
   dedicated contextvar, so it costs what a bare ``get`` costs.
+* :func:`span_id_hex` is the one way a span id becomes a call id.
 * A call's end is shared by every context that holds it: once the instrumented runtime (or
   the stream hub, when the call's span ends) has ended it, :attr:`ToolCall.ended` is true
   everywhere, also in tasks the tool started that outlive it; the stream hub then drops what
@@ -37,6 +38,7 @@ __all__ = [
     "current_tool_call",
     "reset_tool_call",
     "set_tool_call",
+    "span_id_hex",
     "use_tool_call",
 ]
 
@@ -80,6 +82,16 @@ class ToolCall:
     def ended(self) -> bool:
         """Whether the call has ended (its runtime returned or raised, or its span ended)."""
         return self.life.ended
+
+
+def span_id_hex(span_id: int) -> str:
+    """The call id of a span id: its 16 lower-case hex digits, zero-padded
+    (``0xA1`` → ``"00000000000000a1"``).
+
+    Raises ``OverflowError`` for a negative id or one over 64 bits. The invalid span id 0
+    gives sixteen zeros: callers check a span's validity first.
+    """
+    return span_id.to_bytes(8, "big").hex()
 
 
 _CURRENT_CALL: ContextVar[ToolCall | None] = ContextVar(
@@ -131,7 +143,8 @@ def use_tool_call(call: ToolCall | None) -> Iterator[ToolCall | None]:
 
     For runtimes that cannot be wrapped by the instrumentor::
 
-        with use_tool_call(ToolCall(call_id=span_id_hex, tool_name="ask_colleague")):
+        call_id = span_id_hex(span.get_span_context().span_id)
+        with use_tool_call(ToolCall(call_id=call_id, tool_name="ask_colleague")):
             await ask_colleague(...)
     """
     token = set_tool_call(call)

@@ -55,9 +55,10 @@ class LiveCall:
 
 
 class CallSink(Protocol):
-    """What the span processor tells the stream layer about tool calls.
+    """What the span processor and the instrumentor tell the stream layer about tool calls.
 
-    Implementations must be enqueue-only and must never raise: they run on the thread
+    Every member is required (the processor calls the first two, the instrumentor the last
+    two). Implementations must be enqueue-only and must never raise: they run on the thread
     that starts or ends the span, inside the traced code.
     """
 
@@ -72,10 +73,8 @@ class CallSink(Protocol):
     def call_attributes(self, call_id: str) -> Mapping[str, AttributeValue]:
         """Span attributes describing ``call_id``'s streams so far (blocks sent and dropped,
         how the callId was resolved), written onto the call's span while it is still live
-        (invariant 7). Return an empty mapping when there is nothing to say.
-
-        Optional in practice: callers look it up with ``getattr`` and skip sinks without it.
-        """
+        (invariant 7). Return an empty mapping when there is nothing to say (what an
+        explicit subclass of this protocol inherits)."""
         return {}
 
 

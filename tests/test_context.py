@@ -17,6 +17,7 @@ from kernel_ext import (
     set_tool_call,
     use_tool_call,
 )
+from kernel_ext.context import span_id_hex
 
 OUTER = ToolCall("00000000000000a1", "ask_colleague", "conv-1", "llm-1")
 
@@ -147,3 +148,21 @@ async def test_cancellation_inside_use_tool_call_restores_the_previous_call() ->
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(task, 10)
     assert after == [OUTER]
+
+
+@pytest.mark.parametrize(
+    ("span_id", "call_id"),
+    [
+        (0xA1, "00000000000000a1"),
+        (0x00F067AA0BA902B7, "00f067aa0ba902b7"),
+        (2**64 - 1, "ffffffffffffffff"),
+    ],
+)
+def test_span_id_hex_is_sixteen_lower_case_hex_digits(span_id: int, call_id: str) -> None:
+    assert span_id_hex(span_id) == call_id
+
+
+@pytest.mark.parametrize("span_id", [-1, 2**64])
+def test_span_id_hex_refuses_what_is_not_a_64_bit_id(span_id: int) -> None:
+    with pytest.raises(OverflowError):
+        span_id_hex(span_id)

@@ -11,7 +11,8 @@ are all in the site.
   exact standard output.
 * Every ``kernel-ext …`` command in ``sh`` blocks parses with the real command-line parser.
 * The environment variables in the Operations page's configuration table are exactly the
-  ones the code reads; every ``KERNEL_EXT_*`` name on any page exists in the code.
+  ones the code reads (``kernel_ext.settings.Settings`` and direct reads); every
+  ``KERNEL_EXT_*`` name on any page exists in the code.
 * The metrics, span attributes and drop reasons the Operations page lists are exactly the
   code's.
 * Every page is in the ``mkdocs.yml`` nav and every nav entry is a page.
@@ -292,10 +293,14 @@ def _is_environ(node: ast.AST) -> bool:
 
 
 def environment_variables_read() -> set[str]:
-    """Every environment variable name the package reads: literal or constant arguments of
-    ``os.environ.get`` / ``os.environ[...]`` / ``os.getenv``, and every module constant
-    named like ours (helpers that take the name as a parameter are fed those)."""
-    names: set[str] = set()
+    """Every environment variable name the package reads: the variable of every field of
+    ``kernel_ext.settings.Settings`` (how ``enable()``, the entry point and the instrumentor
+    read theirs), literal or constant arguments of ``os.environ.get`` / ``os.environ[...]``
+    / ``os.getenv``, and every module constant named like ours (helpers that take the name
+    as a parameter are fed those)."""
+    from kernel_ext.settings import Settings, env_name
+
+    names = {env_name(field) for field in Settings.model_fields}
     for path in PACKAGE.rglob("*.py"):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         constants = _module_constants(tree)

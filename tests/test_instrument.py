@@ -21,6 +21,7 @@ from attribution_support import (
     make_runtime_module,
     make_tracing,
 )
+from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
 
 from kernel_ext import (
@@ -32,10 +33,12 @@ from kernel_ext import (
     current_tool_call,
     use_tool_call,
 )
-from kernel_ext.instrument import ENV_DESCRIBE, ENV_TARGETS, ToolTarget, tool_call_scope
+from kernel_ext.instrument import ToolTarget, tool_call_scope
 
 _names = itertools.count()
 LOGGER = "kernel_ext.instrument"
+ENV_TARGETS = "KERNEL_EXT_TARGETS"
+ENV_DESCRIBE = "KERNEL_EXT_DESCRIBE"
 
 
 @pytest.fixture
@@ -336,6 +339,43 @@ async def test_concurrent_same_name_calls_each_see_their_own_span(
     assert len(set(seen)) == n
 
 
+# -- suppress_instrumentation ----------------------------------------------------------
+
+
+def test_inside_suppress_instrumentation_sync_calls_and_generators_run_untouched(
+    tracing: Tracing, instrumented: types.ModuleType
+) -> None:
+    runtime = instrumented.Runtime
+    with suppress_instrumentation():
+        seen = runtime().invoke("ask_colleague", conversation_id="conv-1")
+        steps = list(runtime().stream("ask_colleague", n=2))
+        generator = runtime().stream("ask_colleague", n=1)
+    # A generator created inside runs untouched even when iterated outside.
+    assert list(generator) == [(0, None)]
+    assert seen is None
+    assert steps == [(0, None), (1, None)]
+    assert tracing.tool_spans() == []
+    assert tracing.sink.ended == []
+    assert runtime().invoke("ask_colleague") is not None  # attributed again outside
+    assert len(tracing.tool_spans()) == 1
+
+
+async def test_inside_suppress_instrumentation_async_calls_and_generators_run_untouched(
+    tracing: Tracing, instrumented: types.ModuleType
+) -> None:
+    runtime = instrumented.Runtime
+    with suppress_instrumentation():
+        seen = await runtime().ainvoke("ask_colleague", conversation_id="conv-1")
+        steps = [step async for step in runtime().astream("ask_colleague", n=2)]
+    assert seen is None
+    assert steps == [(0, None), (1, None)]
+    assert tracing.tool_spans() == []
+    assert tracing.sink.ended == []
+    seen = await runtime().ainvoke("ask_colleague")
+    assert seen is not None
+    assert seen.call_id == hex_id(tracing.tool_spans()[0])
+
+
 # -- instrument / uninstrument ---------------------------------------------------------
 
 
@@ -456,33 +496,12 @@ def test_targets_come_from_the_environment_when_none_are_given(
 ) -> None:
     monkeypatch.setenv(ENV_TARGETS, f" {runtime.__name__}:Runtime.invoke , ")
     monkeypatch.setenv(ENV_DESCRIBE, "attribution_support:describe_runtime")
-    monkeypatch.setitem(sys.modules, "kernel_ext.plugin", None)  # no plugin available
+    monkeypatch.setitem(sys.modules, "kernel_ext.plugin", None)  # it never needs the plugin
     instrumentor.instrument(tracer_provider=tracing.provider)
     assert instrumentor.targets == (f"{runtime.__name__}:Runtime.invoke",)
     seen = runtime.Runtime().invoke("from_env")
     assert seen is not None
     assert seen.tool_name == "from_env"
-
-
-def test_environment_targets_are_handed_to_the_plugin_when_it_exists(
-    runtime: types.ModuleType,
-    instrumentor: ToolRuntimeInstrumentor,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    calls: list[dict[str, Any]] = []
-    plugin = types.ModuleType("kernel_ext.plugin")
-
-    def enable(**kwargs: Any) -> None:
-        calls.append(kwargs)
-        ToolRuntimeInstrumentor().instrument(targets=kwargs["targets"], describe=kwargs["describe"])
-
-    plugin.enable = enable  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "kernel_ext.plugin", plugin)
-    monkeypatch.setenv(ENV_TARGETS, f"{runtime.__name__}:Runtime.invoke")
-    monkeypatch.delenv(ENV_DESCRIBE, raising=False)
-    instrumentor.instrument()
-    assert calls == [{"targets": [f"{runtime.__name__}:Runtime.invoke"], "describe": None}]
-    assert instrumentor.targets == (f"{runtime.__name__}:Runtime.invoke",)
 
 
 def test_without_environment_targets_instrument_does_nothing(

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
+from importlib.metadata import EntryPoint
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import free_port, serve_asgi
+from opentelemetry.instrumentation.distro import DefaultDistro
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -15,8 +19,11 @@ from relay_helpers import SECRET, Browser, barrier, terminals
 
 import kernel_ext
 from kernel_ext import plugin
+from kernel_ext.auto import AutoInstrumentor
+from kernel_ext.context import ToolCall, current_tool_call, use_tool_call
 from kernel_ext.emit import LoopbackEmitter, MemoryEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError
+from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
 from kernel_ext.relay import allow_all, create_app
 from kernel_ext.stream import get_default_hub, publish
 from kernel_ext.tap import Tap
@@ -170,9 +177,110 @@ def test_without_a_sender_blocks_are_counted_not_kept(monkeypatch: pytest.Monkey
     for key in ("KERNEL_EXT_RELAY_URL", "KERNEL_EXT_REDIS_URL", "KERNEL_EXT_TARGETS"):
         monkeypatch.delenv(key, raising=False)
     state = kernel_ext.enable(tap=Tap())
-    from kernel_ext.context import ToolCall, use_tool_call
-
     with use_tool_call(ToolCall("00f067aa0ba902b7", "ask_colleague", CONV)):
         publish("nobody listens")
     assert state.hub.stats()["no_sender"] == 1
     assert state.hub.stats().queue == 0
+
+
+# -- the opentelemetry_instrumentor entry point (opentelemetry-instrument) ----------------
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+SENDER_VARIABLES = ("KERNEL_EXT_RELAY_URL", "KERNEL_EXT_REDIS_URL")
+
+
+def declared_entry_point() -> EntryPoint:
+    """The ``opentelemetry_instrumentor`` entry point pyproject.toml declares (read from the
+    source: an installed copy's metadata may be older)."""
+    text = PYPROJECT.read_text(encoding="utf-8")
+    section = re.search(
+        r"^\[project\.entry-points\.opentelemetry_instrumentor\]\n(.*?)(?=^\[|\Z)",
+        text,
+        re.S | re.M,
+    )
+    assert section is not None
+    [(name, value)] = re.findall(r'^(\w+) = "([^"]+)"$', section.group(1), re.M)
+    return EntryPoint(name, value, "opentelemetry_instrumentor")
+
+
+def recording_tool(question: str, **kwargs: Any) -> ToolCall | None:
+    """A tool for the entry point's targets: publishes, returns the active call."""
+    publish(f"thinking about {question}")
+    return current_tool_call()
+
+
+def describe_recording_tool(
+    instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ToolDescription:
+    return ToolDescription("from_env", kwargs.get("conversation_id"))
+
+
+@pytest.fixture
+def auto() -> Iterator[AutoInstrumentor]:
+    instrumentor = AutoInstrumentor()
+    yield instrumentor
+    instrumentor.uninstrument()
+
+
+def test_the_entry_point_enables_the_pipeline_on_the_environments_targets(
+    monkeypatch: pytest.MonkeyPatch, auto: AutoInstrumentor
+) -> None:
+    for key in SENDER_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("KERNEL_EXT_TARGETS", f" {__name__}:recording_tool , ")
+    monkeypatch.setenv("KERNEL_EXT_DESCRIBE", f"{__name__}:describe_recording_tool")
+    monkeypatch.setenv("KERNEL_EXT_MAX_QUEUE", "7")
+    entry_point = declared_entry_point()
+    assert entry_point.name == "kernel_ext"
+    # What opentelemetry-instrument does with each opentelemetry_instrumentor entry point.
+    DefaultDistro().load_instrumentor(entry_point, skip_dep_check=True)
+    state = plugin.enabled()
+    assert state is not None
+    assert state.hub.max_queue == 7
+    instrumentor = ToolRuntimeInstrumentor()
+    assert instrumentor.targets == (f"{__name__}:recording_tool",)
+    assert instrumentor.sink is state.hub
+    call = globals()["recording_tool"]("q", conversation_id=CONV)
+    assert call is not None
+    assert (call.tool_name, call.conversation_id, len(call.call_id)) == ("from_env", CONV, 16)
+    assert state.hub.stats()["no_sender"] == 1  # the enabled hub took the block
+    auto.uninstrument()
+    assert plugin.enabled() is None
+    assert instrumentor.targets == ()
+    assert not hasattr(globals()["recording_tool"], "__wrapped__")
+
+
+def test_the_entry_point_does_nothing_without_targets(
+    monkeypatch: pytest.MonkeyPatch, auto: AutoInstrumentor
+) -> None:
+    monkeypatch.delenv("KERNEL_EXT_TARGETS", raising=False)
+    monkeypatch.setenv("KERNEL_EXT_RELAY_URL", "http://127.0.0.1:1")  # would need a secret
+    auto.instrument()
+    assert plugin.enabled() is None
+    assert ToolRuntimeInstrumentor().targets == ()
+
+
+def test_the_entry_point_leaves_a_plugin_enabled_elsewhere_alone(
+    monkeypatch: pytest.MonkeyPatch, auto: AutoInstrumentor
+) -> None:
+    for key in SENDER_VARIABLES:
+        monkeypatch.delenv(key, raising=False)
+    mine = kernel_ext.enable(tap=Tap())
+    monkeypatch.setenv("KERNEL_EXT_TARGETS", f"{__name__}:recording_tool")
+    auto.instrument()
+    assert plugin.enabled() is mine
+    auto.uninstrument()
+    assert plugin.enabled() is mine
+
+
+def test_a_bad_environment_value_fails_the_entry_point_and_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch, auto: AutoInstrumentor
+) -> None:
+    monkeypatch.setenv("KERNEL_EXT_TARGETS", f"{__name__}:recording_tool")
+    monkeypatch.setenv("KERNEL_EXT_DESCRIBE", f"{__name__}:nothing_here")
+    before = get_default_hub()
+    with pytest.raises(ConfigError, match="KERNEL_EXT_DESCRIBE"):
+        auto.instrument()
+    assert plugin.enabled() is None
+    assert get_default_hub() is before
+    assert ToolRuntimeInstrumentor().targets == ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kernel_ext.errors import ConfigError
-from kernel_ext.settings import Settings, env_name, load_settings
+from kernel_ext.settings import Settings, env_name, load_callable, load_settings
 
 
 def test_defaults_without_any_variable(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -64,3 +64,43 @@ def test_settings_are_immutable() -> None:
     settings = Settings()
     with pytest.raises(Exception, match="frozen"):
         settings.max_queue = 1  # type: ignore[misc]
+
+
+def test_a_bad_variable_names_the_variable_and_the_field_it_sets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("KERNEL_EXT_MAX_STREAMS", "0")
+    with pytest.raises(ConfigError, match=r"^KERNEL_EXT_MAX_STREAMS \(max_streams\): "):
+        load_settings()
+
+
+def test_load_callable_finds_a_function_or_a_dotted_attribute() -> None:
+    assert load_callable("kernel_ext.settings:load_settings", "--hook") is load_settings
+    assert load_callable("kernel_ext.settings:Settings.secret_value", "--hook") is (
+        Settings.secret_value
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "problem"),
+    [
+        ("kernel_ext.settings", "must look like 'package.module:function'"),
+        ("a:b:c", "must look like 'package.module:function'"),
+        ("kx_no_such_module:f", "cannot be loaded \\(ModuleNotFoundError"),
+        ("kernel_ext.settings:no_such_name", "cannot be loaded \\(AttributeError"),
+        ("kernel_ext.settings:ENV_PREFIX", "is a str, not callable"),
+    ],
+)
+def test_load_callable_names_what_and_the_spec_when_it_cannot_load(spec: str, problem: str) -> None:
+    with pytest.raises(ConfigError, match=f"^--hook '{spec}' {problem}|^--hook {problem}"):
+        load_callable(spec, "--hook")
+
+
+def test_the_describe_hook_is_loaded_from_its_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KERNEL_EXT_DESCRIBE", raising=False)
+    assert load_settings().describe_hook() is None
+    monkeypatch.setenv("KERNEL_EXT_DESCRIBE", " kernel_ext.settings:env_name ")
+    assert load_settings().describe_hook() is env_name
+    monkeypatch.setenv("KERNEL_EXT_DESCRIBE", "kernel_ext.settings:nothing_here")
+    with pytest.raises(ConfigError, match=r"^KERNEL_EXT_DESCRIBE 'kernel_ext\.settings:nothing"):
+        load_settings().describe_hook()

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
@@ -47,8 +46,8 @@ from kernel_ext.demo.script import (
     USER_MESSAGE_TO_AGENT,
     is_conversation_id,
 )
-from kernel_ext.plugin import ENV_SECRET
 from kernel_ext.relay import ChatRelay, RelayRedisManager
+from kernel_ext.settings import env_name, load_settings
 from kernel_ext.web import asset_path
 
 __all__ = [
@@ -218,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--redis", default=None, help="redis:// URL for the client manager")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
-    secret = os.environ.get(ENV_SECRET, "")
+    secret = load_settings().secret_value()
     if not secret:
-        parser.error(f"set {ENV_SECRET} to the internal senders' secret")
+        parser.error(f"set {env_name('secret')} to the internal senders' secret")
     logging.basicConfig(level=args.log_level.upper(), format="web %(levelname)s %(message)s")
     import uvicorn
 

@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import uuid
 from collections import OrderedDict
@@ -77,8 +76,9 @@ from kernel_ext.demo.script import (
 )
 from kernel_ext.errors import ColleagueError
 from kernel_ext.integrations.pydantic_ai import KernelExtCapability
-from kernel_ext.plugin import ENV_SECRET, adisable, enable
+from kernel_ext.plugin import adisable, enable
 from kernel_ext.protocol import NAMESPACE
+from kernel_ext.settings import env_name, load_settings
 from kernel_ext.stream import StreamHub, get_default_hub
 
 __all__ = [
@@ -436,9 +436,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="worker %(levelname)s %(message)s")
-    secret = os.environ.get(ENV_SECRET, "")
+    secret = load_settings().secret_value()
     if not secret:
-        parser.error(f"set {ENV_SECRET} to the relay's internal secret")
+        parser.error(f"set {env_name('secret')} to the relay's internal secret")
     urls = dict(args.colleague)
     colleagues = [
         Colleague(spec.key, spec.title, urls[spec.key], spec.script)

@@ -1,0 +1,162 @@
+"""The worker's ways out besides a direct ``disable()``: the sender's own event-loop thread,
+the interpreter-exit hook, and the ``SIGTERM`` handler that flushes before the process dies.
+
+This module knows nothing of what it flushes: :mod:`kernel_ext.plugin` hands it the flush.
+
+Guarantees:
+
+* :class:`LoopThread` runs an event loop on a daemon thread until :meth:`LoopThread.stop`.
+* :func:`at_exit` registers a hook with :mod:`atexit` once, however often it is called.
+* :class:`SigtermFlush` installs itself only on the main thread and only while ``SIGTERM``
+  has its default action (an application with its own handler keeps it). On ``SIGTERM`` it
+  runs the flush, bounded by its timeout (plus 5 s for a flush that overruns it), then
+  ends the process of ``SIGTERM`` as the default action would have (exit status 143 in a
+  shell). :meth:`SigtermFlush.restore` puts the default action back, once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import signal
+import threading
+from collections.abc import Awaitable, Callable, Coroutine
+from types import FrameType
+from typing import Any, TypeVar
+
+__all__ = ["LoopThread", "SigtermFlush", "at_exit"]
+
+# The plugin's logger: these lines are the plugin's shutdown paths, as operators know them.
+logger = logging.getLogger("kernel_ext.plugin")
+
+_T = TypeVar("_T")
+
+
+class LoopThread:
+    """A daemon thread running an event loop for the sender when the kernel has none."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name="kernel_ext-sender", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, _T], timeout: float) -> _T:
+        """Run ``coro`` on the thread's loop and wait for it (at most ``timeout`` s)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the loop and wait (at most ``timeout`` s) for the thread; close the loop
+        if the thread ended. Idempotent."""
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+_registered: set[Callable[[], None]] = set()
+
+
+def at_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` at normal interpreter exit (registered once per hook)."""
+    if hook not in _registered:
+        atexit.register(hook)
+        _registered.add(hook)
+
+
+class SigtermFlush:
+    """Flush on ``SIGTERM``, then die of it (module docstring).
+
+    ``flush(timeout)`` runs on a helper thread when the signal reaches a sync kernel, so a
+    lock the interrupted code holds cannot keep the process alive; ``aflush(timeout)`` is
+    awaited on the sender's loop when that loop is the main thread's running loop at
+    :meth:`install` (an async kernel).
+    """
+
+    def __init__(
+        self,
+        flush: Callable[[float], object],
+        aflush: Callable[[float], Awaitable[object]],
+        timeout: float,
+    ) -> None:
+        self._flush = flush
+        self._aflush = aflush
+        self._timeout = timeout
+        self._handler = self._on_signal  # one bound method: restore() compares identity
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._installed = False
+
+    def install(self, sender_loop: asyncio.AbstractEventLoop | None) -> None:
+        """Take ``SIGTERM`` if this is the main thread and it still has its default action;
+        on ``sender_loop`` when that is this thread's running loop."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+                return  # the application handles SIGTERM: it should call (a)disable itself
+            try:
+                running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is not None and running is sender_loop:
+                running.add_signal_handler(signal.SIGTERM, self._on_signal_in_loop, running)
+                self._loop = running
+            else:
+                signal.signal(signal.SIGTERM, self._handler)
+            self._installed = True
+        except (ValueError, OSError, RuntimeError, NotImplementedError) as exc:
+            logger.info("kernel_ext: no SIGTERM flush (%s)", exc)
+
+    def restore(self) -> None:
+        """Give ``SIGTERM`` its default action back, if this installed a handler and it is
+        still in place. Idempotent; call it on the main thread."""
+        if not self._installed:
+            return
+        self._installed = False
+        loop, self._loop = self._loop, None
+        try:
+            if loop is not None:
+                if not loop.is_closed():
+                    loop.remove_signal_handler(signal.SIGTERM)  # back to SIG_DFL
+            elif signal.getsignal(signal.SIGTERM) is self._handler:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError, RuntimeError) as exc:
+            logger.info("kernel_ext: SIGTERM handler not restored (%s)", exc)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        """SIGTERM in a sync kernel (the sender on its own thread): flush, then terminate."""
+        logger.warning("kernel_ext: SIGTERM; flushing the sender (at most %g s)", self._timeout)
+        helper = threading.Thread(target=self._flush, args=(self._timeout,), daemon=True)
+        helper.start()
+        helper.join(self._timeout + 5)
+        _terminate()
+
+    def _on_signal_in_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """SIGTERM in an async kernel whose loop runs the sender: flush there, terminate."""
+        logger.warning("kernel_ext: SIGTERM; flushing the sender (at most %g s)", self._timeout)
+
+        async def flush_then_terminate() -> None:
+            try:
+                await self._aflush(self._timeout)
+            finally:
+                _terminate()
+
+        task = loop.create_task(flush_then_terminate())
+        _tasks.add(task)  # a task nobody references may be collected before it runs
+        task.add_done_callback(_tasks.discard)
+
+
+_tasks: set[asyncio.Task[None]] = set()
+
+
+def _terminate() -> None:
+    """Die of SIGTERM, as its default action would have made us."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

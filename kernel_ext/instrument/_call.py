@@ -1,0 +1,414 @@
+"""The attribution of one tool call: its ``execute_tool`` span (found or opened) and the
+contextvar, from the call's start to its end.
+
+:func:`begin` turns a :class:`ToolDescription` into an :class:`ActiveCall`:
+
+1. it *reuses* the current span when the runtime already opened the ``execute_tool`` span
+   of this call (same tool name, and same ``gen_ai.tool.call.id`` when both are known, and
+   not the span of the enclosing active call), and starts an ``INTERNAL`` span with the
+   GenAI attributes (``gen_ai.operation.name``, ``gen_ai.tool.name``,
+   ``gen_ai.tool.call.id``, ``gen_ai.conversation.id``) otherwise;
+2. the :class:`ActiveCall` makes that span current and the call active (the contextvar,
+   with the enclosing active call as ``parent``) while it is entered — once (``with``) or
+   around each step of a generator (:meth:`ActiveCall.activate`);
+3. its end (:meth:`ActiveCall.finish`: leaving ``with active`` or
+   ``with active.ending()``) records an exception on a
+   span it opened (``Exception`` subclasses, as the OTel SDK does: status ERROR), writes
+   the sink's ``call_attributes(call_id)`` on the span while it is live (invariant 7),
+   tells the sink the call ended (whether or not its span records), and ends the span if
+   it opened it.
+
+Exceptions propagate unchanged; the bookkeeping itself never raises into the tool: a fault
+is logged (rarely) and the call runs on, unattributed when the fault comes before it runs.
+
+:func:`tool_call_scope` is the public form, for runtimes with hooks rather than a method to
+wrap; the wrappers (:mod:`kernel_ext.instrument._wrappers`) use :func:`begin_described`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import Token
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
+
+from kernel_ext._telemetry import RareLog, slot_constructor
+from kernel_ext._version import __version__
+from kernel_ext.context import (
+    _CURRENT_CALL,
+    _CURRENT_CALL_ID,
+    CallLife,
+    ToolCall,
+    span_id_hex,
+)
+from kernel_ext.tap import CallSink, LiveCall
+
+__all__ = [
+    "ActiveCall",
+    "Describe",
+    "SinkOf",
+    "ToolDescription",
+    "begin",
+    "begin_described",
+    "default_describe",
+    "tool_call_scope",
+    "tracer_of",
+]
+
+# One logger for the whole instrumentor package: its faults read as kernel_ext.instrument's.
+log = logging.getLogger("kernel_ext.instrument")
+_rare = RareLog(log)
+
+OPERATION = "gen_ai.operation.name"
+EXECUTE_TOOL = "execute_tool"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+CONVERSATION_ID = "gen_ai.conversation.id"
+
+_new_tool_call = slot_constructor(ToolCall)  # half the cost of the frozen dataclass __init__
+_new_live_call = slot_constructor(LiveCall)
+
+SinkOf = Callable[[], "CallSink | None"]
+"""Where a call's end reports to, read when the call ends (a sink may be set meanwhile)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDescription:
+    """What a describe hook says about one tool call.
+
+    ``tool_name`` names the tool (the span is ``execute_tool <tool_name>``);
+    ``conversation_id`` is the conversation (``gen_ai.conversation.id``), ``None`` to
+    inherit the enclosing call's; ``llm_call_id`` is the model's tool-call id
+    (``gen_ai.tool.call.id``), if any.
+    """
+
+    tool_name: str
+    conversation_id: str | None = None
+    llm_call_id: str | None = None
+
+
+class Describe(Protocol):
+    """``describe(instance, args, kwargs)``: the :class:`ToolDescription` of a call of the
+    wrapped method (``instance`` is ``None`` for plain functions), or ``None`` to leave the
+    call alone. It runs on every call: keep it cheap; it should not raise (if it does, the
+    call runs unattributed and the fault is logged)."""
+
+    def __call__(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ToolDescription | None: ...
+
+
+def default_describe(
+    instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> ToolDescription | None:
+    """A describe hook that guesses from keyword arguments and the instance.
+
+    Tool name: keyword ``tool_name`` or ``name``, else the instance's ``tool_name`` or
+    ``name`` attribute, else the instance's class name (``"tool"`` for plain functions).
+    Conversation: keyword ``conversation_id``. Model call id: keyword ``tool_call_id``.
+    Values that are not non-empty strings are ignored.
+    """
+    name = _str_or_none(kwargs.get("tool_name")) or _str_or_none(kwargs.get("name"))
+    if name is None and instance is not None:
+        name = _str_or_none(getattr(instance, "tool_name", None)) or _str_or_none(
+            getattr(instance, "name", None)
+        )
+        if name is None:
+            name = type(instance).__name__
+    return ToolDescription(
+        name or "tool",
+        _str_or_none(kwargs.get("conversation_id")),
+        _str_or_none(kwargs.get("tool_call_id")),
+    )
+
+
+def _str_or_none(value: object) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+_Tokens = tuple[
+    "Token[otel_context.Context]",
+    "Token[ToolCall | None] | None",
+    "Token[str | None] | None",
+]
+
+
+class ActiveCall:
+    """One attributed call: its span, whether we opened it, and its :class:`ToolCall`
+    (``None`` when the span has no valid id: then only the span is made current).
+
+    ``with active:`` activates it for the block and finishes it at the block's end, with
+    the block's exception if any (which propagates). Generators activate it around each
+    step instead (:meth:`activate`/:meth:`deactivate`) and finish it once, at the end of
+    ``with active.ending():``.
+    """
+
+    __slots__ = ("_tokens", "call", "context", "opened", "rare", "sink_of", "span")
+
+    def __init__(
+        self,
+        span: Span,
+        opened: bool,
+        call: ToolCall | None,
+        context: otel_context.Context,
+        rare: RareLog,
+        sink_of: SinkOf,
+    ) -> None:
+        self.span = span
+        self.opened = opened
+        self.call = call
+        self.context = context
+        self.rare = rare
+        self.sink_of = sink_of
+        self._tokens: _Tokens | None = None
+
+    def activate(self) -> _Tokens:
+        """Make the span current and the call active in this context; return the tokens."""
+        otel_token = otel_context.attach(self.context)
+        call = self.call
+        if call is None:
+            return otel_token, None, None
+        # set_tool_call() without its ToolCallToken (a NamedTuple costs ~0.3 µs to build).
+        return otel_token, _CURRENT_CALL.set(call), _CURRENT_CALL_ID.set(call.call_id)
+
+    @staticmethod
+    def deactivate(tokens: _Tokens) -> None:
+        """Undo :meth:`activate` (same context, reverse order)."""
+        otel_token, call_token, call_id_token = tokens
+        if call_id_token is not None:
+            _CURRENT_CALL_ID.reset(call_id_token)
+        if call_token is not None:
+            _CURRENT_CALL.reset(call_token)
+        otel_context.detach(otel_token)
+
+    def __enter__(self) -> ToolCall | None:
+        self._tokens = self.activate()
+        return self.call
+
+    def __exit__(
+        self,
+        error_type: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        tokens, self._tokens = self._tokens, None
+        if tokens is not None:
+            self.deactivate(tokens)
+        self.finish(error)
+
+    @contextmanager
+    def ending(self) -> Iterator[None]:
+        """A context manager that finishes the call when its block ends, with the block's
+        exception if any (which propagates), without activating it."""
+        error: BaseException | None = None
+        try:
+            yield
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            self.finish(error)
+
+    def finish(self, error: BaseException | None) -> None:
+        """End the call: record ``error``, write the sink's call attributes, tell the sink
+        the call ended (whether or not its span records: the SDK calls no processor hook
+        for a span its sampler dropped), end the span if ours. Never raises."""
+        span = self.span
+        call = self.call
+        sink = self.sink_of()
+        try:
+            if span.is_recording():
+                if error is not None and self.opened and isinstance(error, Exception):
+                    span.record_exception(error)
+                    span.set_status(Status(StatusCode.ERROR, _error_text(error)))
+                if sink is not None and call is not None:
+                    attributes = sink.call_attributes(call.call_id)
+                    if attributes:
+                        span.set_attributes(attributes)
+        except Exception:
+            self.rare("finish_error", "tool span bookkeeping failed", exc_info=True)
+        finally:
+            if call is not None:
+                call.life.ended = True
+                if sink is not None:
+                    try:
+                        sink.tool_call_ended(
+                            _new_live_call(
+                                call.call_id,
+                                call.tool_name,
+                                call.conversation_id,
+                                call.llm_call_id,
+                                call.parent.call_id if call.parent is not None else None,
+                                0,
+                            ),
+                            None if error is None else _error_text(error),
+                        )
+                    except Exception:
+                        self.rare("finish_error", "sink.tool_call_ended failed", exc_info=True)
+            if self.opened:
+                try:
+                    span.end()
+                except Exception:
+                    self.rare("finish_error", "tool span could not be ended", exc_info=True)
+
+
+def _error_text(error: BaseException) -> str | None:
+    """How a call's error reads in its span status and its streams' ``aborted`` message:
+    ``Type: message`` for an ``Exception``, a fixed text for a cancellation, ``None`` (the
+    default message) for other exits (``GeneratorExit``, ``KeyboardInterrupt``)."""
+    if isinstance(error, Exception):
+        return f"{type(error).__name__}: {error}"
+    if isinstance(error, asyncio.CancelledError):
+        return "the tool call was cancelled"
+    return None
+
+
+def begin(
+    tracer: Tracer, description: ToolDescription, rare: RareLog, sink_of: SinkOf
+) -> ActiveCall:
+    """Find the runtime's ``execute_tool`` span for this call or start one; build the call
+    (module docstring). May raise what the tracer raises."""
+    parent = _CURRENT_CALL.get()
+    # The current context once, handed on: the tracer and its sampler would each look it
+    # up again otherwise (the same context either way).
+    current = otel_context.get_current()
+    span = trace.get_current_span(current)
+    opened = not _is_span_of(span, description, parent)
+    conversation_id = description.conversation_id
+    llm_call_id = description.llm_call_id
+    if opened:
+        if conversation_id is None and parent is not None:
+            conversation_id = parent.conversation_id
+        attributes: dict[str, str] = {OPERATION: EXECUTE_TOOL, TOOL_NAME: description.tool_name}
+        if llm_call_id is not None:
+            attributes[TOOL_CALL_ID] = llm_call_id
+        if conversation_id is not None:
+            attributes[CONVERSATION_ID] = conversation_id
+        span = tracer.start_span(
+            "execute_tool " + description.tool_name,
+            current,
+            kind=SpanKind.INTERNAL,
+            attributes=attributes,
+        )
+    else:
+        span_attributes = getattr(span, "attributes", None) or {}
+        if conversation_id is None:
+            conversation_id = _str_or_none(span_attributes.get(CONVERSATION_ID))
+            if conversation_id is None and parent is not None:
+                conversation_id = parent.conversation_id
+        if llm_call_id is None:
+            llm_call_id = _str_or_none(span_attributes.get(TOOL_CALL_ID))
+    span_context = span.get_span_context()
+    call: ToolCall | None = None
+    if span_context.is_valid:
+        call = _new_tool_call(
+            span_id_hex(span_context.span_id),
+            description.tool_name,
+            conversation_id,
+            llm_call_id,
+            parent,
+            CallLife(),
+        )
+    else:
+        rare(
+            "no_span_id",
+            "no valid span for tool %r (no tracer provider?): its call id is unknown, "
+            "the contextvar is not set",
+            description.tool_name,
+        )
+    return ActiveCall(span, opened, call, trace.set_span_in_context(span, current), rare, sink_of)
+
+
+def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:
+    """Is ``span`` the ``execute_tool`` span the runtime opened for this very call?"""
+    if not span.is_recording():  # no span, or one we cannot read
+        return False
+    attributes = getattr(span, "attributes", None)
+    if not attributes or attributes.get(OPERATION) != EXECUTE_TOOL:
+        return False
+    if parent is not None and parent.call_id == span_id_hex(span.get_span_context().span_id):
+        return False  # the enclosing call's span: this is a nested call
+    span_llm_call_id = attributes.get(TOOL_CALL_ID)
+    if description.llm_call_id is not None and span_llm_call_id is not None:
+        return bool(span_llm_call_id == description.llm_call_id)
+    return bool(attributes.get(TOOL_NAME) == description.tool_name)
+
+
+def begin_described(
+    tracer: Tracer,
+    describe: Describe,
+    rare: RareLog,
+    sink_of: SinkOf,
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> ActiveCall | None:
+    """:func:`begin` for a wrapped call, described by ``describe``; ``None`` (the call
+    runs unattributed) when the hook says ``None`` and on any fault (logged rarely)."""
+    try:
+        description = describe(instance, args, kwargs)
+        if description is None:
+            return None
+        if not isinstance(description, ToolDescription) or not isinstance(
+            description.tool_name, str
+        ):
+            rare(
+                "bad_description",
+                "describe hook returned %r, not a ToolDescription; call not attributed",
+                type(description).__name__,
+            )
+            return None
+        return begin(tracer, description, rare, sink_of)
+    except Exception:
+        rare("describe_error", "describe hook or tracer failed; call not attributed", exc_info=True)
+        return None
+
+
+@contextmanager
+def tool_call_scope(
+    description: ToolDescription,
+    *,
+    tracer_provider: TracerProvider | None = None,
+    sink: CallSink | None = None,
+) -> Iterator[ToolCall | None]:
+    """Attribute the code in the ``with`` block as one tool call, like the instrumentor does.
+
+    Reuses the current span when it is this call's ``execute_tool`` span, starts one
+    otherwise (from ``tracer_provider``, default: the global one); sets the contextvar for
+    the block; writes ``sink.call_attributes`` on the span before the block ends; an
+    exception from the block propagates unchanged (recorded on a span opened here).
+    Yields the active :class:`ToolCall` (``None`` when no valid span exists). Use it in the
+    task or thread that runs the tool's code; it restores everything in ``finally``.
+    An explicit request: unlike the wrappers, it attributes the block also inside
+    OpenTelemetry's ``suppress_instrumentation()``.
+    """
+    try:
+        active: ActiveCall | None = begin(
+            tracer_of(tracer_provider), description, _rare, lambda: sink
+        )
+    except Exception:
+        _rare(
+            "describe_error", "tool span could not be started; call not attributed", exc_info=True
+        )
+        active = None
+    if active is None:
+        yield None
+        return
+    with active as call:
+        yield call
+
+
+@functools.lru_cache(maxsize=16)
+def tracer_of(tracer_provider: TracerProvider | None) -> Tracer:
+    """kernel_ext's tracer from ``tracer_provider`` (None: the global provider, resolved
+    lazily by OpenTelemetry's proxy)."""
+    return trace.get_tracer("kernel_ext", __version__, tracer_provider=tracer_provider)

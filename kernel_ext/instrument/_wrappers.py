@@ -1,0 +1,199 @@
+"""The wrapt wrappers of :class:`~kernel_ext.instrument.ToolRuntimeInstrumentor`, one per
+function kind.
+
+The kind — sync function, coroutine function, generator function, async generator
+function — is read from the target when it is wrapped (:func:`kind_of`). When the wrapped
+function is called, its wrapper
+
+* passes the call through untouched (no span, no contextvar) when its wrapping was undone
+  (``uninstrument()`` while another wrapper sat on top of ours) or when OpenTelemetry's
+  instrumentation is suppressed in the caller's context
+  (``opentelemetry.instrumentation.utils.suppress_instrumentation()``);
+* otherwise attributes it (:mod:`kernel_ext.instrument._call`): a sync function or a
+  coroutine for the duration of the call; a generator or async generator over its whole
+  iteration (from the first step to exhaustion, error or close), with the call active
+  around each step only, because a generator's frame runs in its consumer's context.
+
+Arguments, values sent in, values thrown in, yielded and returned values and exceptions
+pass through unchanged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
+from typing import Any, TypeVar
+
+from opentelemetry.instrumentation.utils import is_instrumentation_enabled
+from opentelemetry.trace import Tracer
+
+from kernel_ext._telemetry import RareLog
+from kernel_ext.instrument._call import ActiveCall, Describe, SinkOf, begin_described, log
+
+__all__ = ["Wrapper", "Wrapping", "kind_of", "make_wrapper"]
+
+_T = TypeVar("_T")
+
+Wrapper = Callable[[Callable[..., Any], Any, tuple[Any, ...], dict[str, Any]], Any]
+"""A wrapt wrapper: ``wrapper(wrapped, instance, args, kwargs)``."""
+
+
+class Wrapping:
+    """One wrapped target and what undoing it needs. ``active`` turns false when it is
+    undone; its wrapper then passes calls through."""
+
+    __slots__ = ("active", "attribute", "original", "owner", "target", "wrapper")
+
+    def __init__(self, target: str, owner: Any, attribute: str, original: Any) -> None:
+        self.target = target
+        self.owner = owner
+        self.attribute = attribute
+        self.original = original
+        self.wrapper: Any = None
+        self.active = True
+
+
+def kind_of(function: Any) -> str:
+    """``"sync"``, ``"async"``, ``"generator"`` or ``"async_generator"``: how ``function``
+    (or the function of a ``staticmethod``/``classmethod``) runs."""
+    if isinstance(function, (staticmethod, classmethod)):
+        function = function.__func__
+    if inspect.isasyncgenfunction(function):
+        return "async_generator"
+    if inspect.iscoroutinefunction(function):
+        return "async"
+    if inspect.isgeneratorfunction(function):
+        return "generator"
+    return "sync"
+
+
+def make_wrapper(
+    wrapping: Wrapping,
+    kind: str,
+    describe: Describe,
+    tracer: Tracer,
+    sink_of: SinkOf,
+) -> Wrapper:
+    """The wrapt wrapper for one target of function ``kind`` (module docstring). Its
+    faults are logged rarely, counted per wrapping."""
+    rare = RareLog(log)
+
+    def run_sync(
+        wrapped: Callable[..., _T], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> _T:
+        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs)
+        if active is None:
+            return wrapped(*args, **kwargs)
+        with active:
+            return wrapped(*args, **kwargs)
+
+    async def run_async(
+        wrapped: Callable[..., Awaitable[_T]],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> _T:
+        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs)
+        if active is None:
+            return await wrapped(*args, **kwargs)
+        with active:
+            return await wrapped(*args, **kwargs)
+
+    def run_generator(
+        wrapped: Callable[..., Generator[Any, Any, Any]],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Generator[Any, Any, Any]:
+        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs)
+        if active is None:
+            return (yield from wrapped(*args, **kwargs))
+        with active.ending():  # closed early (GeneratorExit): ends without an error
+            return (yield from _stepped(active, wrapped(*args, **kwargs)))
+
+    async def run_async_generator(
+        wrapped: Callable[..., AsyncGenerator[Any, Any]],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> AsyncGenerator[Any, Any]:
+        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs)
+        with active.ending() if active is not None else contextlib.nullcontext():
+            # The async twin of _stepped (there is no `yield from` for async generators;
+            # the two loops cannot share code across `await`): change both together.
+            inner = wrapped(*args, **kwargs)
+            to_send: Any = None
+            to_throw: BaseException | None = None
+            while True:
+                tokens = active.activate() if active is not None else None
+                try:
+                    if to_throw is not None:
+                        thrown, to_throw = to_throw, None
+                        item = await inner.athrow(thrown)
+                    else:
+                        item = await inner.asend(to_send)
+                except StopAsyncIteration:
+                    return
+                finally:
+                    if tokens is not None:
+                        ActiveCall.deactivate(tokens)
+                try:
+                    to_send = yield item
+                except GeneratorExit:
+                    tokens = active.activate() if active is not None else None
+                    try:
+                        await inner.aclose()
+                    finally:
+                        if tokens is not None:
+                            ActiveCall.deactivate(tokens)
+                    raise
+                except BaseException as exc:
+                    to_throw = exc
+
+    runs: dict[str, Wrapper] = {
+        "sync": run_sync,
+        "async": run_async,
+        "generator": run_generator,
+        "async_generator": run_async_generator,
+    }
+    run = runs[kind]
+
+    def wrapper(
+        wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        if wrapping.active and is_instrumentation_enabled():
+            return run(wrapped, instance, args, kwargs)
+        return wrapped(*args, **kwargs)
+
+    return wrapper
+
+
+def _stepped(active: ActiveCall, inner: Generator[Any, Any, _T]) -> Generator[Any, Any, _T]:
+    """Delegate to ``inner`` like ``yield from``, with the call active around each step.
+    (``run_async_generator`` above is its async twin: change both together.)"""
+    to_send: Any = None
+    to_throw: BaseException | None = None
+    while True:
+        tokens = active.activate()
+        try:
+            if to_throw is not None:
+                thrown, to_throw = to_throw, None
+                item = inner.throw(thrown)
+            else:
+                item = inner.send(to_send)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        finally:
+            active.deactivate(tokens)
+        try:
+            to_send = yield item
+        except GeneratorExit:
+            tokens = active.activate()
+            try:
+                inner.close()
+            finally:
+                active.deactivate(tokens)
+            raise
+        except BaseException as exc:
+            to_throw = exc
