@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import RedisServer, serve_asgi
 from relay_helpers import SECRET, barrier, terminals, wait_until
-from reliability_support import WatchedBrowser, Worker, browser_on, running_relay
+from reliability_support import DEFAULT_PINGS, WatchedBrowser, Worker, browser_on, running_relay
 from test_redis import wait_subscribed
 
 from kernel_ext.emit import RedisEmitter
@@ -114,7 +114,8 @@ async def test_late_blocks_of_a_closed_stream_never_reach_the_browser_over_redis
     def redis_emitter(hub: StreamHub) -> RedisEmitter:
         return RedisEmitter(redis_server.url, hub=hub)
 
-    async with running_relay(redis_server.url) as relay, browser_on(relay.port, "c") as browser:
+    web = running_relay(redis_server.url, pings=DEFAULT_PINGS)  # a busy loop is no dead browser
+    async with web as relay, browser_on(relay.port, "c") as browser:
         await wait_subscribed(redis_server.url, 1)
         options: dict[str, Any] = {"hub_options": {"clock": clock}}
         async with Worker(emitter=redis_emitter, max_running_per_second=None, **options) as w:
