@@ -1,12 +1,31 @@
 """kernel_ext: live, attributed tool-call detail streams for agent kernels.
 
-Public names are re-exported here; see each module for its guarantees.
+The root holds what kernel integrators and tool authors use:
+
+* tool authors: :func:`publish` (and :func:`publish_chat_event`), :func:`current_call_id`,
+  :func:`current_tool_call`, :func:`use_tool_call` and :class:`ToolCall`;
+* integrators: :func:`enable`, :func:`disable` / ``await`` :func:`adisable`,
+  :class:`ToolDescription` (the describe hook's answer), :func:`set_tool_call` /
+  :func:`reset_tool_call` for runtimes with hooks;
+* everyone: the error family (:class:`KernelExtError` and its subclasses), ``__version__``.
+
+Everything else lives in its module (``kernel_ext.protocol``, ``.stream``, ``.emit``,
+``.relay``, ``.tap``, ``.resolve``, ``.processor``, ``.instrument``, ``.testing`` …).
+Importing ``kernel_ext`` is light: only the contextvar and the errors are imported at once;
+each other name is imported the first time it is used (PEP 562), and importing
+``kernel_ext`` or ``kernel_ext.context`` loads no Socket.IO, Engine.IO or aiohttp.
+
+Names the root exported before they moved to their modules still resolve, with a
+``DeprecationWarning`` naming the module to import them from.
 """
 
 from __future__ import annotations
 
+import importlib
+import warnings
 from typing import TYPE_CHECKING, Any
 
+from kernel_ext._version import __version__
 from kernel_ext.context import (
     ToolCall,
     current_call_id,
@@ -15,7 +34,6 @@ from kernel_ext.context import (
     set_tool_call,
     use_tool_call,
 )
-from kernel_ext.emit import Emitter, LoopbackEmitter, MemoryEmitter, RedisEmitter
 from kernel_ext.errors import (
     BlockTooLargeError,
     ColleagueError,
@@ -23,79 +41,88 @@ from kernel_ext.errors import (
     DecodeError,
     KernelExtError,
 )
-from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
-from kernel_ext.plugin import adisable, disable, enable
-from kernel_ext.processor import ToolSpanProcessor
-from kernel_ext.protocol import Block, Envelope, decode, encode, pseudo_envelope
-from kernel_ext.resolve import Resolution, ResolutionPath, resolve_call_id
-from kernel_ext.stream import (
-    StreamHub,
-    get_default_hub,
-    publish,
-    publish_chat_event,
-    set_default_hub,
-)
-from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
 
 if TYPE_CHECKING:
-    from kernel_ext.relay import ChatRelay, create_app, mount_relay
-
-__version__ = "0.1.0"
-
-# Imported on first use: ``python -m kernel_ext.relay`` must find the module not yet
-# imported (runpy warns, and would run a second copy of it, otherwise).
-_RELAY_NAMES = frozenset({"ChatRelay", "create_app", "mount_relay"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _RELAY_NAMES:
-        from kernel_ext import relay
-
-        return getattr(relay, name)
-    raise AttributeError(f"module 'kernel_ext' has no attribute {name!r}")
-
+    from kernel_ext.instrument import ToolDescription
+    from kernel_ext.plugin import adisable, disable, enable
+    from kernel_ext.stream import publish, publish_chat_event
 
 __all__ = [
-    "Block",
     "BlockTooLargeError",
-    "CallSink",
-    "ChatRelay",
     "ColleagueError",
     "ConfigError",
     "DecodeError",
-    "Emitter",
-    "Envelope",
     "KernelExtError",
-    "LiveCall",
-    "LoopbackEmitter",
-    "MemoryEmitter",
-    "RedisEmitter",
-    "Resolution",
-    "ResolutionPath",
-    "StreamHub",
-    "Tap",
     "ToolCall",
     "ToolDescription",
-    "ToolRuntimeInstrumentor",
-    "ToolSpanProcessor",
     "__version__",
     "adisable",
-    "create_app",
     "current_call_id",
     "current_tool_call",
-    "decode",
-    "default_tap",
     "disable",
     "enable",
-    "encode",
-    "get_default_hub",
-    "mount_relay",
-    "pseudo_envelope",
     "publish",
     "publish_chat_event",
     "reset_tool_call",
-    "resolve_call_id",
-    "set_default_hub",
     "set_tool_call",
     "use_tool_call",
 ]
+
+# Root names imported on first use, by module.
+_LAZY = {
+    "publish": "kernel_ext.stream",
+    "publish_chat_event": "kernel_ext.stream",
+    "enable": "kernel_ext.plugin",
+    "disable": "kernel_ext.plugin",
+    "adisable": "kernel_ext.plugin",
+    "ToolDescription": "kernel_ext.instrument",
+}
+
+# Names the root used to export, and where they live now.
+_MOVED = {
+    "Block": "kernel_ext.protocol",
+    "Envelope": "kernel_ext.protocol",
+    "decode": "kernel_ext.protocol",
+    "encode": "kernel_ext.protocol",
+    "pseudo_envelope": "kernel_ext.protocol",
+    "CallSink": "kernel_ext.tap",
+    "LiveCall": "kernel_ext.tap",
+    "Tap": "kernel_ext.tap",
+    "default_tap": "kernel_ext.tap",
+    "Resolution": "kernel_ext.resolve",
+    "ResolutionPath": "kernel_ext.resolve",
+    "resolve_call_id": "kernel_ext.resolve",
+    "StreamHub": "kernel_ext.stream",
+    "get_default_hub": "kernel_ext.stream",
+    "set_default_hub": "kernel_ext.stream",
+    "Emitter": "kernel_ext.emit",
+    "LoopbackEmitter": "kernel_ext.emit",
+    "RedisEmitter": "kernel_ext.emit",
+    "MemoryEmitter": "kernel_ext.testing",
+    "ChatRelay": "kernel_ext.relay",
+    "create_app": "kernel_ext.relay",
+    "mount_relay": "kernel_ext.relay",
+    "ToolRuntimeInstrumentor": "kernel_ext.instrument",
+    "ToolSpanProcessor": "kernel_ext.processor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+        globals()[name] = value  # the next access is a plain module attribute
+        return value
+    module = _MOVED.get(name)
+    if module is not None:
+        warnings.warn(
+            f"kernel_ext.{name} moved: import it from {module}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module 'kernel_ext' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
