@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 from conftest import RedisServer, serve_asgi
 from relay_helpers import SECRET, barrier, terminals, wait_until
-from reliability_support import RUNS, WatchedBrowser, Worker, browser_on, report, running_relay
+from reliability_support import (
+    DEFAULT_PINGS,
+    RUNS,
+    WatchedBrowser,
+    Worker,
+    browser_on,
+    report,
+    running_relay,
+)
 from test_redis import wait_subscribed
 
 from kernel_ext.emit import RedisEmitter
@@ -123,7 +131,12 @@ async def test_long_answers_reach_the_browser_once_over_redis(redis_server: Redi
         return RedisEmitter(redis_server.url, hub=hub)
 
     cut = 0
-    async with running_relay(redis_server.url) as relay, browser_on(relay.port, "c") as browser:
+    # The browser shares its event loop with the worker, which cuts 5 MB answers: with the
+    # short test pings a late pong would drop it (and what went to the room meanwhile).
+    async with (
+        running_relay(redis_server.url, pings=DEFAULT_PINGS) as relay,
+        browser_on(relay.port, "c") as browser,
+    ):
         await wait_subscribed(redis_server.url, 1)
         async with Worker(emitter=redis_emitter, max_running_per_second=None) as worker:
             for _ in range(RUNS):
