@@ -15,7 +15,7 @@ from kernel_ext.context import (
     set_tool_call,
     use_tool_call,
 )
-from kernel_ext.emit import Emitter, LoopbackEmitter, MemoryEmitter, RedisEmitter
+from kernel_ext.emit import Emitter, LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import (
     BlockTooLargeError,
     ColleagueError,
@@ -36,6 +36,7 @@ from kernel_ext.stream import (
     set_default_hub,
 )
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
+from kernel_ext.testing import MemoryEmitter
 
 if TYPE_CHECKING:
     from kernel_ext.relay import ChatRelay, create_app, mount_relay

@@ -15,11 +15,12 @@ from relay_helpers import SECRET, Browser, barrier, terminals
 
 import kernel_ext
 from kernel_ext import plugin
-from kernel_ext.emit import LoopbackEmitter, MemoryEmitter, RedisEmitter
+from kernel_ext.emit import LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError
 from kernel_ext.relay import allow_all, create_app
 from kernel_ext.stream import get_default_hub, publish
 from kernel_ext.tap import Tap
+from kernel_ext.testing import MemoryEmitter
 
 CONV = "conv-plugin"
 TARGET_ASYNC = f"{__name__}:ask_colleague"

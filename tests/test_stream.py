@@ -12,7 +12,6 @@ import pytest
 
 from kernel_ext import stream as stream_module
 from kernel_ext.context import ToolCall, use_tool_call
-from kernel_ext.emit import MemoryEmitter
 from kernel_ext.protocol import FALLBACK_INVALID, Envelope, decode
 from kernel_ext.stream import (
     ATTR_BLOCKS_DROPPED,
@@ -24,6 +23,7 @@ from kernel_ext.stream import (
     set_default_hub,
 )
 from kernel_ext.tap import LiveCall, Tap
+from kernel_ext.testing import MemoryEmitter
 
 CALL = "00f067aa0ba902b7"
 CALL2 = "00f067aa0ba902b8"
