@@ -21,7 +21,7 @@ the figures as a list of dicts for the runner (``benchmarks/run.py``).
 * **CPU of a flooding peer**: one stream gets ``FLOOD_RATE`` running blocks per second (an
   envelope mapping each, as a peer's adapter would pass them) for ``FLOOD_SECONDS``,
   published from a task on the event loop in 10 ms ticks, through the hub (T4 default:
-  10 running blocks/s) and a :class:`~kernel_ext.emit.MemoryEmitter`; then the terminal.
+  10 running blocks/s) and a :class:`~kernel_ext.testing.MemoryEmitter`; then the terminal.
   Reported: the process's CPU share (CPU seconds / wall seconds, 1.0 = one core) against the
   same pacing loop that builds the same envelopes but does not publish them, the CPU per
   flooded block, the blocks let through and dropped, and whether the terminal still
@@ -43,10 +43,11 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 
 from kernel_ext import ToolDescription, ToolSpanProcessor
-from kernel_ext.emit import Emitter, MemoryEmitter
+from kernel_ext.emit import Emitter
 from kernel_ext.instrument import tool_call_scope
 from kernel_ext.stream import Outgoing, OutgoingBlock, StreamHub, publish, set_default_hub
 from kernel_ext.tap import Tap
+from kernel_ext.testing import MemoryEmitter
 
 CALLS = 100_000
 QUICK_CALLS = 20_000

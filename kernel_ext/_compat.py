@@ -14,6 +14,8 @@ measured reason. They all live here, so a release that renames one shows up in o
   ``AsyncRedisManager._publish`` returns what Redis's ``PUBLISH`` returned (the number of
   subscribers that received the message), which is how a sender or a relay learns that a
   publish failed or reached no web process; python-socketio itself only logs a failure.
+  ``_publish`` receives the pub/sub message as a dict, so an ``emit`` can carry keys of
+  kernel_ext's own (a Redis sender's worker id).
 
 Each probe runs once, here, at import. When a probe fails the code that uses it takes the
 public path (slower) or reports less, and says so: the active path is in :data:`ACTIVE`
@@ -28,7 +30,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 from typing import Any
 
@@ -112,11 +114,19 @@ class PublishResult:
     after each publish, :attr:`last_receivers` is Redis's receiver count, or ``None`` when
     the publish failed (python-socketio only logs that). Where the probe failed
     (:func:`publish_result_supported` is false), it stays ``None``: callers treat every
-    publish as unconfirmed."""
+    publish as unconfirmed.
+
+    :attr:`emit_tags`, when set, are added to every ``emit`` message it publishes (the
+    pub/sub message ``_publish`` receives); python-socketio's managers ignore keys they do
+    not know."""
 
     last_receivers: int | None = None
+    emit_tags: Mapping[str, Any] | None = None
 
     async def _publish(self, data: Any) -> Any:
+        tags = self.emit_tags
+        if tags and isinstance(data, dict) and data.get("method") == "emit":
+            data.update(tags)
         result = await super()._publish(data)  # type: ignore[misc]
         supported = publish_result_supported()
         self.last_receivers = result if supported and isinstance(result, int) else None

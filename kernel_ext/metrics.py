@@ -9,6 +9,10 @@ Instruments (names are stable; they are what operators chart):
   (``context`` | ``near_match`` | ``ambiguous`` | ``none``).
 * ``kernel_ext.tap.evictions`` (counter): live calls evicted from a full tap.
 * ``kernel_ext.relay.frames`` (counter): frames seen by the relay by ``outcome``.
+* ``kernel_ext.sender.events`` (counter): what a sender went through, by ``sender``
+  (``loopback`` | ``redis``) and ``event`` (``connects``, ``disconnects``,
+  ``connect_failures``, ``ack_timeouts``, ``terminal_resends``, ``terminals_degraded``,
+  ``outages``, ``heartbeats`` …): the same counts as the sender's ``counts``.
 
 Record through the helpers below; they never raise.
 """
@@ -17,7 +21,7 @@ from __future__ import annotations
 
 from opentelemetry import metrics
 
-__all__ = ["METER_NAME", "blocks", "evictions", "relay_frames", "resolutions"]
+__all__ = ["METER_NAME", "blocks", "evictions", "relay_frames", "resolutions", "sender_events"]
 
 METER_NAME = "kernel_ext"
 
@@ -36,4 +40,9 @@ evictions = _meter.create_counter(
 )
 relay_frames = _meter.create_counter(
     "kernel_ext.relay.frames", unit="{frame}", description="frames seen by the relay by outcome"
+)
+sender_events = _meter.create_counter(
+    "kernel_ext.sender.events",
+    unit="{event}",
+    description="what the senders went through (disconnects, ack timeouts, re-sends …)",
 )

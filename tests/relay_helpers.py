@@ -11,9 +11,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import socketio
 from conftest import free_port
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
+from kernel_ext import metrics
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import LoopbackEmitter
 from kernel_ext.stream import StreamHub
@@ -189,3 +193,27 @@ async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> No
         if loop.time() > deadline:
             raise TimeoutError("condition not met in time")
         await asyncio.sleep(0.01)  # polling with a deadline
+
+
+def record_sender_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Callable[[], dict[tuple[str, str], int]]:
+    """Point ``kernel_ext.sender.events`` at an SDK meter with an in-memory reader (for this
+    test); returns a reader of its totals by ``(sender, event)``."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter(metrics.METER_NAME)
+    monkeypatch.setattr(metrics, "sender_events", meter.create_counter("kernel_ext.sender.events"))
+
+    def totals() -> dict[tuple[str, str], int]:
+        data = reader.get_metrics_data()
+        found: dict[tuple[str, str], int] = {}
+        for resource in data.resource_metrics if data is not None else []:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    assert metric.name == "kernel_ext.sender.events"
+                    for point in metric.data.data_points:
+                        key = (str(point.attributes["sender"]), str(point.attributes["event"]))
+                        found[key] = int(getattr(point, "value", 0))
+        return found
+
+    return totals

@@ -40,11 +40,11 @@ from kernel_ext.a2a import (
 )
 from kernel_ext.a2a_peer import COUNT_KEY, DELAY_KEY, SCRIPT_KEY, ScriptedPeer, script_of
 from kernel_ext.context import ToolCall, use_tool_call
-from kernel_ext.emit import MemoryEmitter
 from kernel_ext.errors import ColleagueError, ConfigError
 from kernel_ext.protocol import Envelope, decode
 from kernel_ext.stream import StreamHub, set_default_hub
 from kernel_ext.tap import LiveCall, Tap
+from kernel_ext.testing import MemoryEmitter
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 
 import pytest
 import socketio
@@ -57,3 +58,37 @@ async def test_the_publish_result_is_the_receiver_count_of_a_real_redis(
         with contextlib.suppress(asyncio.CancelledError):
             await asyncio.wait_for(task, 10)
     assert manager.last_receivers == 1
+
+
+@pytest.mark.redis
+@pytest.mark.network
+async def test_emit_tags_reach_the_channel_inside_the_emit_message(
+    redis_server: RedisServer,
+) -> None:
+    from redis import asyncio as aioredis
+
+    class Manager(_compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+        pass
+
+    subscriber = aioredis.Redis.from_url(redis_server.url)
+    pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
+    manager = Manager(redis_server.url, write_only=True)
+    manager.emit_tags = {"kx_worker": "w-1"}
+    try:
+        await pubsub.subscribe("socketio")
+        await manager.emit("x", {"a": 1}, namespace="/chat", room="r")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        message = None
+        while message is None:  # the first reads return the (ignored) subscribe reply
+            assert loop.time() < deadline, "nothing was published"
+            message = await pubsub.get_message(timeout=1)
+        published = json.loads(message["data"])
+        assert published["method"] == "emit"
+        assert published["data"] == [{"a": 1}]
+        assert published["kx_worker"] == "w-1"
+        assert manager.last_receivers == 1
+    finally:
+        await pubsub.aclose()
+        await subscriber.aclose()
+        await manager.redis.aclose()

@@ -256,8 +256,8 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
     from kernel_ext.a2a_peer import ScriptedPeer
     from kernel_ext.demo.script import COLLEAGUES
     from kernel_ext.demo.worker import Colleague, DemoAgent
-    from kernel_ext.emit import MemoryEmitter
     from kernel_ext.plugin import adisable, enable
+    from kernel_ext.testing import MemoryEmitter
 
     ports = [free_port() for _ in COLLEAGUES]
     peers = [ScriptedPeer(f"http://127.0.0.1:{p}/", delay=0.05) for p in ports]

@@ -18,6 +18,7 @@ from relay_helpers import (
     count,
     emitter_for,
     in_call,
+    record_sender_events,
     terminals,
     wait_until,
 )
@@ -177,3 +178,20 @@ async def test_a_frozen_web_process_forces_a_reconnect_and_the_terminal_arrives_
             await b.close()
     finally:
         relay.stop()
+
+
+async def test_the_senders_counts_reach_opentelemetry_as_they_happen(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    events = record_sender_events(monkeypatch)
+    hub = StreamHub(tap=Tap())
+    port = free_port()
+    emitter = emitter_for(port, hub)
+    async with emitter:
+        await wait_until(lambda: emitter.counts["connect_failures"] >= 1)  # nothing listens
+        async with relay_in_loop(port):
+            await wait_until(lambda: emitter.healthy)
+        await wait_until(lambda: not emitter.healthy)  # the relay stopped
+    assert emitter.counts["connects"] == emitter.connections >= 1
+    assert emitter.counts["disconnects"] >= 1
+    assert events() == {("loopback", event): n for event, n in emitter.counts.items()}

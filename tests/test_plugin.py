@@ -21,12 +21,13 @@ import kernel_ext
 from kernel_ext import plugin
 from kernel_ext.auto import AutoInstrumentor
 from kernel_ext.context import ToolCall, current_tool_call, use_tool_call
-from kernel_ext.emit import LoopbackEmitter, MemoryEmitter, RedisEmitter
+from kernel_ext.emit import LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError
 from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
 from kernel_ext.relay import allow_all, create_app
 from kernel_ext.stream import get_default_hub, publish
 from kernel_ext.tap import Tap
+from kernel_ext.testing import MemoryEmitter
 
 CONV = "conv-plugin"
 TARGET_ASYNC = f"{__name__}:ask_colleague"

@@ -14,10 +14,12 @@ from relay_helpers import (
     count,
     emitter_for,
     in_call,
+    record_sender_events,
     terminals,
     wait_until,
 )
 
+from kernel_ext import _compat
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.stream import StreamHub
 from kernel_ext.tap import Tap
@@ -134,3 +136,40 @@ async def test_redis_emitter_reports_an_outage_and_delivers_terminals_once_back(
     finally:
         await browser.close()
         web.stop()
+
+
+async def test_the_redis_senders_counts_reach_opentelemetry_as_they_happen(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events = record_sender_events(monkeypatch)
+    hub = StreamHub(tap=Tap())
+    emitter = RedisEmitter(redis_server.url, hub=hub, heartbeat_interval=0.05, retry_interval=0.05)
+    async with emitter:
+        await wait_until(lambda: emitter.counts["heartbeats"] >= 2)
+        with in_call():
+            hub.publish("nobody listens")
+        await wait_until(lambda: emitter.counts["no_listener"] >= 1)
+        redis_server.stop()
+        await wait_until(lambda: not emitter.healthy)
+        redis_server.start()  # same port
+        await wait_until(lambda: emitter.healthy, timeout=15)
+    assert emitter.outages == emitter.counts["outages"] == 1
+    assert events() == {("redis", event): n for event, n in emitter.counts.items()}
+
+
+async def test_without_a_reported_receiver_count_a_publish_that_did_not_fail_is_delivered(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A python-socketio whose publish result kernel_ext cannot read (kernel_ext._compat):
+    Redis is not taken for down on every publish; publishes count as delivered."""
+    monkeypatch.setattr(_compat, "publish_result_supported", lambda: False)
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    emitter = RedisEmitter(redis_server.url, hub=hub)
+    async with emitter:
+        with in_call():
+            hub.publish("step 1")
+            hub.publish("the answer", state="done")
+        await wait_until(lambda: hub.stats()["sent"] == 2)
+        assert emitter.healthy
+        assert emitter._pending() == 0
+    assert emitter.outages == 0

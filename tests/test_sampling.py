@@ -31,7 +31,6 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from reliability_support import RUNS, report
 
 from kernel_ext import (
-    MemoryEmitter,
     StreamHub,
     Tap,
     ToolDescription,
@@ -39,6 +38,7 @@ from kernel_ext import (
     ToolSpanProcessor,
     current_call_id,
 )
+from kernel_ext.testing import MemoryEmitter
 
 CONV = "conv-sampled"
 

@@ -131,10 +131,12 @@ async def test_long_answers_reach_the_browser_once_over_redis(redis_server: Redi
         return RedisEmitter(redis_server.url, hub=hub)
 
     cut = 0
-    # The browser shares this process's loop with the worker, which cuts 5 M-character
-    # answers: python-socketio's default pings, so it is not dropped for a late pong.
-    web = running_relay(redis_server.url, pings=DEFAULT_PINGS)
-    async with web as relay, browser_on(relay.port, "c") as browser:
+    # The browser shares its event loop with the worker, which cuts 5 MB answers: with the
+    # short test pings a late pong would drop it (and what went to the room meanwhile).
+    async with (
+        running_relay(redis_server.url, pings=DEFAULT_PINGS) as relay,
+        browser_on(relay.port, "c") as browser,
+    ):
         await wait_subscribed(redis_server.url, 1)
         async with Worker(emitter=redis_emitter, max_running_per_second=None) as worker:
             for _ in range(RUNS):

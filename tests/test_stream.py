@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from kernel_ext.context import ToolCall, use_tool_call
-from kernel_ext.emit import MemoryEmitter
 from kernel_ext.protocol import FALLBACK_INVALID, Envelope, decode
 from kernel_ext.stream import (
     ATTR_BLOCKS_ADMITTED,
@@ -25,6 +24,7 @@ from kernel_ext.stream import (
 from kernel_ext.stream import hub as hub_module
 from kernel_ext.stream.consumer import build
 from kernel_ext.tap import LiveCall, Tap
+from kernel_ext.testing import MemoryEmitter
 
 CALL = "00f067aa0ba902b7"
 CALL2 = "00f067aa0ba902b8"

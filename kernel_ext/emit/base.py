@@ -1,0 +1,372 @@
+"""The base of every sender: one task that takes from the hub and delivers, one way to count
+and to report health.
+
+Every :class:`Emitter` runs one asyncio task on one event loop and is the hub's only consumer
+while it runs. Guarantees common to all senders:
+
+* Blocks of one stream leave in publish order; a kernel ``chat_event`` leaves before blocks
+  published after it; nothing here ever raises into tool code (the hub is enqueue-only).
+* :meth:`Emitter.stop` flushes within a timeout, then detaches; what it could not send is
+  dropped, counted ``unflushed`` and logged at ERROR when it holds terminals.
+* Counting: :attr:`Emitter.counts` holds what the sender went through, by event name
+  (``disconnects``, ``ack_timeouts``, ``terminal_resends`` …); every increment also goes to
+  the OpenTelemetry counter ``kernel_ext.sender.events`` (attributes ``sender`` and
+  ``event``). Counting never raises.
+* Health: :attr:`Emitter.healthy` says whether the transport is usable right now. Each
+  change calls ``on_health(healthy)`` (an exception there is logged, never raised); a change
+  outside :meth:`Emitter.stop` is also counted (the sender's ``up_event``/``down_event``)
+  and logged in the sender's words.
+
+Blocks that leave are reported with ``hub.record_delivered(n)``; blocks lost after the hub
+let them through with ``hub.record_dropped(reason, n, call_id)``, with the reasons below.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import re
+import uuid
+from collections import Counter
+from collections.abc import Callable, Coroutine
+from typing import Any, ClassVar
+
+from kernel_ext import metrics
+from kernel_ext._backoff import Backoff
+from kernel_ext._telemetry import RareLog
+from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.protocol import NAMESPACE, WORKER_ID_PATTERN
+from kernel_ext.stream import UNFLUSHED, HubConsumer, Outgoing, StreamHub, get_default_hub
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "DISCONNECTED",
+    "NO_LISTENER",
+    "REDIS_DOWN",
+    "REJECTED",
+    "TERMINAL_EXPIRED",
+    "TERMINAL_OVERFLOW",
+    "Emitter",
+    "backoff",
+    "check_worker_id",
+]
+
+logger = logging.getLogger("kernel_ext.emit")
+"""The one logger of the senders (``kernel_ext.emit``)."""
+_rare = RareLog(logger)
+
+DEFAULT_NAMESPACE = NAMESPACE
+
+# Drop reasons counted by the senders (``kernel_ext.blocks`` outcome ``dropped``).
+DISCONNECTED = "disconnected"
+REJECTED = "rejected"
+TERMINAL_EXPIRED = "terminal_expired"
+TERMINAL_OVERFLOW = "terminal_overflow"
+REDIS_DOWN = "redis_down"
+NO_LISTENER = "no_listener"
+
+
+def check_worker_id(given: str | None) -> str:
+    """``given`` (checked against ``protocol.WORKER_ID_PATTERN``), else a random id.
+
+    Deliberately not read from the environment: the id must differ from one process run to
+    the next. A process restarted under its predecessor's id would be taken for the old one
+    reconnecting, and the streams the old one left open would stay open for as long as the
+    new one lives; under a new id it can still end them (the relay hands a stream to whoever
+    sends its next block), and the rest are ended after the grace period.
+
+    Raises:
+        ConfigError: ``given`` is not a valid worker id.
+    """
+    if given is None:
+        return uuid.uuid4().hex
+    if not isinstance(given, str) or re.fullmatch(WORKER_ID_PATTERN, given) is None:
+        raise ConfigError(
+            "worker_id must be 1-128 characters of letters, digits and ._:@- (starting with "
+            f"a letter or digit), got {given!r}"
+        )
+    return given
+
+
+def backoff(**delays: float) -> Backoff:
+    """The :class:`~kernel_ext._backoff.Backoff` between two delays given by their argument
+    names, first and longest (``backoff(reconnect_delay=0.1, reconnect_delay_max=5.0)``).
+
+    Raises:
+        ConfigError: naming the arguments, when they do not make a backoff.
+    """
+    check_positive_numbers(**delays)
+    (first_name, first), (longest_name, longest) = delays.items()
+    try:
+        return Backoff(first, longest)
+    except ConfigError as exc:
+        raise ConfigError(f"{first_name}, {longest_name}: {exc}") from None
+
+
+class Emitter(abc.ABC):
+    """Base of the senders: one task that takes batches from the hub and sends them.
+
+    Args:
+        hub: the hub to consume (default: :func:`~kernel_ext.stream.get_default_hub` at
+            :meth:`attach` time).
+        batch_max: items taken from the hub at once.
+        on_health: called with the new state on every change of :attr:`healthy`.
+
+    Subclasses implement :meth:`_send` (and optionally :meth:`_open`, :meth:`_close`,
+    :meth:`_ready`, :meth:`_pending`, :meth:`_abandon_pending`), name themselves in
+    :attr:`sender`, and report their transport's state with :meth:`_set_healthy`.
+    """
+
+    sender: ClassVar[str] = "emitter"
+    """The ``sender`` attribute of this sender's ``kernel_ext.sender.events``."""
+    up_event: ClassVar[str | None] = None
+    """The event counted when :attr:`healthy` turns true (outside :meth:`stop`)."""
+    down_event: ClassVar[str | None] = None
+    """The event counted when :attr:`healthy` turns false (outside :meth:`stop`)."""
+
+    def __init__(
+        self,
+        *,
+        hub: StreamHub | None = None,
+        batch_max: int = 256,
+        on_health: Callable[[bool], None] | None = None,
+    ) -> None:
+        check_positive_ints(batch_max=batch_max)
+        self._hub = hub
+        self.batch_max = batch_max
+        self._on_health = on_health
+        self.counts: Counter[str] = Counter()
+        """What this sender went through, by event name (module docstring)."""
+        self._healthy = True
+        self._consumer: HubConsumer | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._busy = False
+        self._flushed_at_stop = True  # what the last stop() returned
+        self._starting: asyncio.Task[None] | None = None  # start_soon()'s task
+        self._watcher: asyncio.Task[None] | None = None  # the transport's own task
+        self._wakeup = asyncio.Event()  # cuts the watcher's current pause short
+
+    @property
+    def hub(self) -> StreamHub:
+        """The hub this emitter consumes."""
+        if self._hub is None:
+            self._hub = get_default_hub()
+        return self._hub
+
+    @property
+    def running(self) -> bool:
+        """Whether the send task is running."""
+        return self._task is not None and not self._task.done()
+
+    @property
+    def healthy(self) -> bool:
+        """Whether the transport is usable right now."""
+        return self._healthy
+
+    # -- counting and health (the one mechanism of every sender) -------------------------
+
+    def _count(self, event: str, n: int = 1) -> None:
+        """Count ``n`` of ``event`` in :attr:`counts` and in ``kernel_ext.sender.events``;
+        never raises."""
+        self.counts[event] += n
+        with contextlib.suppress(Exception):  # a broken meter provider must not stop a sender
+            metrics.sender_events.add(n, {"sender": self.sender, "event": event})
+
+    def _set_healthy(self, healthy: bool, why: object = None) -> bool:
+        """Record the transport's state; on a change (``False`` when there was none): count
+        it and log it (:meth:`_health_message`) unless stopping, then call ``on_health``."""
+        if healthy == self._healthy:
+            return False
+        self._healthy = healthy
+        if not self._stopping:
+            event = self.up_event if healthy else self.down_event
+            if event is not None:
+                self._count(event)
+            level, message, args = self._health_message(healthy, why)
+            logger.log(level, message, *args)
+        if self._on_health is not None:
+            try:
+                self._on_health(healthy)
+            except Exception:
+                logger.exception("emitter: on_health callback failed")
+        return True
+
+    def _health_message(self, healthy: bool, why: object) -> tuple[int, str, tuple[object, ...]]:
+        """``(level, message, args)`` logged for a change of :attr:`healthy`."""
+        if healthy:
+            return logging.INFO, "%s emitter: healthy", (self.sender,)
+        return logging.WARNING, "%s emitter: unhealthy (%s)", (self.sender, why)
+
+    # -- the task -------------------------------------------------------------------------
+
+    def attach(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        """Become the hub's consumer on ``loop`` (default: the running loop), so blocks are
+        queued from now on, before :meth:`start` runs. May be called from any thread."""
+        if self._consumer is None or self._consumer.closed:
+            self._loop = loop if loop is not None else asyncio.get_running_loop()
+            self._consumer = self.hub.consumer(self._loop)
+
+    async def start(self) -> None:
+        """Attach (if not yet) and start the send task on the running loop. Idempotent."""
+        if self.running:
+            return
+        self._stopping = False
+        self.attach(asyncio.get_running_loop())
+        await self._open()
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def start_soon(self) -> asyncio.Task[None]:
+        """Attach now and :meth:`start` in a task of the running loop (for sync code running
+        on the loop); :meth:`stop` waits for that start before it flushes."""
+        self.attach(asyncio.get_running_loop())
+        self._starting = asyncio.get_running_loop().create_task(self.start())
+        return self._starting
+
+    async def stop(self, timeout: float = 5.0) -> bool:
+        """Send what is queued (terminals awaiting acknowledgement included) for up to
+        ``timeout`` seconds, then stop the task, detach from the hub and close the
+        transport. Returns whether everything was sent (and acknowledged) in time; what was
+        not is dropped, counted ``unflushed`` and logged at ERROR when it holds terminals —
+        also when this is cancelled (the event loop closing). Idempotent."""
+        flushed = True
+        try:
+            starting, self._starting = self._starting, None
+            if starting is not None and not starting.done():
+                await asyncio.wait_for(asyncio.shield(starting), timeout)
+            if self._task is not None and not self._task.done():
+                flushed = await self.flush(timeout)
+        finally:
+            if self._give_up("stopped") and flushed:
+                flushed = False
+            self._flushed_at_stop = flushed
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                logger.exception("emitter task failed")
+        await self._close()
+        return flushed
+
+    async def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until the hub's queue is empty and nothing awaits an acknowledgement;
+        ``True`` when that happened within ``timeout`` seconds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            consumer = self._consumer
+            queued = consumer.hub.queue_size if consumer is not None else 0
+            if not queued and not self._busy and not self._pending():
+                return True
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.005)  # polling with a deadline
+
+    def _give_up(self, why: str) -> int:
+        """Stop taking from the hub; drop (count ``unflushed``) what is queued and what awaits
+        delivery. Returns how many blocks that was."""
+        self._stopping = True
+        lost = 0
+        consumer = self._consumer
+        if consumer is not None and not consumer.closed:
+            lost += consumer.hub.queue_size
+            consumer.close(UNFLUSHED)  # the hub counts what was queued, logs its terminals
+        pending = self._abandon_pending()
+        if pending:
+            self.hub.record_dropped(UNFLUSHED, pending)
+            logger.error(
+                "emitter %s: %d terminal(s) not confirmed delivered are given up", why, pending
+            )
+        return lost + pending
+
+    async def __aenter__(self) -> Emitter:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _run(self) -> None:
+        consumer = self._consumer
+        assert consumer is not None
+        # Until the transport's first attempt is over, blocks wait in the hub's bounded
+        # queue instead of being dropped as "disconnected".
+        try:
+            await self._ready()
+            while not consumer.closed:
+                items = await consumer.get(self.batch_max)
+                self._busy = True
+                try:
+                    await self._send(items)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    _rare("send_error", "emitter: sending a batch failed", exc_info=True)
+                finally:
+                    self._busy = False
+        except asyncio.CancelledError:
+            if not self._stopping:  # not stop(): the event loop is ending under the sender
+                logger.error(
+                    "emitter: its event loop is closing while it runs; what is queued is "
+                    "lost — await kernel_ext.adisable() (or emitter.stop()) before the loop "
+                    "ends"
+                )
+                self._give_up("cancelled")
+            raise
+
+    # -- for subclasses -------------------------------------------------------------------
+
+    @abc.abstractmethod
+    async def _send(self, items: list[Outgoing]) -> None:
+        """Deliver ``items`` (publish order); ``[]`` means "woken, check your state"."""
+
+    async def _open(self) -> None:
+        """Start the transport (called by :meth:`start`, before the send task)."""
+        return None  # optional hook: nothing to do by default
+
+    async def _close(self) -> None:
+        """Close the transport (called by :meth:`stop`)."""
+        return None  # optional hook: nothing to do by default
+
+    async def _ready(self) -> None:
+        """Return once the transport's first connection attempt is over (either way)."""
+        return None  # optional hook: nothing to do by default
+
+    # -- the transport's own task (a connect loop, a health monitor) ----------------------
+
+    def _start_watcher(self, watch: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``watch()`` as the transport's own task until :meth:`_stop_watcher`."""
+        self._wakeup = asyncio.Event()
+        self._watcher = asyncio.get_running_loop().create_task(watch())
+
+    async def _stop_watcher(self) -> None:
+        """Stop (and wait for) the task of :meth:`_start_watcher`; from now on the sender is
+        stopping."""
+        self._stopping = True
+        self._wakeup.set()
+        task, self._watcher = self._watcher, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait ``seconds``, or less when something sets the wake-up event."""
+        self._wakeup.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wakeup.wait(), seconds)
+
+    def _pending(self) -> int:
+        """Items held back by the transport (e.g. terminals awaiting acknowledgement)."""
+        return 0
+
+    def _abandon_pending(self) -> int:
+        """Forget what :meth:`_pending` counts (at stop); return how many."""
+        return 0

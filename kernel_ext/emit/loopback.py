@@ -1,0 +1,442 @@
+"""The loopback sender: a python-socketio ``AsyncClient`` on the web process's relay.
+
+Reconnection is ours, not python-socketio's: one connect loop
+(``LoopbackEmitter._connect_loop``) waits between attempts by
+:class:`kernel_ext._backoff.Backoff`, and an acknowledgement watchdog forces a reconnect
+when the relay stops answering. The client's own reconnection (python-socketio 5.18,
+``AsyncClient(reconnection=True)``) is off, because it cannot do what a sender needs:
+
+* it starts only when the transport dropped by itself. After our own ``disconnect()`` —
+  how the watchdog leaves a frozen web process — or after the relay closed the namespace
+  it never reconnects, so the watchdog would need a loop of its own anyway;
+* a first attempt the relay refuses (a wrong secret) is not retried even with
+  ``connect(retry=True)``, which retries transport failures only;
+* its attempts wait 1 s for the namespace instead of ``connect_timeout``, and its jitter
+  is ±0.5 s absolute, which swamps a 0.1 s first delay;
+* it swallows failed attempts (a timeout reaches no handler), so ``connect_failures``
+  could not be counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+from kernel_ext.emit.base import (
+    DEFAULT_NAMESPACE,
+    DISCONNECTED,
+    REJECTED,
+    Emitter,
+    _rare,
+    backoff,
+    check_worker_id,
+    logger,
+)
+from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
+from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.protocol import KX_BLOCKS, KX_CHAT_EVENT
+from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
+
+__all__ = ["LoopbackEmitter"]
+
+_LIVED = 1.0
+"""Seconds a connection must last for the next attempt to start over from the first delay."""
+
+Frame = tuple[str, list[OutgoingBlock]] | OutgoingChatEvent
+
+
+class _Inflight(NamedTuple):
+    """A ``kx_blocks`` frame awaiting its acknowledgement."""
+
+    terminals: list[HeldTerminal]
+    sent: float
+    blocks: list[OutgoingBlock]
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+class LoopbackEmitter(Emitter):
+    """Sends blocks to the web process's relay over a python-socketio ``AsyncClient``.
+
+    Connects to ``url`` (e.g. ``http://127.0.0.1:8000``), namespace ``/chat``, with auth
+    ``{"internal": secret, "worker": worker_id}``. ``worker_id`` (default: a random id per
+    emitter; unique per process run) names this sender to the relay, which
+    ends the sender's open streams with ``aborted`` when it stays disconnected longer than
+    the relay's grace period; a sender that reconnects within it resumes. Guarantees:
+
+    * Blocks of one stream are sent in order, batched per room into ``kx_blocks`` frames
+      of at most ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters.
+    * A frame holding a terminal is sent with an acknowledgement request; a terminal is
+      held and re-sent after a reconnect until the relay acknowledges it, at most
+      ``terminal_max_attempts`` times and for ``terminal_max_age`` seconds, at most
+      ``max_pending_terminals`` at once (beyond: dropped, counted, logged at ERROR). No
+      acknowledgement within ``ack_timeout`` seconds (a frozen server) forces a reconnect.
+    * Running blocks are fire-and-forget: while disconnected they are dropped and counted
+      (``disconnected``); nothing is kept (T3).
+    * Reconnects with jittered exponential backoff from ``reconnect_delay`` to
+      ``reconnect_delay_max`` seconds (a connection that lasted under a second counts as a
+      failed attempt). The relay keeps nothing per connection that a new connection (new
+      sid) does not rebuild by authenticating again.
+    * ``chat_event`` snapshots go as ``kx_chat_event`` in publish order with the blocks.
+    * :attr:`healthy` is whether the ``/chat`` namespace is connected right now;
+      ``on_health(connected)`` is called on every change.
+    * :attr:`counts`: ``connects``, ``disconnects``, ``connect_failures``, ``ack_timeouts``,
+      ``acks``, ``nacks``, ``terminal_resends``, ``terminals_degraded``.
+
+    Raises:
+        ConfigError: a bad argument (a ``reconnect_delay_max`` below ``reconnect_delay``
+            among them).
+    """
+
+    sender = "loopback"
+    up_event = "connects"
+    down_event = "disconnects"
+
+    # The keyword parameters are this sender's documented API; alike in shape (not a copy)
+    # of RedisEmitter's and the relay's. HeldTerminals checks the terminal bounds.
+    def __init__(
+        self,
+        url: str,
+        secret: str,
+        *,
+        hub: StreamHub | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        socketio_path: str = "socket.io",
+        transports: list[str] | None = None,
+        batch_max: int = 512,
+        frame_max_blocks: int = 256,
+        frame_max_chars: int = 256 * 1024,
+        ack_timeout: float = 10.0,
+        terminal_max_attempts: int = 10,
+        terminal_max_age: float = 300.0,
+        max_pending_terminals: int = 10_000,
+        reconnect_delay: float = 0.1,
+        reconnect_delay_max: float = 5.0,
+        connect_timeout: float = 5.0,
+        on_health: Callable[[bool], None] | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        super().__init__(hub=hub, batch_max=batch_max, on_health=on_health)
+        if not isinstance(url, str) or not url:
+            raise ConfigError("url must be the relay's http(s) URL")
+        if not isinstance(secret, str) or not secret:
+            raise ConfigError("secret must be a non-empty string")
+        check_positive_ints(frame_max_blocks=frame_max_blocks, frame_max_chars=frame_max_chars)
+        check_positive_numbers(ack_timeout=ack_timeout, connect_timeout=connect_timeout)
+        self.url = url
+        self._secret = secret
+        self.worker_id = check_worker_id(worker_id)
+        self.namespace = namespace
+        self.socketio_path = socketio_path
+        self.transports = transports if transports is not None else ["websocket"]
+        self.frame_max_blocks = frame_max_blocks
+        self.frame_max_chars = frame_max_chars
+        self.ack_timeout = float(ack_timeout)
+        self._backoff = backoff(
+            reconnect_delay=reconnect_delay, reconnect_delay_max=reconnect_delay_max
+        )
+        self.reconnect_delay = self._backoff.initial
+        self.reconnect_delay_max = self._backoff.maximum
+        self.connect_timeout = float(connect_timeout)
+        self._terminals = HeldTerminals(
+            lambda: self.hub,
+            max_pending_terminals=max_pending_terminals,
+            terminal_max_age=terminal_max_age,
+            terminal_max_attempts=terminal_max_attempts,
+        )
+        self._inflight: dict[int, _Inflight] = {}  # by frame id
+        self._frame_ids = 0
+        self._client: Any = None
+        self._healthy = False
+        self._first_attempt = asyncio.Event()
+
+    @property
+    def connections(self) -> int:
+        """How many times a connection was established (1 + reconnects)."""
+        return self.counts["connects"]
+
+    @property
+    def sid(self) -> str | None:
+        """The current connection's namespace sid, if connected."""
+        client = self._client
+        if client is None or not self._healthy:
+            return None
+        sid: str | None = client.get_sid(self.namespace)
+        return sid
+
+    def _pending(self) -> int:
+        return len(self._terminals) + sum(len(f.terminals) for f in self._inflight.values())
+
+    def _abandon_pending(self) -> int:
+        pending = self._pending()
+        self._terminals.abandon()
+        self._inflight = {}
+        return pending
+
+    def _health_message(self, healthy: bool, why: object) -> tuple[int, str, tuple[object, ...]]:
+        if healthy:
+            return logging.INFO, "loopback emitter: connected to %s (sid %s)", (self.url, self.sid)
+        return logging.WARNING, "loopback emitter: disconnected from %s (%s)", (self.url, why)
+
+    # -- the connection -------------------------------------------------------------------
+
+    async def _ready(self) -> None:
+        await self._first_attempt.wait()
+
+    async def _open(self) -> None:
+        import socketio
+
+        self._first_attempt = asyncio.Event()
+        client = socketio.AsyncClient(reconnection=False)  # ours: module docstring
+        client.on("connect", self._on_connect, namespace=self.namespace)
+        client.on("disconnect", self._on_disconnect, namespace=self.namespace)
+        self._client = client
+        self._start_watcher(self._connect_loop)
+
+    async def _close(self) -> None:
+        await self._stop_watcher()
+        client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.disconnect()
+        self._set_healthy(False, "stopped")
+
+    async def _on_connect(self) -> None:
+        self._set_healthy(True)
+        if self._consumer is not None:
+            self._consumer.poke()  # re-send held terminals now
+
+    async def _on_disconnect(self, reason: Any = None) -> None:
+        # Frames without an acknowledgement may or may not have arrived: hold their
+        # terminals again (the relay drops a terminal it emitted already).
+        inflight, self._inflight = self._inflight, {}
+        for frame in inflight.values():
+            for entry in frame.terminals:
+                self._terminals.hold(entry)
+        self._set_healthy(False, reason)
+        self._wakeup.set()
+
+    async def _connect_loop(self) -> None:
+        """The one reconnect loop: attempt, watch the connection while it lives, wait by the
+        backoff, again, until stopped."""
+        backoff = self._backoff
+        backoff.reset()
+        while not self._stopping:
+            try:
+                await self._client.connect(
+                    self.url,
+                    auth={"internal": self._secret, "worker": self.worker_id},
+                    namespaces=[self.namespace],
+                    transports=self.transports,
+                    socketio_path=self.socketio_path,
+                    wait_timeout=self.connect_timeout,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # ConnectionError, OSError, refused auth, …
+                self._count("connect_failures")
+                _rare(
+                    "connect_failed",
+                    "loopback emitter: cannot connect to %s: %s",
+                    self.url,
+                    exc,
+                    level=logging.WARNING,
+                )
+                self._terminals.expire()  # give up spent ones meanwhile
+                self._first_attempt.set()
+                await self._pause(backoff.next())
+                continue
+            self._first_attempt.set()
+            connected_at = _now()
+            await self._watch()
+            # A connection that dropped at once (a relay that keeps closing it) backs off
+            # like a failed attempt; one that lived starts over from the shortest delay.
+            if _now() - connected_at >= _LIVED:
+                backoff.reset()
+            if not self._stopping:
+                await self._pause(backoff.next())
+
+    async def _watch(self) -> None:
+        """While connected: force a reconnect when an acknowledgement is overdue."""
+        step = min(1.0, self.ack_timeout / 4)
+        while self._healthy and not self._stopping:
+            await self._pause(step)
+            if not self._healthy or self._stopping:
+                return
+            if self._inflight:
+                oldest = min(frame.sent for frame in self._inflight.values())
+                if _now() - oldest > self.ack_timeout:
+                    self._count("ack_timeouts")
+                    logger.warning(
+                        "loopback emitter: no acknowledgement from %s within %.1f s; reconnecting",
+                        self.url,
+                        self.ack_timeout,
+                    )
+                    with contextlib.suppress(Exception):
+                        await self._client.disconnect()
+                    if self._healthy:  # the disconnect handler did not run
+                        await self._on_disconnect("ack timeout")
+                    return
+
+    # -- sending --------------------------------------------------------------------------
+
+    def _frames(self, items: list[Outgoing]) -> list[Frame]:
+        frames: list[Frame] = []
+        open_frames: dict[str, tuple[int, list[int]]] = {}
+        for item in items:
+            if isinstance(item, OutgoingChatEvent):
+                open_frames.pop(item.room, None)
+                frames.append(item)
+                continue
+            current = open_frames.get(item.room)
+            if current is not None:
+                index, chars = current
+                blocks = frames[index][1]  # type: ignore[index]
+                if (
+                    len(blocks) < self.frame_max_blocks
+                    and chars[0] + item.size <= self.frame_max_chars
+                ):
+                    blocks.append(item)
+                    chars[0] += item.size
+                    continue
+            open_frames[item.room] = (len(frames), [item.size])
+            frames.append((item.room, [item]))
+        return frames
+
+    async def _send(self, items: list[Outgoing]) -> None:
+        if self._healthy and len(self._terminals):
+            retry = self._terminals.take()
+            if retry:
+                self._count("terminal_resends", len(retry))
+                await self._send_frames(self._frames([h.item for h in retry]), retry)
+        if items:
+            await self._send_frames(self._frames(items), None)
+
+    async def _send_frames(self, frames: list[Frame], retry: list[HeldTerminal] | None) -> None:
+        hub = self.hub
+        held_by_item = {id(h.item): h for h in retry} if retry else {}
+        for frame in frames:
+            if isinstance(frame, OutgoingChatEvent):
+                if not self._healthy:
+                    hub.record_dropped(DISCONNECTED)
+                    continue
+                try:
+                    await self._client.emit(
+                        KX_CHAT_EVENT,
+                        {"room": frame.room, "event": frame.event},
+                        namespace=self.namespace,
+                    )
+                except Exception:
+                    hub.record_dropped(DISCONNECTED)
+                continue
+            room, blocks = frame
+            terminals = [
+                held_by_item.get(id(b)) or self._terminals.new(b) for b in blocks if b.terminal
+            ]
+            if not self._healthy:
+                self._lose(blocks, terminals)
+                continue
+            payload = {"v": 1, "room": room, "blocks": [b.block for b in blocks]}
+            frame_id = 0
+            try:
+                if terminals:
+                    self._frame_ids += 1
+                    frame_id = self._frame_ids
+                    for entry in terminals:
+                        entry.attempts += 1
+                    self._inflight[frame_id] = _Inflight(terminals, _now(), blocks)
+                    await self._client.emit(
+                        KX_BLOCKS,
+                        payload,
+                        namespace=self.namespace,
+                        callback=functools.partial(self._on_ack, frame_id, len(blocks)),
+                    )
+                else:
+                    await self._client.emit(KX_BLOCKS, payload, namespace=self.namespace)
+                    hub.record_delivered(len(blocks))
+            except Exception as exc:
+                _rare("emit_failed", "loopback emitter: emit failed: %s", exc)
+                if terminals and self._inflight.pop(frame_id, None) is None:
+                    terminals = []  # the disconnect handler holds them already
+                self._lose(blocks, terminals)
+
+    def _lose(self, blocks: list[OutgoingBlock], terminals: list[HeldTerminal]) -> None:
+        """Blocks that cannot go now: running ones are dropped, terminals held."""
+        hub = self.hub
+        for block in blocks:
+            if not block.terminal:
+                hub.record_dropped(DISCONNECTED, 1, block.call_id)
+        for entry in terminals:
+            self._terminals.hold(entry)
+
+    def _on_ack(self, frame_id: int, n_blocks: int, ack: Any = None) -> None:
+        """A frame's acknowledgement. Running blocks the relay refused are lost (counted
+        ``rejected``); a refused terminal is never counted delivered: it is degraded one
+        step and sent again, or dropped (counted) when both steps were refused
+        (:meth:`HeldTerminals.refused`). A relay that refuses blocks without saying which
+        has each terminal of the frame sent again (it drops a terminal it emitted already);
+        a busy relay has them all sent again unchanged."""
+        frame = self._inflight.pop(frame_id, None)
+        if frame is None:
+            return
+        held, blocks = frame.terminals, frame.blocks
+        bound: Any = None
+        if isinstance(ack, Mapping) and ack.get("ok") is True:
+            self._count("acks")
+            rejected = ack.get("rejected")
+            if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
+                rejected = 0
+            self.hub.record_delivered(n_blocks - min(rejected, n_blocks))
+            if not rejected:
+                return
+            refused = _refused_indexes(ack.get("refused"), len(blocks))
+            for index in refused:
+                if not blocks[index].terminal:
+                    self.hub.record_dropped(REJECTED, 1, blocks[index].call_id)
+            if len(refused) < rejected:  # the relay did not say which
+                self.hub.record_dropped(REJECTED, rejected - len(refused))
+                again = [(h, "invalid") for h in held]
+            else:
+                position = {id(block): index for index, block in enumerate(blocks)}
+                again = [
+                    (h, refused[position[id(h.item)]])
+                    for h in held
+                    if position.get(id(h.item), -1) in refused
+                ]
+            bound = ack.get("maxBlockBytes")
+        else:
+            self._count("nacks")
+            _rare("nack", "loopback emitter: relay refused a frame: %r", ack)
+            if isinstance(ack, Mapping) and ack.get("error") == "busy":
+                for entry in held:
+                    self._terminals.hold(entry)
+                if held and self._consumer is not None:
+                    self._consumer.poke()
+                return
+            again = [(h, "invalid") for h in held]
+        for entry, reason in again:
+            if self._terminals.refused(entry, reason, bound if isinstance(bound, int) else None):
+                self._count("terminals_degraded")
+        if again and self._consumer is not None:
+            self._consumer.poke()
+
+
+def _refused_indexes(refused: Any, n_blocks: int) -> dict[int, str]:
+    """``{index: reason}`` from an acknowledgement's ``refused`` list (bad entries skipped)."""
+    found: dict[int, str] = {}
+    if not isinstance(refused, list):
+        return found
+    for entry in refused:
+        if not isinstance(entry, Mapping):
+            continue
+        index, reason = entry.get("index"), entry.get("reason")
+        if isinstance(index, int) and not isinstance(index, bool) and 0 <= index < n_blocks:
+            found[index] = reason if isinstance(reason, str) else "invalid"
+    return found

@@ -1,0 +1,348 @@
+"""The Redis sender: python-socketio's write-only ``AsyncRedisManager``, watched.
+
+python-socketio publishes an emit once and only logs a failure. This sender learns each
+publish's result through :class:`kernel_ext._compat.PublishResult` (Redis's receiver count)
+and pings Redis, so an outage is reported and a terminal is held until a web process got
+it. Where the python-socketio in use does not report the count (``_compat`` says so at
+DEBUG, and this sender once at WARNING), a publish that did not raise counts as delivered:
+outages then show through the pings only, and a terminal is not held for web processes
+that do not listen yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from kernel_ext import _compat
+from kernel_ext.emit.base import (
+    DEFAULT_NAMESPACE,
+    NO_LISTENER,
+    REDIS_DOWN,
+    Emitter,
+    backoff,
+    check_worker_id,
+    logger,
+)
+from kernel_ext.emit.terminals import HeldTerminals
+from kernel_ext.errors import ConfigError, check_positive_numbers
+from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
+from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
+
+__all__ = ["RedisEmitter"]
+
+_UNCONFIRMED = -1
+"""A publish's receivers when python-socketio does not report them (taken as delivered)."""
+
+
+@functools.cache
+def _manager_class() -> Any:
+    """python-socketio's ``AsyncRedisManager`` reporting each publish's receivers."""
+    import socketio
+
+    class ReportingRedisManager(_compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+        pass
+
+    return ReportingRedisManager
+
+
+def _safe_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password:
+        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+        return urlunsplit(parts._replace(netloc=netloc))
+    return url
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
+class RedisEmitter(Emitter):
+    """Emits ``tool_event_stream`` into the rooms through Redis with python-socketio's
+    write-only ``AsyncRedisManager``, for web processes that use an ``AsyncRedisManager``
+    on the same ``channel`` (no web process needed on this machine).
+
+    python-socketio only logs a failed publish; this emitter checks every publish and pings
+    Redis every ``health_interval`` seconds, so an outage is reported: :attr:`healthy` turns
+    false (until a ping succeeds again), ``on_health(False)`` is called, an ERROR is logged
+    and blocks are counted ``redis_down``. Guarantees:
+
+    * Running blocks that cannot be published are dropped and counted; nothing is kept.
+    * A terminal is held until a publish reaches at least one web process (Redis reports
+      the receivers; zero means no web process listens yet), retried while Redis is back
+      with jittered exponential backoff from ``retry_interval`` to ``retry_interval_max``
+      seconds, at most ``terminal_max_attempts`` times, for ``terminal_max_age`` seconds,
+      at most ``max_pending_terminals`` at once (beyond: dropped, counted, logged at ERROR).
+      While Redis is down it is pinged every ``retry_interval`` seconds.
+    * ``chat_event`` snapshots are emitted as ``chat_event`` in order with the blocks.
+    * Liveness (``heartbeat_interval`` seconds, ``None`` disables): each emit carries
+      ``worker_id`` (default: a random id per emitter; unique per process run) and a
+      heartbeat ``{"method": "kx_worker_heartbeat", "worker", "interval", "host_id"}`` is
+      published on the channel that often while Redis answers, so web processes whose
+      manager is :class:`~kernel_ext.relay.RelayRedisManager` end this worker's open
+      streams with ``aborted`` when it falls silent for longer than their grace period.
+      python-socketio's own managers ignore both. Keep the interval at most a third of the
+      web processes' grace.
+    * :attr:`counts`: ``outages`` (also :attr:`outages`), ``heartbeats``, ``no_listener``,
+      ``terminal_resends``.
+
+    Raises:
+        ConfigError: a bad argument (a ``retry_interval_max`` below ``retry_interval``
+            among them).
+    """
+
+    sender = "redis"
+    down_event = "outages"
+
+    # The keyword parameters are this sender's documented API; alike in shape (not a copy)
+    # of LoopbackEmitter's and the relay's. HeldTerminals checks the terminal bounds.
+    def __init__(
+        self,
+        url: str,
+        *,
+        hub: StreamHub | None = None,
+        channel: str = "socketio",
+        namespace: str = DEFAULT_NAMESPACE,
+        batch_max: int = 256,
+        health_interval: float = 5.0,
+        retry_interval: float = 0.25,
+        retry_interval_max: float = 5.0,
+        terminal_max_age: float = 300.0,
+        terminal_max_attempts: int = 1_000,
+        max_pending_terminals: int = 10_000,
+        socket_timeout: float = 2.0,
+        on_health: Callable[[bool], None] | None = None,
+        redis_options: Mapping[str, Any] | None = None,
+        worker_id: str | None = None,
+        heartbeat_interval: float | None = 5.0,
+    ) -> None:
+        super().__init__(hub=hub, batch_max=batch_max, on_health=on_health)
+        if not isinstance(url, str) or not url:
+            raise ConfigError("url must be a redis:// URL")
+        if heartbeat_interval is not None:
+            check_positive_numbers(heartbeat_interval=heartbeat_interval)
+        check_positive_numbers(health_interval=health_interval, socket_timeout=socket_timeout)
+        self.url = url
+        self.channel = channel
+        self.namespace = namespace
+        self.worker_id = check_worker_id(worker_id)
+        self.heartbeat_interval = None if heartbeat_interval is None else float(heartbeat_interval)
+        self._next_heartbeat = 0.0
+        self.health_interval = float(health_interval)
+        self._backoff = backoff(
+            retry_interval=retry_interval, retry_interval_max=retry_interval_max
+        )
+        self.retry_interval = self._backoff.initial
+        self.retry_interval_max = self._backoff.maximum
+        self._options = {
+            "socket_connect_timeout": socket_timeout,
+            "socket_timeout": socket_timeout,
+            **(redis_options or {}),
+        }
+        self._terminals = HeldTerminals(
+            lambda: self.hub,
+            max_pending_terminals=max_pending_terminals,
+            terminal_max_age=terminal_max_age,
+            terminal_max_attempts=terminal_max_attempts,
+        )
+        self._manager: Any = None
+        self._ping_client: Any = None
+        self._first_ping = asyncio.Event()
+        self._retry_at = 0.0
+
+    @property
+    def outages(self) -> int:
+        """How many times Redis was found unreachable."""
+        return self.counts["outages"]
+
+    def _pending(self) -> int:
+        return len(self._terminals)
+
+    def _abandon_pending(self) -> int:
+        return self._terminals.abandon()
+
+    def _health_message(self, healthy: bool, why: object) -> tuple[int, str, tuple[object, ...]]:
+        url = _safe_url(self.url)
+        if healthy:
+            return logging.WARNING, "redis emitter: Redis at %s is reachable again", (url,)
+        return (
+            logging.ERROR,
+            "redis emitter: Redis at %s is unreachable (%s); running blocks are dropped and "
+            "terminals held until it is back",
+            (url, why),
+        )
+
+    async def _open(self) -> None:
+        from redis import asyncio as aioredis
+
+        self._manager = _manager_class()(
+            self.url,
+            channel=self.channel,
+            write_only=True,
+            logger=logging.getLogger("kernel_ext.emit.redis"),
+            redis_options=dict(self._options),
+        )
+        if self.heartbeat_interval is not None:
+            self._manager.emit_tags = {WORKER_TAG: self.worker_id}
+        if not _compat.publish_result_supported():
+            logger.warning(
+                "redis emitter: this python-socketio does not report a publish's receivers; "
+                "publishes are taken as delivered (outages show through pings only)"
+            )
+        self._next_heartbeat = 0.0
+        self._ping_client = aioredis.Redis.from_url(self.url, **self._options)
+        self._first_ping = asyncio.Event()
+        self._start_watcher(self._watch)
+
+    async def _ready(self) -> None:
+        await self._first_ping.wait()
+
+    async def _close(self) -> None:
+        await self._stop_watcher()
+        for client in (self._ping_client, getattr(self._manager, "redis", None)):
+            if client is not None:
+                close = getattr(client, "aclose", None) or client.close  # redis < 5.0.1
+                with contextlib.suppress(Exception):
+                    await close()
+        self._ping_client = None
+        self._manager = None
+
+    async def _ping(self) -> bool:
+        try:
+            await self._ping_client.ping()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._set_healthy(False, f"ping failed: {exc}")
+            return False
+        self._set_healthy(True)
+        return True
+
+    async def _heartbeat(self) -> None:
+        """Publish the liveness heartbeat if it is due (on the ping client: the manager's
+        connection reports each emit's receivers)."""
+        if self.heartbeat_interval is None or not self._healthy or _now() < self._next_heartbeat:
+            return
+        self._next_heartbeat = _now() + self.heartbeat_interval
+        message = {
+            "method": WORKER_HEARTBEAT,
+            "worker": self.worker_id,
+            "interval": self.heartbeat_interval,
+            "host_id": self._manager.host_id,
+        }
+        try:
+            await self._ping_client.publish(self.channel, json.dumps(message))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._set_healthy(False, f"heartbeat failed: {exc}")
+            return
+        self._count("heartbeats")
+
+    async def _watch(self) -> None:
+        try:
+            await self._ping()
+            await self._heartbeat()
+        finally:
+            self._first_ping.set()
+        while not self._stopping:
+            if self._healthy and not len(self._terminals):
+                interval = self.health_interval
+            elif len(self._terminals):
+                interval = max(0.01, self._retry_at - _now())
+            else:
+                interval = self.retry_interval
+            if self.heartbeat_interval is not None and self._healthy:
+                interval = max(0.01, min(interval, self._next_heartbeat - _now()))
+            await self._pause(interval)
+            if self._stopping:
+                return
+            await self._ping()
+            await self._heartbeat()
+            if self._healthy and len(self._terminals) and self._consumer is not None:
+                self._consumer.poke()
+
+    async def _publish(self, event: str, data: Any, room: str) -> int | None:
+        """Emit one event; the receiver count (``_UNCONFIRMED`` when python-socketio does not
+        report it), or ``None`` when Redis failed."""
+        manager = self._manager
+        manager.last_receivers = None
+        try:
+            await manager.emit(event, data, namespace=self.namespace, room=room)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._set_healthy(False, f"publish failed: {exc}")
+            return None
+        receivers: int | None = manager.last_receivers
+        if receivers is None:
+            if not _compat.publish_result_supported():
+                return _UNCONFIRMED
+            self._set_healthy(False, "publish failed (see the socketio log)")
+            self._wakeup.set()
+        return receivers
+
+    async def _send(self, items: list[Outgoing]) -> None:
+        hub = self.hub
+        if self._healthy and len(self._terminals) and _now() >= self._retry_at:
+            await self._retry_terminals()
+        for item in items:
+            if isinstance(item, OutgoingChatEvent):
+                if (
+                    not self._healthy
+                    or await self._publish(CHAT_EVENT, item.event, item.room) is None
+                ):
+                    hub.record_dropped(REDIS_DOWN)
+                continue
+            if not self._healthy:
+                self._drop_or_hold(item, REDIS_DOWN)
+                continue
+            receivers = await self._publish(TOOL_EVENT_STREAM, item.block, item.room)
+            if receivers is None:
+                self._drop_or_hold(item, REDIS_DOWN)
+            elif receivers == 0:
+                self._count("no_listener")
+                self._drop_or_hold(item, NO_LISTENER)
+            else:
+                hub.record_delivered()
+
+    def _drop_or_hold(self, item: OutgoingBlock, reason: str) -> None:
+        if item.terminal:
+            self._terminals.hold(self._terminals.new(item, attempts=1))
+            self._schedule_retry()
+        else:
+            self.hub.record_dropped(reason, 1, item.call_id)
+
+    def _schedule_retry(self) -> None:
+        self._retry_at = _now() + self._backoff.next()
+        self._wakeup.set()
+
+    async def _retry_terminals(self) -> None:
+        entries = self._terminals.take()
+        delivered = 0
+        for i, entry in enumerate(entries):
+            entry.attempts += 1
+            receivers = await self._publish(TOOL_EVENT_STREAM, entry.item.block, entry.item.room)
+            if receivers:
+                delivered += 1
+                self.hub.record_delivered()
+                continue
+            self._terminals.hold(entry)
+            if receivers is None:  # Redis is down again: keep the rest as they are
+                for rest in entries[i + 1 :]:
+                    self._terminals.hold(rest)
+                break
+        if delivered:
+            self._count("terminal_resends", delivered)
+        if len(self._terminals):
+            self._schedule_retry()
+        else:
+            self._backoff.reset()
