@@ -7,8 +7,8 @@ Each contender runs one tool call that emits a burst of ``EVENTS`` events, each 
 same 64-character string, and a consumer drains every event into a no-op counting sink:
 
 * **kernel_ext**: the tool runs on the event loop inside a real ``execute_tool`` span
-  (:func:`kernel_ext.instrument.tool_call_scope`, with :class:`~kernel_ext.ToolSpanProcessor`
-  feeding a tap and the hub), calls :func:`kernel_ext.stream.publish` for each event and
+  (:func:`kernel_ext.instrument.tool_call_scope`, with
+  :class:`~kernel_ext.processor.ToolSpanProcessor` feeding a tap and the hub), calls :func:`kernel_ext.stream.publish` for each event and
   then publishes the terminal; a sender (an :class:`~kernel_ext.emit.Emitter` whose ``_send``
   only counts the built wire blocks, i.e. the point where a real emitter would hand them to
   Socket.IO) drains the hub on the same loop. The T4 throttle is switched off
@@ -64,9 +64,10 @@ from typing import Any
 
 from opentelemetry.sdk.trace import TracerProvider
 
-from kernel_ext import ToolDescription, ToolSpanProcessor
+from kernel_ext import ToolDescription
 from kernel_ext.emit import Emitter
 from kernel_ext.instrument import tool_call_scope
+from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.stream import Outgoing, OutgoingBlock, StreamHub, publish, set_default_hub
 from kernel_ext.tap import Tap
 

@@ -73,9 +73,9 @@ class ToolSpanProcessor(SpanProcessor):
     """Turns live tool spans into tap entries and stream-layer notifications.
 
     Args:
-        tap: where live calls are kept (default: :func:`kernel_ext.default_tap`); readable
+        tap: where live calls are kept (default: :func:`kernel_ext.tap.default_tap`); readable
             as :attr:`tap`.
-        sink: the stream layer (a :class:`kernel_ext.CallSink`), or ``None``; the
+        sink: the stream layer (a :class:`kernel_ext.tap.CallSink`), or ``None``; the
             :attr:`sink` attribute may be set later (the plugin attaches the stream hub
             after construction).
 

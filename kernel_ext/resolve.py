@@ -87,7 +87,7 @@ def attribute(
 
     The active tool call of this context wins (path ``context``; ``call`` is it, and the
     conversation is its own when it has one). Otherwise the ``tap`` (default:
-    :func:`kernel_ext.default_tap`) gives the one live call named ``tool_name`` in
+    :func:`kernel_ext.tap.default_tap`) gives the one live call named ``tool_name`` in
     ``conversation_id`` (``near_match``), or no id (``ambiguous``: more than one, or one
     evicted while live; ``none``: no candidate). Counted per path; never raises. A plain
     tuple: ``publish`` calls this per block (:func:`resolve_call_id` is the readable form).

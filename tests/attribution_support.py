@@ -16,18 +16,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.util.types import AttributeValue
 
-from kernel_ext import (
-    LiveCall,
-    Tap,
-    ToolCall,
-    ToolDescription,
-    ToolSpanProcessor,
-    current_tool_call,
-)
+from kernel_ext import ToolCall, ToolDescription, current_tool_call
+from kernel_ext.processor import ToolSpanProcessor
+from kernel_ext.tap import LiveCall, Tap
 
 
 class RecordingSink:
-    """Test double of :class:`kernel_ext.CallSink`: records every notification."""
+    """Test double of :class:`kernel_ext.tap.CallSink`: records every notification."""
 
     def __init__(self, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         self.started: list[tuple[LiveCall, LiveCall]] = []

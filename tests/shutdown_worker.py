@@ -78,7 +78,7 @@ async def async_main(mode: str, url: str, conversation: str, call_id: str) -> No
         HUBS.append(hub)
 
 
-HUBS: list[kernel_ext.StreamHub] = []
+HUBS: list[kernel_ext.stream.StreamHub] = []
 
 
 def report_at_exit() -> None:

@@ -28,12 +28,11 @@ from kernel_ext import (
     ConfigError,
     ToolCall,
     ToolDescription,
-    ToolRuntimeInstrumentor,
     current_call_id,
     current_tool_call,
     use_tool_call,
 )
-from kernel_ext.instrument import ToolTarget, tool_call_scope
+from kernel_ext.instrument import ToolRuntimeInstrumentor, ToolTarget, tool_call_scope
 
 _names = itertools.count()
 LOGGER = "kernel_ext.instrument"

@@ -13,7 +13,9 @@ from attribution_support import RecordingSink, Tracing, hex_id, make_tracing
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode
 
-from kernel_ext import LiveCall, Tap, ToolCall, ToolSpanProcessor, default_tap, use_tool_call
+from kernel_ext import ToolCall, use_tool_call
+from kernel_ext.processor import ToolSpanProcessor
+from kernel_ext.tap import LiveCall, Tap, default_tap
 
 TOOL = {
     "gen_ai.operation.name": "execute_tool",

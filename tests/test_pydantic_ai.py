@@ -17,14 +17,9 @@ from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCall
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 
-from kernel_ext import (
-    Resolution,
-    ResolutionPath,
-    ToolCall,
-    current_tool_call,
-    resolve_call_id,
-)
+from kernel_ext import ToolCall, current_tool_call
 from kernel_ext.integrations.pydantic_ai import KernelExtCapability
+from kernel_ext.resolve import Resolution, ResolutionPath, resolve_call_id
 
 
 @pytest.fixture

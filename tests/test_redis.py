@@ -169,7 +169,7 @@ async def test_without_a_reported_receiver_count_a_publish_that_did_not_fail_is_
         with in_call():
             hub.publish("step 1")
             hub.publish("the answer", state="done")
-        await wait_until(lambda: hub.stats()["sent"] == 2)
+        await wait_until(lambda: hub.stats()["delivered"] == 2)
         assert emitter.healthy
         assert emitter._pending() == 0
     assert emitter.outages == 0

@@ -22,18 +22,11 @@ from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from kernel_ext import (
-    LiveCall,
-    Resolution,
-    ResolutionPath,
-    Tap,
-    ToolCall,
-    ToolRuntimeInstrumentor,
-    current_call_id,
-    resolve_call_id,
-    use_tool_call,
-)
+from kernel_ext import ToolCall, current_call_id, use_tool_call
 from kernel_ext._telemetry import BatchedCount
+from kernel_ext.instrument import ToolRuntimeInstrumentor
+from kernel_ext.resolve import Resolution, ResolutionPath, resolve_call_id
+from kernel_ext.tap import LiveCall, Tap
 
 _names = itertools.count()
 

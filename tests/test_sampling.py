@@ -30,14 +30,11 @@ from opentelemetry.sdk.trace.sampling import (
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from reliability_support import RUNS, report
 
-from kernel_ext import (
-    StreamHub,
-    Tap,
-    ToolDescription,
-    ToolRuntimeInstrumentor,
-    ToolSpanProcessor,
-    current_call_id,
-)
+from kernel_ext import ToolDescription, current_call_id
+from kernel_ext.instrument import ToolRuntimeInstrumentor
+from kernel_ext.processor import ToolSpanProcessor
+from kernel_ext.stream import StreamHub
+from kernel_ext.tap import Tap
 from kernel_ext.testing import MemoryEmitter
 
 CONV = "conv-sampled"

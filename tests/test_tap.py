@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from kernel_ext import ConfigError, LiveCall, Tap, default_tap
+from kernel_ext import ConfigError
+from kernel_ext.tap import LiveCall, Tap, default_tap
 
 
 def call(n: int, name: str = "ask_colleague", conversation: str | None = "conv-1") -> LiveCall:

@@ -6,7 +6,7 @@ each colleague's work, live, into that tool call's detail pane.
   names (:func:`kernel_ext.demo.script.colleagues_for`), all in one model response, so
   pydantic-ai runs those calls concurrently; then it answers from what they returned.
 * Instrumentation: :func:`kernel_ext.enable` wires the stream hub, a
-  :class:`~kernel_ext.ToolSpanProcessor` on a private ``TracerProvider`` and the loopback
+  :class:`~kernel_ext.processor.ToolSpanProcessor` on a private ``TracerProvider`` and the loopback
   emitter; pydantic-ai's own ``Instrumentation`` capability opens each tool call's
   ``execute_tool`` span on that provider;
   :class:`~kernel_ext.integrations.pydantic_ai.KernelExtCapability` sets the active tool
@@ -248,7 +248,7 @@ class DemoAgent:
     Args:
         colleagues: who can be asked, by key.
         tracer_provider: where tool spans go; it must carry a
-            :class:`~kernel_ext.ToolSpanProcessor` for the tap (:func:`kernel_ext.enable`
+            :class:`~kernel_ext.processor.ToolSpanProcessor` for the tap (:func:`kernel_ext.enable`
             adds one).
         hub: the stream hub (default: the process-wide one).
         timeout: the overall deadline of one colleague's answer, in seconds.

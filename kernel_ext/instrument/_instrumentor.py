@@ -66,7 +66,7 @@ class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     after us, our wrapper stays in place but passes calls through untouched. Inside
     OpenTelemetry's ``suppress_instrumentation()`` wrapped calls run untouched too.
 
-    :attr:`sink` (a :class:`~kernel_ext.CallSink`, or ``None``) may be set at any time;
+    :attr:`sink` (a :class:`~kernel_ext.tap.CallSink`, or ``None``) may be set at any time;
     each call's end is reported to the sink set when the call ends, and its
     ``call_attributes(call_id)`` are written on the call's span before the call returns.
     """

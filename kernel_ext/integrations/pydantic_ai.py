@@ -53,8 +53,8 @@ class KernelExtCapability(AbstractCapability[Any]):
 
     Args:
         sink: where ``call_attributes`` come from; ``None`` uses the sink attached to
-            :class:`kernel_ext.ToolRuntimeInstrumentor` (the plugin attaches the stream hub
-            there), read at each call.
+            :class:`kernel_ext.instrument.ToolRuntimeInstrumentor` (the plugin attaches the
+            stream hub there), read at each call.
         tracer_provider: for the span started when pydantic-ai's instrumentation is off
             (default: the global provider).
     """
