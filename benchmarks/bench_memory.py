@@ -7,8 +7,8 @@ the figures as a list of dicts for the runner (``benchmarks/run.py``).
   growth). One call is the whole worker-side path: a real ``execute_tool`` span
   (:func:`kernel_ext.instrument.tool_call_scope` on an SDK ``TracerProvider`` whose only
   processor is :class:`~kernel_ext.processor.ToolSpanProcessor`, feeding a
-  :class:`~kernel_ext.tap.Tap` and the :class:`~kernel_ext.stream.StreamHub`), inside it three running blocks and the
-  ``done`` terminal through :func:`kernel_ext.stream.publish`, each call in a conversation
+  :class:`~kernel_ext.tap.Tap` and the :class:`~kernel_ext.stream.StreamHub`), inside it three
+  running blocks and the ``done`` terminal through :func:`kernel_ext.stream.publish`, each call in a conversation
   of its own, with the default T4 throttle; a sender on the same event loop drains the hub
   (every 256 calls the loop waits until it has caught up) into a no-op counting sink. After
   a warm-up of ``WARMUP`` calls (which fills the bounded memories: the closed-stream marks,
