@@ -7,17 +7,17 @@ the figures as a list of dicts for the runner (``benchmarks/run.py``).
   growth). One call is the whole worker-side path: a real ``execute_tool`` span
   (:func:`kernel_ext.instrument.tool_call_scope` on an SDK ``TracerProvider`` whose only
   processor is :class:`~kernel_ext.processor.ToolSpanProcessor`, feeding a
-  :class:`~kernel_ext.tap.Tap` and the :class:`~kernel_ext.stream.StreamHub`), inside it three
-  running blocks and the ``done`` terminal through :func:`kernel_ext.stream.publish`, each call in a conversation
-  of its own, with the default T4 throttle; a sender on the same event loop drains the hub
-  (every 256 calls the loop waits until it has caught up) into a no-op counting sink. After
-  a warm-up of ``WARMUP`` calls (which fills the bounded memories: the closed-stream marks,
-  the processor's ended-span ids) and a full garbage collection, memory is read; then the
-  calls run; after draining and collecting it is read again. Two passes of the same calls:
-  one reading the resident set size (``/proc/self/statm``) without tracing, one with
-  ``tracemalloc`` (started before the warm-up, so replaced bounded state counts as freed;
-  the difference of its traced size is what the calls left allocated). The hub's and tap's
-  sizes after the run are shown too.
+  :class:`~kernel_ext.tap.Tap` and the :class:`~kernel_ext.stream.StreamHub`), inside it
+  three running blocks and the ``done`` terminal through :func:`kernel_ext.stream.publish`,
+  each call in a conversation of its own, with the default T4 throttle; a sender on the same
+  event loop drains the hub (every 256 calls the loop waits until it has caught up) into a
+  no-op counting sink. After a warm-up of ``WARMUP`` calls (which fills the bounded
+  memories: the closed-stream marks, the processor's ended-span ids) and a full garbage
+  collection, memory is read; then the calls run; after draining and collecting it is read
+  again. Two passes of the same calls: one reading the resident set size
+  (``/proc/self/statm``) without tracing, one with ``tracemalloc`` (started before the
+  warm-up, so replaced bounded state counts as freed; the difference of its traced size is
+  what the calls left allocated). The hub's and tap's sizes after the run are shown too.
 * **CPU of a flooding peer**: one stream gets ``FLOOD_RATE`` running blocks per second (an
   envelope mapping each, as a peer's adapter would pass them) for ``FLOOD_SECONDS``,
   published from a task on the event loop in 10 ms ticks, through the hub (T4 default:

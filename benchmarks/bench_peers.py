@@ -9,11 +9,11 @@ same 64-character string, and a consumer drains every event into a no-op countin
 * **kernel_ext**: the tool runs on the event loop inside a real ``execute_tool`` span
   (:func:`kernel_ext.instrument.tool_call_scope`, with
   :class:`~kernel_ext.processor.ToolSpanProcessor` feeding a tap and the hub), calls
-  :func:`kernel_ext.stream.publish` for each event and then publishes the terminal; a sender (an :class:`~kernel_ext.emit.Emitter` whose ``_send``
-  only counts the built wire blocks, i.e. the point where a real emitter would hand them to
-  Socket.IO) drains the hub on the same loop. The T4 throttle is switched off
-  (``max_running_per_second=None``) and the queue bound is above the burst, so nothing is
-  dropped; the run checks that every block arrived.
+  :func:`kernel_ext.stream.publish` for each event and then publishes the terminal; a sender
+  (an :class:`~kernel_ext.emit.Emitter` whose ``_send`` only counts the built wire blocks,
+  i.e. the point where a real emitter would hand them to Socket.IO) drains the hub on the
+  same loop. The T4 throttle is switched off (``max_running_per_second=None``) and the queue
+  bound is above the burst, so nothing is dropped; the run checks that every block arrived.
 * **LangGraph, tools mode**: a one-node graph (``ToolNode``) whose tool calls
   ``ToolRuntime.emit_output_delta`` per event (the method exists in the installed
   langgraph), consumed with ``stream_mode="tools"``.
