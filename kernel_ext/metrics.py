@@ -2,9 +2,10 @@
 
 Instruments (names are stable; they are what operators chart):
 
-* ``kernel_ext.blocks`` (counter): blocks by ``outcome`` (``sent`` | ``dropped``) and
-  ``reason`` (``throttled``, ``closed``, ``duplicate_terminal``, ``unattributed``,
-  ``no_sender``, ``disconnected``, ``invalid``, ``too_large``, ``queue_full`` …).
+* ``kernel_ext.blocks`` (counter): blocks by ``outcome`` (``admitted`` | ``delivered`` |
+  ``dropped`` | ``degraded``, :mod:`kernel_ext.stream.counts`) and, for drops, ``reason``
+  (``throttled``, ``closed``, ``duplicate_terminal``, ``unattributed``, ``no_sender``,
+  ``disconnected``, ``invalid``, ``too_large``, ``queue_full`` …).
 * ``kernel_ext.resolutions`` (counter): callId resolutions by ``path``
   (``context`` | ``near_match`` | ``ambiguous`` | ``none``).
 * ``kernel_ext.tap.evictions`` (counter): live calls evicted from a full tap.
@@ -14,7 +15,8 @@ Instruments (names are stable; they are what operators chart):
   ``connect_failures``, ``ack_timeouts``, ``terminal_resends``, ``terminals_degraded``,
   ``outages``, ``heartbeats`` …): the same counts as the sender's ``counts``.
 
-Record through the helpers below; they never raise.
+The instruments are module attributes; callers add to them where a failure cannot reach
+tool code (the OpenTelemetry API's ``add`` does not raise).
 """
 
 from __future__ import annotations
