@@ -49,7 +49,7 @@ from opentelemetry.trace import SpanContext, StatusCode
 
 from kernel_ext import _compat, resolve
 from kernel_ext._telemetry import RareLog, slot_constructor
-from kernel_ext.context import _CURRENT_CALL
+from kernel_ext.context import _CURRENT_CALL, span_id_hex
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
 
 if TYPE_CHECKING:
@@ -128,7 +128,7 @@ class ToolSpanProcessor(SpanProcessor):
             call_id: str | None = None
             if span_id.__class__ is int and span_id:
                 try:
-                    call_id = span_id.to_bytes(8, "big").hex()
+                    call_id = span_id.to_bytes(8, "big").hex()  # span_id_hex, inline
                 except OverflowError:  # negative, or beyond 64 bits
                     call_id = None
             if call_id is None:
@@ -213,7 +213,7 @@ class ToolSpanProcessor(SpanProcessor):
             call: LiveCall | None = None
             if span_id.__class__ is int and span_id:
                 try:
-                    call = self.tap.discard(span_id.to_bytes(8, "big").hex())
+                    call = self.tap.discard(span_id.to_bytes(8, "big").hex())  # as on_start
                 except OverflowError:  # negative, or beyond 64 bits
                     call = None
             if call is None:
@@ -352,7 +352,7 @@ def _hex_span_id(span_id: object) -> str | None:
     """A valid span id (an int in 1 .. 2**64 - 1) as 16 lower-case hex digits, else
     ``None``."""
     if isinstance(span_id, int) and 0 < span_id <= _MAX_SPAN_ID:
-        return int(span_id).to_bytes(8, "big").hex()
+        return span_id_hex(int(span_id))
     return None
 
 
