@@ -18,7 +18,15 @@ from typing import Any
 import pytest
 from conftest import RedisServer, serve_asgi
 from relay_helpers import SECRET, barrier, terminals, wait_until
-from reliability_support import RUNS, WatchedBrowser, Worker, browser_on, report, running_relay
+from reliability_support import (
+    DEFAULT_PINGS,
+    RUNS,
+    WatchedBrowser,
+    Worker,
+    browser_on,
+    report,
+    running_relay,
+)
 from test_redis import wait_subscribed
 
 from kernel_ext.emit import RedisEmitter
@@ -123,7 +131,11 @@ async def test_long_answers_reach_the_browser_once_over_redis(redis_server: Redi
         return RedisEmitter(redis_server.url, hub=hub)
 
     cut = 0
-    async with running_relay(redis_server.url) as relay, browser_on(relay.port, "c") as browser:
+    # python-socketio's own pings: the browser shares its event loop with a worker that cuts
+    # 5-million-character answers, and a pong late by half a second (the reliability
+    # relay's short pings) would drop it and, on this path, what was emitted meanwhile.
+    relay_process = running_relay(redis_server.url, pings=DEFAULT_PINGS)
+    async with relay_process as relay, browser_on(relay.port, "c") as browser:
         await wait_subscribed(redis_server.url, 1)
         async with Worker(emitter=redis_emitter, max_running_per_second=None) as worker:
             for _ in range(RUNS):
