@@ -74,11 +74,6 @@ __all__ = ["Enabled", "adisable", "disable", "enable", "enabled"]
 
 logger = logging.getLogger(__name__)
 
-# Kept for kernel_ext.relay's command line, which names them, until it reads
-# kernel_ext.settings itself; the names are settings.env_name's.
-ENV_SECRET = env_name("secret")
-ENV_REDIS_URL = env_name("redis_url")
-
 _START_TIMEOUT = 10.0
 
 

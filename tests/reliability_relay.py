@@ -45,8 +45,8 @@ def sizes(relay: ChatRelay, sio: Any) -> dict[str, Any]:
     rooms = manager.rooms.get(relay.namespace, {})
     return {
         "counts": relay.stats(),
-        "held_terminals": len(relay._held),
-        "remembered_terminals": len(relay._terminals),
+        "held_terminals": relay.terminals.held,
+        "remembered_terminals": relay.terminals.remembered,
         "queued_frames": sum(conn.queue.qsize() for conn in relay._internal.values()),
         "rooms": len(rooms),
         "namespace_entries": sum(len(ns.get(None, ())) for ns in manager.rooms.values()),

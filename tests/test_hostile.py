@@ -35,7 +35,7 @@ from relay_helpers import NS, SECRET, wait_until
 from reliability_support import DEFAULT_PINGS, TestRelay, browser_on, report, running_relay
 from test_relay import block, frame, worker
 
-import kernel_ext.relay as relay_module
+import kernel_ext.relay.hostile as relay_hostile
 from kernel_ext.relay import ChatRelay, allow_all, create_app, mount_relay
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
@@ -477,15 +477,15 @@ async def test_unhashable_event_names_on_a_server_with_decorator_handlers_are_bo
 
 def test_the_filter_is_installed_once_per_logger_and_keeps_no_server_alive() -> None:
     names = ("socketio.server", "engineio.server", "asyncio")
-    known_before = len(relay_module._RELAY_OF)
+    known_before = len(relay_hostile._RELAY_OF)
     for _ in range(50):
         create_app(SECRET, authorize_join=allow_all)
     for name in names:
         filters = logging.getLogger(name).filters
-        ours = [f for f in filters if isinstance(f, relay_module._MalformedPacketFilter)]
-        assert ours == [relay_module._PACKET_FILTER], name
+        ours = [f for f in filters if isinstance(f, relay_hostile._MalformedPacketFilter)]
+        assert ours == [relay_hostile._PACKET_FILTER], name
     gc.collect()
-    assert len(relay_module._RELAY_OF) <= known_before
+    assert len(relay_hostile._RELAY_OF) <= known_before
 
 
 async def test_a_connect_handler_that_fails_refuses_the_connection_and_leaves_nothing() -> None:

@@ -33,7 +33,8 @@ from relay_helpers import NS, SECRET, Browser, barrier, wait_until
 from reliability_support import RUNS, report
 from test_relay import block, browsers, frame, relay_server, worker
 
-import kernel_ext.relay as relay_module
+import kernel_ext.relay._log as relay_log
+import kernel_ext.relay.auth as relay_auth
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
@@ -164,13 +165,13 @@ async def test_guessing_the_internal_secret_is_refused_counted_logged_and_consta
         compared.append((type(a), type(b)))
         return hmac.compare_digest(a, b)
 
-    monkeypatch.setattr(relay_module, "hmac", types.SimpleNamespace(compare_digest=compare_digest))
+    monkeypatch.setattr(relay_auth, "hmac", types.SimpleNamespace(compare_digest=compare_digest))
     caplog.set_level(logging.WARNING, logger="kernel_ext.relay")
     attempts = 200
     guesses = [f"{SECRET[:-1]}{i}" for i in range(attempts - 5)]
     guesses += [SECRET + "x", SECRET[:1], "", "ü" * len(SECRET), "\ud800" + SECRET[1:]]
     assert SECRET not in guesses
-    seen_before = relay_module._rare.counts().get("relay_bad_secret", 0)
+    seen_before = relay_log.rare.counts().get("relay_bad_secret", 0)
     async with relay_server() as (port, relay), browsers(port, C1) as (watcher,):
         for guess in guesses:
             client = socketio.AsyncClient(reconnection=False)
@@ -198,7 +199,7 @@ async def test_guessing_the_internal_secret_is_refused_counted_logged_and_consta
     assert compared.count((bytes, bytes)) == attempts + 1
     # Logged on the 1st, 2nd, 4th … occurrence of the reason in this process.
     seen_after = seen_before + attempts
-    assert relay_module._rare.counts()["relay_bad_secret"] == seen_after
+    assert relay_log.rare.counts()["relay_bad_secret"] == seen_after
     powers = [n for n in range(seen_before + 1, seen_after + 1) if n & (n - 1) == 0]
     logged = [r for r in caplog.records if "bad_secret" in r.getMessage()]
     assert len(logged) == len(powers)

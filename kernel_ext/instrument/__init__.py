@@ -52,11 +52,6 @@ from kernel_ext.instrument._call import (
     tool_call_scope,
 )
 from kernel_ext.instrument._instrumentor import ToolRuntimeInstrumentor, ToolTarget
-from kernel_ext.settings import load_callable
-
-# The name kernel_ext.relay's command line still imports from here; the one loader is
-# kernel_ext.settings.load_callable. Drop this alias when relay imports that.
-_load_callable = load_callable
 
 __all__ = [
     "Describe",

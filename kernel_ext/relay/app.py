@@ -1,0 +1,67 @@
+"""A relay ready to serve: :func:`mount_relay` on an existing server, :func:`create_app`
+for a whole ASGI app (what ``python -m kernel_ext.relay``, the tests and the demo serve)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import socketio
+
+from kernel_ext.relay.namespace import ChatRelay
+from kernel_ext.relay.redis import RelayRedisManager
+
+__all__ = ["RelayApp", "create_app", "mount_relay"]
+
+# The ChatRelay options that the Redis manager takes too (create_app gives them to both).
+_WATCH_OPTIONS = ("worker_grace", "max_workers", "max_worker_streams")
+
+
+def mount_relay(sio: socketio.AsyncServer, secret: str, **options: Any) -> ChatRelay:
+    """Register a :class:`ChatRelay` (``options`` as its constructor's) on ``sio``."""
+    relay = ChatRelay(secret, **options)
+    sio.register_namespace(relay)
+    return relay
+
+
+@dataclass(frozen=True)
+class RelayApp:
+    """A ready relay: the ASGI ``app`` to serve, its ``sio`` server and the ``relay``."""
+
+    app: Any
+    sio: socketio.AsyncServer
+    relay: ChatRelay
+
+
+def create_app(
+    secret: str,
+    *,
+    redis_url: str | None = None,
+    redis_channel: str = "socketio",
+    other_asgi_app: Any = None,
+    cors_allowed_origins: str | list[str] | None = None,
+    max_http_buffer_size: int = 4 * 1024 * 1024,
+    **relay_options: Any,
+) -> RelayApp:
+    """An ``AsyncServer`` (Redis client manager when ``redis_url`` is given) with a
+    :class:`ChatRelay` mounted, wrapped in ``socketio.ASGIApp`` — for tests and the demo.
+    ``worker_grace``, ``max_workers`` and ``max_worker_streams`` go to the Redis manager too.
+
+    ``max_http_buffer_size`` bounds one incoming message (a whole ``kx_blocks`` frame).
+    """
+    manager = None
+    if redis_url is not None:
+        manager = RelayRedisManager(
+            redis_url,
+            channel=redis_channel,
+            **{key: relay_options[key] for key in _WATCH_OPTIONS if key in relay_options},
+        )
+    sio = socketio.AsyncServer(
+        async_mode="asgi",
+        client_manager=manager,
+        cors_allowed_origins=cors_allowed_origins if cors_allowed_origins is not None else [],
+        max_http_buffer_size=max_http_buffer_size,
+    )
+    relay = mount_relay(sio, secret, **relay_options)
+    app = socketio.ASGIApp(sio, other_asgi_app=other_asgi_app)
+    return RelayApp(app=app, sio=sio, relay=relay)

@@ -1,0 +1,490 @@
+"""The ``/chat`` namespace: blocks from internal senders to the browsers in each room.
+
+:class:`ChatRelay` is a python-socketio ``AsyncNamespace`` to register on an existing
+``AsyncServer`` (:func:`~kernel_ext.relay.mount_relay`), or to subclass as the
+application's own ``/chat`` namespace (define more ``on_<event>`` handlers; call ``super()``
+in ``on_connect`` and ``on_disconnect``). The wire is docs/contracts.md's "Relay wire"; each
+handler's docstring says its part.
+
+Guarantees:
+
+* Only authenticated internal senders make the relay emit: anything else a browser sends
+  (``tool_event_stream``, ``kx_blocks``, unknown events) reaches no one; it is dropped,
+  logged (1st, 2nd, 4th … time per reason) and counted, as are invalid blocks and frames
+  over the bounds. Hostile packets cost a count, not a crash or a log line each
+  (:mod:`kernel_ext.relay.hostile`).
+* Order: frames of one internal connection are emitted in arrival order, one after the
+  other, whatever the server's ``async_handlers`` setting (handlers queue synchronously
+  into a per-connection worker).
+* A terminal already emitted recently is not emitted again, and one emitted into a room
+  with no browser on this process is kept for browsers that join it meanwhile
+  (:mod:`kernel_ext.relay.terminals`).
+* A worker gone for longer than ``worker_grace`` has its open streams ended with
+  ``aborted`` (:mod:`kernel_ext.relay.workers`).
+* Works with ``AsyncRedisManager`` as the server's client manager: rooms then span every
+  web process on the same Redis channel (:class:`~kernel_ext.relay.RelayRedisManager`
+  also re-publishes terminals after a Redis outage).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import socketio
+from socketio.async_pubsub_manager import AsyncPubSubManager
+
+from kernel_ext.errors import BlockTooLargeError, DecodeError, check_positive_ints
+from kernel_ext.protocol import (
+    CHAT_EVENT,
+    DEFAULT_MAX_BLOCK_BYTES,
+    JOIN_EVENT,
+    KX_BLOCKS,
+    KX_CHAT_EVENT,
+    LEAVE_EVENT,
+    NAMESPACE,
+    TERMINAL_STATES,
+    TOOL_EVENT_STREAM,
+    decode,
+)
+from kernel_ext.relay._log import count_frame, logger, rare
+from kernel_ext.relay.auth import (
+    BrowserAuth,
+    InternalSecret,
+    JoinAuth,
+    allow_all,
+    call_hook,
+    worker_of,
+)
+from kernel_ext.relay.hostile import GuardedNamespace
+from kernel_ext.relay.redis import RelayRedisManager
+from kernel_ext.relay.terminals import TerminalMemory
+from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, ConnectionGrace, track_workers
+
+__all__ = ["ChatRelay"]
+
+_ROOM_MAX = 512
+
+
+class _Internal:
+    """One internal sender's connection: its ordered emit queue and worker task, and the
+    worker it belongs to (its ``worker`` auth field, else ``sid/<sid>``)."""
+
+    __slots__ = ("queue", "task", "worker")
+
+    def __init__(self, worker: str = "") -> None:
+        self.queue: asyncio.Queue[tuple[str, str, Any, asyncio.Future[int]] | None] = (
+            asyncio.Queue()
+        )
+        self.task: asyncio.Task[None] | None = None
+        self.worker = worker
+
+
+class ChatRelay(GuardedNamespace):
+    """The ``/chat`` relay namespace (module docstring for the guarantees).
+
+    Args:
+        secret: the shared secret of internal senders (non-empty).
+        namespace: the namespace (default ``/chat``).
+        authenticate: browser auth hook (default: accept every browser).
+        authorize_join: room authorization hook (default: allow every join, logged once
+            as a warning — pass a real hook in production).
+        max_block_bytes: the size bound of one block (encoded JSON).
+        max_frame_blocks: blocks per ``kx_blocks`` frame.
+        max_pending_frames: frames queued per internal connection before ``busy``.
+        dedup_terminals: terminals remembered to suppress re-sends (0 disables).
+        dedup_ttl: seconds a terminal is remembered.
+        hold_terminals: terminals kept for late joiners of empty rooms (0 disables).
+        hold_ttl: seconds such a terminal is kept.
+        worker_grace: seconds a worker may stay disconnected before the relay ends its open
+            streams with ``aborted`` (``None`` disables; see "Gone workers" below).
+        max_workers: workers with open streams tracked at once.
+        max_worker_streams: open streams tracked per worker.
+
+    Gone workers (the rules: :mod:`kernel_ext.relay.workers`): a worker is the connect
+    auth's ``worker`` id, else the connection's sid. When the last connection of a worker
+    with open streams is gone and none of that worker comes back within ``worker_grace``
+    seconds, the relay emits one ``aborted`` block to the room of each of its open streams
+    (counted ``worker_aborted``); one that comes back in time cancels that
+    (``workers_resumed``) and ends its streams itself. Such a terminal is remembered like
+    any other, and later running blocks of those streams are dropped
+    (``after_worker_aborted``). Call :meth:`aclose` when the server stops.
+
+    :attr:`terminals` is what it remembers of the terminals it emitted
+    (:class:`~kernel_ext.relay.terminals.TerminalMemory`).
+
+    Raises:
+        ConfigError: an empty secret, a bad bound, grace or ttl.
+    """
+
+    def __init__(
+        self,
+        secret: str,
+        *,
+        namespace: str = NAMESPACE,
+        authenticate: BrowserAuth | None = None,
+        authorize_join: JoinAuth | None = None,
+        max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+        max_frame_blocks: int = 1_000,
+        max_pending_frames: int = 10_000,
+        dedup_terminals: int = 4_096,
+        dedup_ttl: float = 300.0,
+        hold_terminals: int = 256,
+        hold_ttl: float = 30.0,
+        worker_grace: float | None = DEFAULT_WORKER_GRACE,
+        max_workers: int = 1_024,
+        max_worker_streams: int = 10_000,
+    ) -> None:
+        self._secret = InternalSecret(secret)
+        check_positive_ints(
+            max_block_bytes=max_block_bytes,
+            max_frame_blocks=max_frame_blocks,
+            max_pending_frames=max_pending_frames,
+        )
+        super().__init__(namespace)
+        streams = track_workers(
+            worker_grace,
+            self._count,
+            "",
+            max_workers=max_workers,
+            max_worker_streams=max_worker_streams,
+        )
+        terminals = TerminalMemory(
+            remember=dedup_terminals,
+            remember_ttl=dedup_ttl,
+            hold=hold_terminals,
+            hold_ttl=hold_ttl,
+            count=self._count,
+        )
+        self._authenticate = authenticate
+        if authorize_join is None:
+            logger.warning(
+                "ChatRelay: no authorize_join hook; every browser may join any conversation"
+            )
+        self._authorize_join: JoinAuth = authorize_join or allow_all
+        self.max_block_bytes = max_block_bytes
+        self.max_frame_blocks = max_frame_blocks
+        self.max_pending_frames = max_pending_frames
+        self.dedup_terminals = dedup_terminals
+        self.dedup_ttl = dedup_ttl
+        self.hold_terminals = hold_terminals
+        self.hold_ttl = hold_ttl
+        self.worker_grace = streams.grace if streams is not None else None
+        self.terminals = terminals
+        self._internal: dict[str, _Internal] = {}
+        self._browsers: dict[str, Any] = {}
+        self._streams = streams
+        self._grace = (
+            None
+            if streams is None
+            else ConnectionGrace(
+                streams, connected=self._connected, emit=self._emit_ended, count=self._count
+            )
+        )
+
+    # -- stats ----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Counts by outcome since start (``frames``, ``blocks_emitted``, ``rejected_*`` …,
+        ``redis_*`` with :func:`~kernel_ext.relay.create_app`'s Redis manager) and the
+        current ``internal``/``browsers`` connections. ``rejected_bad_packet`` counts
+        packets of this server that python-socketio could not decode or dispatch (logged by
+        the library), ``suppressed_log_records`` those of its log records the relay held
+        back."""
+        counts = dict(self._counts)
+        counts.update(getattr(getattr(self.server, "manager", None), "counts", None) or {})
+        counts["internal"] = len(self._internal)
+        counts["browsers"] = len(self._browsers)
+        if self._streams is not None:
+            counts.update(self._streams.sizes())
+            counts["workers_in_grace"] = self._streams.in_grace()
+        manager = getattr(self.server, "manager", None)
+        if isinstance(manager, RelayRedisManager):
+            counts.update(manager.worker_sizes())
+        return counts
+
+    # -- connections ----------------------------------------------------------------------
+
+    async def on_connect(self, sid: str, environ: Mapping[str, Any], auth: Any = None) -> bool:
+        """``auth`` ``{"internal": "<secret>", "worker": "<worker id>"}`` is an internal
+        sender (the secret compared in constant time as bytes; a wrong or non-string one,
+        a lone surrogate included, is refused, never taken for a browser); anything else is
+        a browser, checked by the ``authenticate`` hook."""
+        if isinstance(auth, Mapping) and "internal" in auth:
+            given = auth.get("internal")
+            if not self._secret.matches(given):
+                self._reject(sid, "bad_secret", "an internal connection")
+                raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+            worker = worker_of(sid, auth)
+            if worker is None:
+                self._reject(sid, "bad_worker", "an internal connection")
+                raise socketio.exceptions.ConnectionRefusedError("bad worker id")
+            conn = _Internal(worker)
+            conn.task = asyncio.get_running_loop().create_task(self._worker(sid, conn))
+            self._internal[sid] = conn
+            self._count("internal_connects")
+            if self._grace is not None:
+                self._grace.arrived(worker)
+            return True
+        identity: Any = True
+        if self._authenticate is not None:
+            try:
+                identity = await call_hook(self._authenticate, auth, environ)
+            except socketio.exceptions.ConnectionRefusedError:
+                self._count("browser_refused")
+                raise
+            except Exception:
+                logger.exception("relay: browser authentication hook failed")
+                identity = None
+        if identity is None or identity is False:
+            self._count("browser_refused")
+            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+        self._browsers[sid] = identity
+        return True
+
+    async def on_disconnect(self, sid: str, reason: Any = None) -> None:
+        """Forget the connection; an internal sender's queued frames are still emitted."""
+        self._browsers.pop(sid, None)
+        conn = self._internal.pop(sid, None)
+        if conn is not None:
+            conn.queue.put_nowait(None)
+
+    def _who(self, sid: str) -> str:
+        return "internal sender" if sid in self._internal else "browser"
+
+    # -- browsers -------------------------------------------------------------------------
+
+    async def on_join_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """Put a browser into the room of ``data["conversationId"]`` if the hook allows."""
+        room = self._room_of(data)
+        if sid not in self._browsers:
+            self._reject(sid, "not_browser", JOIN_EVENT)
+            return {"ok": False, "error": "only browsers join conversations"}
+        if room is None:
+            self._reject(sid, "bad_join", JOIN_EVENT)
+            return {"ok": False, "error": "conversationId must be a non-empty string"}
+        try:
+            allowed = await call_hook(self._authorize_join, self._browsers[sid], room)
+        except Exception:
+            logger.exception("relay: authorize_join hook failed")
+            allowed = False
+        if not allowed:
+            self._count("join_refused")
+            return {"ok": False, "error": "forbidden"}
+        await self.enter_room(sid, room)
+        self._count("joins")
+        late = self.terminals.late(sid, room)
+        for raw in late:
+            await self.emit(TOOL_EVENT_STREAM, raw, to=sid)
+        if late:
+            self._count("late_terminals", len(late))
+        return {"ok": True}
+
+    async def on_leave_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """Take a browser out of a conversation's room."""
+        room = self._room_of(data)
+        if sid not in self._browsers or room is None:
+            self._reject(sid, "bad_leave", LEAVE_EVENT)
+            return {"ok": False, "error": "conversationId must be a non-empty string"}
+        await self.leave_room(sid, room)
+        return {"ok": True}
+
+    @staticmethod
+    def _room_of(data: Any) -> str | None:
+        if not isinstance(data, Mapping):
+            return None
+        room = data.get("conversationId")
+        if not isinstance(room, str) or not room or len(room) > _ROOM_MAX:
+            return None
+        return room
+
+    def _listeners(self, room: str) -> Iterator[str]:
+        """The sids of ``room``'s browsers on this process."""
+        return (sid for sid, _ in self.server.manager.get_participants(self.namespace, room))
+
+    # -- internal senders -----------------------------------------------------------------
+
+    async def on_kx_blocks(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """A frame ``{"v": 1, "room", "blocks": [...]}`` from an internal sender: each block
+        is validated (:func:`kernel_ext.protocol.decode`, the size bound by the protocol's
+        one measure) and each valid one goes out unchanged as one ``tool_event_stream`` to
+        the room, in frame order. Acknowledged ``{"ok": true, "accepted": n, "rejected":
+        m}`` once emitted, plus, when ``m > 0``, ``"refused": [{"index": i, "reason":
+        "too_large" | "invalid"}, ...]`` and ``"maxBlockBytes"`` (the relay's bound), so a
+        sender can degrade a refused terminal and send it again."""
+        conn = self._internal.get(sid)
+        if conn is None:
+            self._reject(sid, "not_internal", KX_BLOCKS)
+            return {"ok": False, "error": "forbidden"}
+        # Everything up to the enqueue is synchronous: frames queue in arrival order even
+        # when the server runs each event as its own task (async_handlers=True).
+        if not isinstance(data, Mapping) or data.get("v") != 1:
+            self._reject(sid, "bad_frame", KX_BLOCKS)
+            return {"ok": False, "error": "a frame is {v: 1, room, blocks}"}
+        room = data.get("room")
+        blocks = data.get("blocks")
+        if not isinstance(room, str) or not room or len(room) > _ROOM_MAX:
+            self._reject(sid, "bad_frame", KX_BLOCKS)
+            return {"ok": False, "error": "room must be a non-empty string"}
+        if not isinstance(blocks, list):
+            self._reject(sid, "bad_frame", KX_BLOCKS)
+            return {"ok": False, "error": "blocks must be a list"}
+        if len(blocks) > self.max_frame_blocks:
+            self._reject(sid, "frame_too_large", KX_BLOCKS)
+            return {"ok": False, "error": f"more than {self.max_frame_blocks} blocks in a frame"}
+        valid: list[Any] = []
+        refused: list[dict[str, Any]] = []
+        for index, raw in enumerate(blocks):
+            problem = self._check_block(raw)
+            if problem is None:
+                valid.append(raw)
+            else:
+                refused.append({"index": index, "reason": problem})
+                self._reject(sid, problem, "a block")
+        if conn.queue.qsize() >= self.max_pending_frames:
+            self._reject(sid, "busy", KX_BLOCKS)
+            return {"ok": False, "error": "busy"}
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        conn.queue.put_nowait(("blocks", room, valid, done))
+        self._count("frames")
+        count_frame("accepted")
+        await done
+        ack: dict[str, Any] = {"ok": True, "accepted": len(valid), "rejected": len(refused)}
+        if refused:
+            ack["refused"] = refused
+            ack["maxBlockBytes"] = self.max_block_bytes
+        return ack
+
+    async def on_kx_chat_event(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """Relay the kernel's ``chat_event`` snapshot from an internal sender to the room."""
+        conn = self._internal.get(sid)
+        if conn is None:
+            self._reject(sid, "not_internal", KX_CHAT_EVENT)
+            return {"ok": False, "error": "forbidden"}
+        room = data.get("room") if isinstance(data, Mapping) else None
+        event = data.get("event") if isinstance(data, Mapping) else None
+        if not isinstance(room, str) or not room or not isinstance(event, Mapping):
+            self._reject(sid, "bad_frame", KX_CHAT_EVENT)
+            return {"ok": False, "error": "a chat event frame is {room, event}"}
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        conn.queue.put_nowait(("chat_event", room, dict(event), done))
+        await done
+        return {"ok": True}
+
+    def _check_block(self, raw: Any) -> str | None:
+        """``None`` when ``raw`` is a valid block within the size bound (the protocol's one
+        measure, :func:`kernel_ext.protocol.block_size`), else the reason."""
+        if not isinstance(raw, Mapping):
+            return "invalid"
+        try:
+            decode(raw, max_bytes=self.max_block_bytes)
+        except BlockTooLargeError:
+            return "too_large"
+        except (DecodeError, TypeError, ValueError, RecursionError):
+            return "invalid"
+        return None
+
+    async def _emit_in_order(self, blocks: list[Any], room: str) -> None:
+        """One ``tool_event_stream`` per block, in order.
+
+        With the in-process client manager every emit is queued to each participant's
+        connection synchronously when its task first runs, and asyncio runs new tasks in
+        creation order: the emits of a frame overlap and keep their order. A pub/sub manager
+        (Redis) publishes after an await, so there they go one after the other.
+        """
+        if len(blocks) > 1 and not isinstance(self.server.manager, AsyncPubSubManager):
+            loop = asyncio.get_running_loop()
+            tasks = [
+                loop.create_task(self.emit(TOOL_EVENT_STREAM, raw, room=room)) for raw in blocks
+            ]
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException):
+                    raise result
+            return
+        for raw in blocks:
+            await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+
+    async def _worker(self, sid: str, conn: _Internal) -> None:
+        """Emit one connection's frames in arrival order, one after the other."""
+        while True:
+            job = await conn.queue.get()
+            if job is None:
+                if self._grace is not None:
+                    self._grace.left(conn.worker)
+                return
+            kind, room, payload, done = job
+            emitted = 0
+            try:
+                if kind == "blocks":
+                    blocks = []
+                    for raw in payload:
+                        if not self._track(conn, raw, room):
+                            continue
+                        if raw.get("state") in TERMINAL_STATES and not self.terminals.admit(
+                            raw, room, self._listeners(room), self._browsers
+                        ):
+                            self._count("duplicate_terminal")
+                            continue
+                        blocks.append(raw)
+                    await self._emit_in_order(blocks, room)
+                    emitted = len(blocks)
+                    self._count("blocks_emitted", emitted)
+                else:
+                    await self.emit(CHAT_EVENT, payload, room=room)
+                    self._count("chat_events")
+            except asyncio.CancelledError:
+                if not done.done():
+                    done.cancel()
+                raise
+            except Exception:
+                rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+            if not done.done():
+                done.set_result(emitted)
+
+    # -- gone workers ---------------------------------------------------------------------
+
+    def _track(self, conn: _Internal, raw: Any, room: str) -> bool:
+        """Note a block about to be emitted; ``False``: drop it (a running block of a stream
+        this relay ended because its worker was gone)."""
+        if self._streams is None or self._streams.note(conn.worker, raw, room):
+            return True
+        if raw.get("state") != "running":
+            return True  # a terminal: the terminal dedup decides
+        self._count("after_worker_aborted")
+        rare(
+            "after_worker_aborted",
+            "relay: dropped a running block of (%s, %s), ended when its worker was gone",
+            raw.get("callId"),
+            raw.get("taskId"),
+        )
+        return False
+
+    def _connected(self, worker: str) -> bool:
+        return any(conn.worker == worker for conn in self._internal.values())
+
+    async def _emit_ended(self, room: str, raw: dict[str, Any]) -> bool:
+        """Emit one ``aborted`` block of a gone worker's stream; whether it went out."""
+        if not self.terminals.admit(raw, room, self._listeners(room), self._browsers):
+            return False  # its terminal went out already (another connection re-sent it)
+        try:
+            await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        """Stop ending gone workers' streams: cancel every grace timer and any emission of
+        ``aborted`` blocks in progress (and the watch of
+        :class:`~kernel_ext.relay.RelayRedisManager`, if it is the server's manager). Call
+        it when the server stops — python-socketio gives a namespace no hook for that.
+        Idempotent."""
+        if self._grace is not None:
+            await self._grace.aclose()
+        manager = getattr(self.server, "manager", None)
+        if isinstance(manager, RelayRedisManager):
+            await manager.stop_watching()

@@ -1,0 +1,316 @@
+"""A relay web process's Redis client manager: python-socketio's, plus two things it lacks.
+
+:class:`RelayRedisManager` is python-socketio's ``AsyncRedisManager`` (rooms span every web
+process on the same channel) that also
+
+* publishes again a terminal that did not reach Redis (python-socketio publishes once and
+  only logs), once Redis is back, so that browsers on the other web processes get it after
+  an outage; and
+* ends the open streams of a gone write-only worker (:class:`~kernel_ext.emit.RedisEmitter`,
+  no relay connection to watch) for this process's browsers, from the worker's tagged
+  emits and heartbeats (the rules of :mod:`kernel_ext.relay.workers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import socketio
+
+from kernel_ext._backoff import Backoff
+from kernel_ext._bounded import BoundedMap
+from kernel_ext._compat import PublishResult, publish_result_supported
+from kernel_ext.protocol import TERMINAL_STATES, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
+from kernel_ext.relay._log import logger, rare
+from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, is_worker_id, track_workers
+
+__all__ = ["RelayRedisManager"]
+
+
+class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    """python-socketio's Redis client manager, except that a terminal block whose publish
+    to the other web processes failed (Redis down; python-socketio publishes once and only
+    logs) is published again once Redis is back and as many web processes listen as did
+    before (or ``settle`` seconds after Redis answered again), for at most ``retry_for``
+    seconds, at most ``max_pending`` at once (the oldest given up beyond). Counts
+    ``redis_publish_failed``, ``redis_republished`` and ``redis_given_up`` in
+    :attr:`counts`. Where python-socketio's publish result cannot be read
+    (:mod:`kernel_ext._compat`), nothing is published again (logged at WARNING).
+
+    Gone workers on the write-only path (:class:`~kernel_ext.emit.RedisEmitter`, no relay
+    connection): such a worker tags each emit it publishes with its worker id (key
+    ``kx_worker``) and publishes a heartbeat (``{"method": "kx_worker_heartbeat", "worker",
+    "interval", "host_id"}``) every few seconds; python-socketio ignores both (an unknown
+    key, an unknown method). From the tagged ``tool_event_stream`` emits this manager
+    tracks each worker's open streams (bounded like :class:`~kernel_ext.relay.ChatRelay`'s);
+    when a worker with open streams was last heard of (heartbeat or block) more than
+    ``max(worker_grace, 3 × its heartbeat interval)`` seconds ago, it emits one
+    ``aborted`` block per open stream to the browsers of **this** web process only (every
+    web process does the same for its own: one terminal per browser), counted
+    ``redis_worker_aborted``, and drops later blocks of those streams
+    (``redis_after_worker_aborted``). While it watches, it publishes the same heartbeat
+    without a worker every second (every ``worker_grace / 4`` seconds if shorter) and
+    judges a worker gone only at a time it heard the channel (its own heartbeats come
+    back); after hearing nothing for longer than two such steps (Redis was down for it),
+    every worker's grace starts again (``redis_watch_resumed``). ``worker_grace=None``
+    disables all of this. Call :meth:`stop_watching` when the server stops
+    (:meth:`ChatRelay.aclose <kernel_ext.relay.ChatRelay.aclose>` does).
+
+    Raises:
+        ConfigError: a bad bound, grace or time.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        channel: str = "socketio",
+        max_pending: int = 1_024,
+        retry_for: float = 300.0,
+        settle: float = 10.0,
+        worker_grace: float | None = DEFAULT_WORKER_GRACE,
+        max_workers: int = 1_024,
+        max_worker_streams: int = 10_000,
+    ) -> None:
+        workers = track_workers(
+            worker_grace,
+            self._bump,
+            "redis_",
+            max_workers=max_workers,
+            max_worker_streams=max_worker_streams,
+        )
+        # Terminals to publish again, by arrival; forgotten (given up) beyond the bounds.
+        pending: BoundedMap[int, Any] = BoundedMap(max_pending, retry_for, on_forget=self._given_up)
+        super().__init__(url, channel=channel)
+        self.counts: dict[str, int] = {}
+        self.worker_grace = workers.grace if workers is not None else None
+        self._workers = workers
+        self._watching: asyncio.Task[None] | None = None
+        self._heard = 0.0
+        # The watch checks the channel every step; a process that heard nothing for longer
+        # than _deaf_after restarts every worker's grace when it hears again.
+        self._watch_step = min(1.0, (worker_grace or 4.0) / 4)
+        self._deaf_after = 2 * self._watch_step + 0.5
+        self._listeners = 0
+        self._pending = pending
+        self._ids = itertools.count()
+        self._settle = settle
+        self._retrying: asyncio.Task[None] | None = None
+        self._confirmed = publish_result_supported()
+        if not self._confirmed:
+            logger.warning(
+                "relay: this python-socketio does not say whether a publish reached Redis; "
+                "terminals emitted during a Redis outage are not published again"
+            )
+
+    def _bump(self, what: str, n: int = 1) -> None:
+        self.counts[what] = self.counts.get(what, 0) + n
+
+    # -- terminals that did not reach Redis ------------------------------------------------
+
+    async def _publish(self, data: Any) -> Any:
+        result = await super()._publish(data)
+        if not self._confirmed:
+            return result
+        if self.last_receivers is not None:
+            if not self._pending:
+                self._listeners = self.last_receivers
+        elif _is_terminal_emit(data):
+            self._bump("redis_publish_failed")
+            rare(
+                "redis_down",
+                "relay: a terminal did not reach Redis; retrying",
+                level=logging.ERROR,
+            )
+            self._pending.set(next(self._ids), data)
+            if self._retrying is None or self._retrying.done():
+                self._retrying = asyncio.get_running_loop().create_task(self._retry())
+        return result
+
+    def _given_up(self, key: int, data: Any, reason: str) -> None:
+        self._bump("redis_given_up")
+
+    async def _retry(self) -> None:
+        """Publish the pending terminals again, oldest first, once Redis answers and as
+        many web processes listen as before (or ``settle`` seconds after it answered)."""
+        pending = self._pending
+        backoff = Backoff(0.25, 2.0, jitter=0.0)  # the schedule it always had
+        back_since: float | None = None
+        while True:
+            pending.expire()
+            if not pending:
+                return
+            await asyncio.sleep(backoff.next())
+            try:
+                listening = (await self.redis.pubsub_numsub(self.channel))[0][1]
+            except Exception:
+                back_since = None
+                continue
+            now = time.monotonic()
+            back_since = back_since or now
+            if listening < self._listeners and now - back_since < self._settle:
+                continue
+            for key, data in pending.items():
+                if key not in pending:
+                    continue  # forgotten meanwhile (beyond the bound)
+                await super()._publish(data)
+                if self.last_receivers is None:
+                    break
+                pending.pop(key)
+                self._bump("redis_republished")
+
+    # -- gone workers on the write-only path ----------------------------------------------
+
+    def worker_sizes(self) -> dict[str, int]:
+        """What the gone-worker watch holds now: ``redis_workers_tracked`` (workers with
+        open streams) and ``redis_worker_streams`` (their open streams)."""
+        return self._workers.sizes() if self._workers is not None else {}
+
+    async def _handle_emit(self, message: Any) -> None:
+        workers = self._workers
+        worker = message.get(WORKER_TAG) if workers is not None else None
+        if worker is not None and not self._note_worker_emit(worker, message):
+            self._bump("redis_after_worker_aborted")
+            rare(
+                "redis_after_worker_aborted",
+                "relay: dropped a block of a stream ended when its worker was gone",
+            )
+            return
+        await super()._handle_emit(message)
+
+    def _note_worker_emit(self, worker: Any, message: Mapping[str, Any]) -> bool:
+        """Track a tagged emit; ``False`` when it belongs to a stream ended already."""
+        workers = self._workers
+        data = message.get("data")
+        room = message.get("room")
+        if (
+            workers is None
+            or not is_worker_id(worker)
+            or message.get("event") != TOOL_EVENT_STREAM
+            or not isinstance(room, str)
+            or not isinstance(data, list)
+            or len(data) != 1
+            or not isinstance(data[0], Mapping)
+        ):
+            return True
+        ok = workers.note(worker, data[0], room)
+        record = workers.workers.get(worker)
+        if record is not None:
+            record.seen = time.monotonic()
+            namespace = message.get("namespace")
+            record.namespace = namespace if isinstance(namespace, str) else "/"
+            if self._watching is None or self._watching.done():
+                self._heard = time.monotonic()
+                self._watching = asyncio.get_running_loop().create_task(self._watch_workers())
+        return ok
+
+    async def _listen(self) -> AsyncIterator[Any]:
+        """python-socketio's listener, less the heartbeats (handled here)."""
+        async for message in super()._listen():
+            if self._workers is not None and _is_heartbeat(message) and self._heartbeat(message):
+                continue
+            yield message
+
+    def _heartbeat(self, message: Any) -> bool:
+        """Handle ``message`` if it is a heartbeat (then ``True``)."""
+        try:
+            data = json.loads(message)
+        except (TypeError, ValueError):
+            return False
+        if not isinstance(data, dict) or data.get("method") != WORKER_HEARTBEAT:
+            return False
+        now = time.monotonic()
+        workers = self._workers
+        if workers is None:
+            return True
+        if now - self._heard > self._deaf_after and workers.workers:
+            # This process heard nothing for a while (Redis was down for it): heartbeats may
+            # have been lost on the way, so every worker's grace starts again now.
+            workers.restart_graces(now)
+            self._bump("redis_watch_resumed")
+        self._heard = now  # the channel works for this process
+        worker = data.get("worker")
+        record = workers.workers.get(worker) if isinstance(worker, str) else None
+        if record is None:
+            return True  # a web process's own check, or a worker with no open stream
+        record.seen = now
+        interval = data.get("interval")
+        if isinstance(interval, (int, float)) and 0 < interval < 3_600:
+            record.interval = float(interval)
+        return True
+
+    async def _watch_workers(self) -> None:
+        """While workers have open streams: check the channel, end the gone workers'."""
+        workers = self._workers
+        assert workers is not None
+        probe = json.dumps({"method": WORKER_HEARTBEAT, "worker": None, "host_id": self.host_id})
+        while workers.workers:
+            try:
+                if self.redis is not None:
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(
+                            self.redis.publish(self.channel, probe), self._watch_step
+                        )
+                await asyncio.sleep(self._watch_step)
+                # Judged at the last time this process heard the channel (its own checks
+                # come back every step while Redis works): a worker is gone only if it was
+                # overdue while this process could hear it.
+                heard = self._heard
+                for worker, record in workers.overdue(heard):
+                    await self._end_worker_locally(worker, record.namespace, heard - record.seen)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                rare("worker_watch", "relay: watching workers failed", exc_info=True)
+
+    async def _end_worker_locally(self, worker: str, namespace: str, silent_for: float) -> None:
+        workers = self._workers
+        assert workers is not None
+
+        async def emit(room: str, raw: dict[str, Any]) -> bool:
+            # This process's browsers only: each web process ends the streams for its own.
+            await self.emit(
+                TOOL_EVENT_STREAM, raw, namespace=namespace, room=room, ignore_queue=True
+            )
+            return True
+
+        await workers.emit_ended(
+            worker,
+            workers.end(worker),
+            emit,
+            gone_for=silent_for,
+            how="silent on Redis",
+            audience=" for this process's browsers",
+        )
+
+    async def stop_watching(self) -> None:
+        """Cancel the gone-worker watch (when the server stops). Idempotent."""
+        task, self._watching = self._watching, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+_HEARTBEAT_BYTES = WORKER_HEARTBEAT.encode()
+
+
+def _is_heartbeat(message: Any) -> bool:
+    if isinstance(message, (bytes, bytearray)):
+        return _HEARTBEAT_BYTES in message
+    return isinstance(message, str) and WORKER_HEARTBEAT in message
+
+
+def _is_terminal_emit(data: Any) -> bool:
+    if not isinstance(data, dict) or data.get("event") != TOOL_EVENT_STREAM:
+        return False
+    args = data.get("data")
+    block = args[0] if isinstance(args, list) and args else None
+    return isinstance(block, dict) and block.get("state") in TERMINAL_STATES
