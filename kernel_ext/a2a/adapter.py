@@ -1,75 +1,23 @@
-"""A2A stream → ``tool_event_stream`` blocks, and the ready ``ask_colleague`` tool helper.
+"""The A2A stream adapter: the events of one ``client.send_message(...)`` stream → publish calls.
 
-Needs the ``a2a`` extra (``pip install 'kernel-ext[a2a]'``, a2a-sdk 1.x). How a peer puts
-its envelopes into A2A messages, and how states map to blocks: docs/a2a.md.
-
-:class:`A2AStreamAdapter` turns the events of one ``client.send_message(...)`` stream into
-``publish`` calls (the signature of ``kernel_ext.stream.publish``, docs/contracts.md):
-
-* ``working`` status update whose message holds envelope objects in data parts → one
-  ``running`` block per valid envelope, passed through unchanged except that integral
-  floats (A2A carries every number as a double) come back as integers, recursively;
-* ``working`` update with text only (a third-party peer) → ``running`` with the text,
-  which ``publish`` wraps in a pseudo-envelope with its own per-stream seq;
-* a malformed envelope → degraded to a pseudo-envelope of the message's text if there is
-  any, else dropped and counted (metric ``kernel_ext.blocks`` reason
-  ``invalid_envelope``); logged (WARNING once per task, then DEBUG);
-* once a task has sent a valid envelope, its seq numbers are the peer's: a later update
-  without a valid envelope is not shown as text (its seq from the hub's counter would
-  collide with the peer's); a malformed envelope in it is dropped and counted;
-* ``completed`` → one ``done`` block; its text is the status message's text parts, or,
-  when those are empty, the text of the task's artifacts (in order of first appearance);
-  ``failed``, ``canceled``, ``rejected`` → one ``aborted`` block with the colleague's
-  message (or a default);
-* ``input-required`` and ``auth-required`` are not terminal in A2A: the question's message
-  is shown like a ``working`` one (its envelopes, else its text as a running block) and the
-  stream stays open with a *provisional* terminal (``publish(..., provisional=True)``):
-  ``done`` with the question (``aborted`` with the message for ``auth-required``). A
-  follow-up in the same tool call (same task id) continues the stream and ends it with its
-  own terminal; if the call ends first (the tool returned the question to the model), the
-  provisional terminal ends it;
-* a direct ``message`` reply (no task) → one ``done`` block with its text;
-* artifact updates are collected for the final answer; v1 emits no blocks for them;
-* anything for a task after its terminal is ignored (and counted);
-* each A2A task keeps its own taskId, so a follow-up task under the same call is its own
-  stream; a terminal before any task exists (connection refused) goes out with
-  ``task_id=None``, which ``publish`` turns into the callId (a local block).
-
-:func:`ask_colleague` / :func:`stream_colleague` wrap the adapter around a real client
-with timeouts that suit slow colleagues: no read timeout on the SSE stream by default
-(a2a's own 5 s default cuts slow colleagues off), a connect timeout, an optional idle
-timeout and an overall deadline. Whatever happens, each stream gets exactly one terminal.
+The rules (which event becomes which block) are in :mod:`kernel_ext.a2a`'s docstring and
+docs/a2a.md; :class:`A2AStreamAdapter` applies them, :class:`ColleagueReply` is how a stream
+ended.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import uuid
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
 from kernel_ext import metrics
-from kernel_ext.errors import ColleagueError, ConfigError, DecodeError
+from kernel_ext.errors import DecodeError
 from kernel_ext.protocol import BlockState, Envelope, decode_envelope
 
 try:
-    import httpx
-    from a2a.client import A2AClientTimeoutError, Client, ClientConfig, create_client
-    from a2a.types import (
-        AgentCard,
-        CancelTaskRequest,
-        Message,
-        Part,
-        Role,
-        SendMessageRequest,
-        StreamResponse,
-        Task,
-        TaskState,
-        TaskStatus,
-    )
+    from a2a.types import Message, StreamResponse, Task, TaskState, TaskStatus
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "kernel_ext.a2a needs the 'a2a' extra: pip install 'kernel-ext[a2a]'"
@@ -79,26 +27,16 @@ if TYPE_CHECKING:
     from google.protobuf.struct_pb2 import Value
 
 __all__ = [
-    "DEFAULT_CONNECT_TIMEOUT",
-    "DEFAULT_TIMEOUT",
     "A2AStreamAdapter",
     "AdapterStats",
     "ColleagueReply",
+    "Item",
     "Publisher",
     "ReplyState",
-    "ask_colleague",
-    "colleague_http_client",
     "integral_floats_to_ints",
-    "stream_colleague",
 ]
 
-logger = logging.getLogger(__name__)
-
-DEFAULT_TIMEOUT = 600.0
-"""Overall deadline of one :func:`ask_colleague` call, seconds."""
-DEFAULT_CONNECT_TIMEOUT = 10.0
-"""Connect (and write/pool) timeout of the HTTP client, seconds."""
-_CANCEL_TIMEOUT = 5.0
+logger = logging.getLogger("kernel_ext.a2a")
 
 ReplyState = Literal[
     "completed",
@@ -538,207 +476,3 @@ class A2AStreamAdapter:
             metrics.blocks.add(count, {"outcome": "dropped", "reason": "invalid_envelope"})
         except Exception:  # pragma: no cover - the OTel API does not raise
             logger.debug("a2a adapter: metric not recorded", exc_info=True)
-
-
-# -- the tool helper ----------------------------------------------------------------------
-
-
-def colleague_http_client(
-    *,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    idle_timeout: float | None = None,
-) -> httpx.AsyncClient:
-    """An httpx client suited to A2A streams: ``idle_timeout`` as the read timeout.
-
-    ``idle_timeout=None`` (the default) never cuts a silent stream off; the overall
-    deadline of :func:`ask_colleague` bounds the call instead. The caller owns (closes)
-    the client.
-    """
-    return httpx.AsyncClient(
-        timeout=httpx.Timeout(
-            connect=connect_timeout, read=idle_timeout, write=connect_timeout, pool=connect_timeout
-        )
-    )
-
-
-def _check_timeout(name: str, value: float | None) -> None:
-    if value is not None and not (isinstance(value, (int, float)) and value > 0):
-        raise ConfigError(f"{name} must be a positive number of seconds or None, got {value!r}")
-
-
-def _user_message(
-    text: str, context_id: str | None, task_id: str | None, metadata: Mapping[str, Any] | None
-) -> Message:
-    message = Message(
-        role=Role.ROLE_USER,
-        message_id=uuid.uuid4().hex,
-        parts=[Part(text=text)],
-        context_id=context_id or "",
-        task_id=task_id or "",
-    )
-    if metadata:
-        try:
-            message.metadata.update(dict(metadata))
-        except (TypeError, ValueError) as error:
-            raise ConfigError(f"metadata must be a JSON object: {error}") from None
-    return message
-
-
-async def _aclose(stream: object) -> None:
-    aclose = getattr(stream, "aclose", None)
-    if aclose is not None:
-        await aclose()
-
-
-async def _cancel_remote(client: Client, task_ids: tuple[str, ...]) -> None:
-    """Ask the colleague to stop tasks we gave up on; best effort, bounded, never raises."""
-    for task_id in task_ids:
-        try:
-            await asyncio.wait_for(
-                client.cancel_task(CancelTaskRequest(id=task_id)), _CANCEL_TIMEOUT
-            )
-        except Exception as error:  # the colleague may have finished or be unreachable
-            logger.debug("a2a: could not cancel task %s: %s", task_id, error)
-
-
-async def stream_colleague(
-    colleague: Client | AgentCard | str,
-    text: str,
-    *,
-    conversation_id: str | None = None,
-    context_id: str | None = None,
-    task_id: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    idle_timeout: float | None = None,
-    cancel_on_timeout: bool = True,
-    http_client: httpx.AsyncClient | None = None,
-    publish: Publisher | None = None,
-    tool_name: str = "ask_colleague",
-) -> ColleagueReply:
-    """Ask a colleague over A2A, stream its progress into blocks, return how it ended.
-
-    ``colleague`` is an a2a-sdk ``Client`` (used as is, and not closed: its HTTP
-    timeouts are the caller's), an ``AgentCard`` or the agent's base URL (then a client
-    is made with :func:`colleague_http_client`, or over ``http_client``, and closed).
-    ``context_id`` continues a conversation with the colleague, ``task_id`` continues a
-    task that asked for input; ``metadata`` goes on the message.
-
-    ``timeout`` is the overall deadline (``None``: none), ``idle_timeout`` the longest
-    silence allowed between events, ``connect_timeout`` bounds connecting. On a deadline
-    the colleague's open task is cancelled when ``cancel_on_timeout``.
-
-    Guarantees: every stream (callId, taskId) it starts gets exactly one terminal block;
-    nothing raises out of it except :class:`~kernel_ext.errors.ConfigError` for bad
-    arguments (before any network) and ``asyncio.CancelledError`` when the calling task
-    is cancelled, which is re-raised after one ``aborted`` block ("the call was
-    cancelled") was published.
-    """
-    _check_timeout("timeout", timeout)
-    _check_timeout("connect_timeout", connect_timeout)
-    _check_timeout("idle_timeout", idle_timeout)
-    if not isinstance(text, str) or not text.strip():
-        raise ConfigError(f"text must be a non-empty string, got {type(text).__name__}")
-    adapter = A2AStreamAdapter(publish, conversation_id=conversation_id, tool_name=tool_name)
-    request = SendMessageRequest(message=_user_message(text, context_id, task_id, metadata))
-    clients: list[Client] = []
-
-    async with AsyncExitStack() as stack:
-
-        async def run() -> None:
-            client: Client
-            if isinstance(colleague, (str, AgentCard)):
-                http = http_client
-                if http is None:
-                    http = colleague_http_client(
-                        connect_timeout=connect_timeout, idle_timeout=idle_timeout
-                    )
-                    stack.push_async_callback(http.aclose)
-                client = await create_client(
-                    colleague, client_config=ClientConfig(streaming=True, httpx_client=http)
-                )
-                stack.push_async_callback(client.close)
-            else:
-                client = colleague
-            clients.append(client)
-            events = client.send_message(request)
-            try:
-                async for event in events:
-                    adapter.feed(event)
-                    if adapter.finished:
-                        return
-            finally:  # release the HTTP stream now, also when leaving early
-                await _aclose(events)
-
-        try:
-            await asyncio.wait_for(run(), timeout)
-        except asyncio.CancelledError:
-            adapter.close("the call was cancelled", "error")
-            raise
-        except asyncio.TimeoutError:
-            unfinished = adapter.open_task_ids
-            adapter.close(f"the colleague did not finish within {timeout:g} s", "timeout")
-            if cancel_on_timeout and clients and unfinished:
-                await _cancel_remote(clients[0], unfinished)
-        except A2AClientTimeoutError:
-            limits = f"connect timeout {connect_timeout:g} s"
-            if idle_timeout is not None:
-                limits += f", idle timeout {idle_timeout:g} s"
-            adapter.close(f"the colleague did not respond in time ({limits})", "timeout")
-        except Exception as error:
-            logger.info("a2a: colleague stream failed: %r", error)
-            adapter.close(f"the colleague could not be reached or failed: {error}", "error")
-        else:
-            if not adapter.finished:
-                adapter.close("the colleague's stream ended without a final state")
-        final = adapter.reply
-    assert final is not None  # close() always leaves one
-    return final
-
-
-async def ask_colleague(
-    colleague: Client | AgentCard | str,
-    text: str,
-    *,
-    conversation_id: str | None = None,
-    context_id: str | None = None,
-    task_id: str | None = None,
-    metadata: Mapping[str, Any] | None = None,
-    timeout: float | None = DEFAULT_TIMEOUT,
-    connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    idle_timeout: float | None = None,
-    cancel_on_timeout: bool = True,
-    http_client: httpx.AsyncClient | None = None,
-    publish: Publisher | None = None,
-    tool_name: str = "ask_colleague",
-) -> str:
-    """The ``ask_colleague`` tool body: stream the colleague's progress, return its answer.
-
-    Returns the final answer text (or, when the colleague asks for input, its question).
-    When the colleague gives no answer — it failed, was cancelled or rejected the task,
-    its stream broke or ended early, or a deadline passed — raises
-    :class:`~kernel_ext.errors.ColleagueError` whose message is the reason, *after* the
-    stream's ``aborted`` block was published; the tool runtime reports that as the tool's
-    error. Arguments and other guarantees: :func:`stream_colleague`.
-    """
-    reply = await stream_colleague(
-        colleague,
-        text,
-        conversation_id=conversation_id,
-        context_id=context_id,
-        task_id=task_id,
-        metadata=metadata,
-        timeout=timeout,
-        connect_timeout=connect_timeout,
-        idle_timeout=idle_timeout,
-        cancel_on_timeout=cancel_on_timeout,
-        http_client=http_client,
-        publish=publish,
-        tool_name=tool_name,
-    )
-    if reply.ok:
-        return reply.text
-    raise ColleagueError(
-        reply.text, state=reply.state, task_id=reply.task_id, context_id=reply.context_id
-    )
