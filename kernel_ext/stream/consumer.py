@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -49,6 +50,7 @@ __all__ = [
     "QueueItem",
     "ToolCallItem",
     "build",
+    "take",
 ]
 
 logger = logging.getLogger("kernel_ext.stream")
@@ -108,6 +110,49 @@ Outgoing = OutgoingBlock | OutgoingChatEvent
 
 # The fixed parts of a text block, in characters, for the frame-size estimate.
 _TEXT_BLOCK_CHARS = 256
+
+
+def take(
+    queue: deque[QueueItem],
+    max_items: int,
+    max_block_bytes: int,
+    fast_chars: int,
+    drop: Callable[..., None],
+) -> list[Outgoing]:
+    """Up to ``max_items`` items popped from ``queue``, built, in order (:func:`build`; what
+    cannot be built is counted through ``drop`` and left out)."""
+    pop = queue.popleft
+    out: list[Outgoing] = []
+    append = out.append
+    new = object.__new__
+    try:
+        for _ in range(max_items):
+            raw = pop()
+            room, call_id, task_id, state, ts_ns, item, seq = raw
+            # The common block — small running text — built inline: what build() makes of
+            # it, without its calls (this runs for every block).
+            if (
+                state == "running"
+                and item.__class__ is str
+                and task_id.__class__ is str
+                and 0 < len(task_id) <= MAX_TASK_ID
+                and (size := len(item) + len(task_id) * 2) <= fast_chars
+            ):
+                block = new(OutgoingBlock)  # OutgoingBlock(...) without its __init__
+                block.room = room
+                block.block = text_block(call_id, task_id, "running", ts_ns // 1_000_000, seq, item)
+                block.call_id = call_id
+                block.task_id = task_id
+                block.terminal = False
+                block.size = size + _TEXT_BLOCK_CHARS
+                append(block)
+                continue
+            built = build(raw, max_block_bytes, fast_chars, drop)
+            if built is not None:
+                append(built)
+    except IndexError:  # the queue is empty
+        pass
+    return out
 
 
 def build(

@@ -1,70 +1,36 @@
 """The stream hub: per-stream rules and the queue between publishers and one sender.
 
-Guarantees of :meth:`StreamHub.publish` (and the module-level :func:`kernel_ext.publish`):
-
-* Enqueue-only: it never blocks, never raises, and may be called from the event loop or any
-  thread. Blocks are built and validated on the sender's side (:mod:`.consumer`).
-* Attribution by :func:`kernel_ext.resolve.attribute` (T2: the active call, else the
-  near-match, else none); the room is the call's conversation id, else the
-  ``conversation_id`` argument. No room → dropped (``no_room``). A running block without a
-  callId is not sent (``unattributed``); a terminal without one goes out with ``callId: null``.
-* A stream is one (callId, taskId); ``task_id=None`` means the callId (a local block). A
-  ``str`` item becomes a pseudo-envelope whose ``seq`` comes from the stream's counter,
-  strictly increasing; ``done`` text goes to ``payload.text``, ``aborted`` text to
-  ``payload.message``.
-* T4: at most ``max_running_per_second`` running blocks per stream in any window of one
-  second (a strict sliding window); over it the newest block is dropped (``throttled``). A
-  terminal is never throttled, never queued behind dropped blocks, and sent exactly once per
-  stream: a second terminal is dropped (``duplicate_terminal``), and so is any running block
-  after it (``closed``), for as long as the call is live — what closed is remembered with
-  the call, not on a clock.
-* A call's end (:meth:`StreamHub.tool_call_ended`: the instrumented runtime returned or
-  raised, or the call's span ended) closes every stream of it: an open stream gets its
-  provisional terminal if it has one (``publish(..., provisional=True)``), else one
-  ``aborted``; afterwards nothing more of that call is sent (``closed``), also not from
-  tasks the tool started that outlive it (they hold the ended :class:`~kernel_ext.ToolCall`).
-* Bounded: at most ``max_streams`` open streams (``stream_limit`` beyond), ``max_queue``
-  queued running blocks (``queue_full`` beyond; terminals are queued regardless, and their
-  number is bounded by the streams), ``max_calls`` live calls with state (the oldest is
-  forgotten beyond, ``call_limit``), ``max_closed_per_call`` closed streams remembered per
-  call (the oldest is forgotten beyond). A stream's state is released at its terminal, a
-  call's when it ends; a stream idle for ``stream_idle_ttl`` seconds (its call's end never
-  came) is ended like at its call's end (counted ``expired``), so its pane ends too.
-* Terminals without a callId (attribution failed) are remembered like the streams of one
-  call that never ends, so a repeated one is dropped too (at most ``max_closed_per_call``).
-* With no sender attached, blocks are counted ``no_sender`` and not kept.
-
-Counts (:mod:`.counts`: admitted, delivered, dropped by reason) are in
-:meth:`StreamHub.stats` and reach OpenTelemetry in batches from the sender's side.
+:class:`StreamHub` keeps every guarantee listed in :mod:`kernel_ext.stream`. It is one class
+of about 550 lines, and one module, on purpose: its methods share one lock and one state
+(open streams, live calls, the queue), and each rule that touches that state — attribution
+and admission on publish, the one terminal per stream, the call's end, idle streams — is
+written once, here, under that lock. Building what is queued, and counting, live in
+:mod:`.consumer` and :mod:`.counts`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from kernel_ext._telemetry import RareLog
 from kernel_ext.context import _CURRENT_CALL, CallLife
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
-from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, Envelope, text_block, text_block_fast_limit
+from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, Envelope, text_block_fast_limit
 from kernel_ext.resolve import attribute
 from kernel_ext.stream.consumer import (
     CHAT_EVENT_STATE,
-    MAX_TASK_ID,
     HubConsumer,
     Outgoing,
-    OutgoingBlock,
     QueueItem,
     ToolCallItem,
-    build,
     queue_item,
+    take,
 )
 from kernel_ext.stream.counts import (
     ADMITTED,
@@ -84,6 +50,7 @@ from kernel_ext.stream.counts import (
     UNATTRIBUTED,
     Counts,
 )
+from kernel_ext.stream.state import CallState, HubStats, StreamState
 from kernel_ext.tap import LiveCall
 
 if TYPE_CHECKING:
@@ -120,59 +87,6 @@ _IDLE_ABORT_MESSAGE = "the stream was idle too long; its tool call's end was nev
 _MAX_RING = 1024
 _SWEEP_EVERY = 1.0
 _TEXT_BLOCK_CHARS = 256  # the fixed parts of a text block, for the frame-size estimate
-
-
-class _CallStats:
-    """What the hub holds for one live call: counters, open streams, closed stream keys
-    (an insertion-ordered set, oldest first) and the call's life when it was seen."""
-
-    __slots__ = ("admitted", "closed", "dropped", "life", "open", "path", "touched")
-
-    def __init__(self, path: str, now: float) -> None:
-        self.admitted = 0
-        self.dropped = 0
-        self.path = path
-        self.open: dict[str, _Stream] = {}
-        self.closed: dict[str, None] = {}
-        self.life: CallLife | None = None
-        self.touched = now
-
-
-class _Stream:
-    __slots__ = ("call", "closed", "cursor", "provisional", "ring", "room", "seq", "touched")
-
-    def __init__(self, room: str, call: _CallStats, ring_size: int, now: float) -> None:
-        # Set (under the hub's lock) when the stream leaves the hub's streams: a publisher
-        # that looked it up without the lock then knows to look again.
-        self.closed = False
-        self.room = room
-        self.call = call
-        self.ring = [-math.inf] * ring_size  # admission times; ``cursor`` is the oldest
-        self.cursor = 0
-        self.seq = 0
-        self.touched = now
-        # (state, item) of the terminal to send if the call ends with the stream open.
-        self.provisional: tuple[str, Any] | None = None
-
-
-@dataclass(frozen=True)
-class HubStats:
-    """A snapshot of a hub: counts since it was made, and its current sizes.
-
-    ``counts`` keys are ``admitted``, ``delivered``, ``degraded`` and the drop reasons
-    (``throttled``, ``closed``, …, :mod:`kernel_ext.stream.counts`). ``closed`` is the number
-    of closed streams remembered (with their live calls).
-    """
-
-    counts: dict[str, int] = field(default_factory=dict)
-    streams: int = 0
-    calls: int = 0
-    closed: int = 0
-    queue: int = 0
-    consumer: bool = False
-
-    def __getitem__(self, reason: str) -> int:
-        return self.counts.get(reason, 0)
 
 
 class StreamHub:
@@ -238,10 +152,10 @@ class StreamHub:
         self._clock = clock
         self._lock = threading.Lock()
         self._counts = Counts(self._lock)
-        self._streams: dict[tuple[str | None, str], _Stream] = {}
-        self._calls: dict[str, _CallStats] = {}
+        self._streams: dict[tuple[str | None, str], StreamState] = {}
+        self._calls: dict[str, CallState] = {}
         # Terminals without a callId: remembered as the streams of one call that never ends.
-        self._unattributed = _CallStats("none", 0.0)
+        self._unattributed = CallState("none", 0.0)
         self._queue: deque[QueueItem] = deque()
         self._consumer: HubConsumer | None = None
         self._idle = False
@@ -509,42 +423,9 @@ class StreamHub:
     def _take(self, max_items: int) -> list[Outgoing]:
         """Up to ``max_items`` queued items, built (the consumer's :meth:`HubConsumer.get`);
         also ends idle streams and flushes counts, about once a second."""
-        pop = self._queue.popleft
-        out: list[Outgoing] = []
-        append = out.append
-        new = object.__new__
-        fast_chars = self._fast_chars
-        max_bytes = self.max_block_bytes
-        drop = self.record_dropped
-        try:
-            for _ in range(max_items):
-                raw = pop()
-                room, call_id, task_id, state, ts_ns, item, seq = raw
-                # The common block — small running text — built inline: what consumer.build
-                # makes of it, without its calls (this runs for every block).
-                if (
-                    state == "running"
-                    and item.__class__ is str
-                    and task_id.__class__ is str
-                    and 0 < len(task_id) <= MAX_TASK_ID
-                    and (size := len(item) + len(task_id) * 2) <= fast_chars
-                ):
-                    block = new(OutgoingBlock)  # OutgoingBlock(...) without its __init__
-                    block.room = room
-                    block.block = text_block(
-                        call_id, task_id, "running", ts_ns // 1_000_000, seq, item
-                    )
-                    block.call_id = call_id
-                    block.task_id = task_id
-                    block.terminal = False
-                    block.size = size + _TEXT_BLOCK_CHARS
-                    append(block)
-                    continue
-                built = build(raw, max_bytes, fast_chars, drop)
-                if built is not None:
-                    append(built)
-        except IndexError:  # the queue is empty
-            pass
+        out = take(
+            self._queue, max_items, self.max_block_bytes, self._fast_chars, self.record_dropped
+        )
         now = self._clock()
         if now >= self._next_sweep:
             self._next_sweep = now + _SWEEP_EVERY
@@ -554,7 +435,7 @@ class StreamHub:
 
     # -- the rules (lock held unless said otherwise) --------------------------------------
 
-    def _admit(self, stream: _Stream, now: float) -> bool:
+    def _admit(self, stream: StreamState, now: float) -> bool:
         """T4 and the queue bound for one running block of ``stream``: admitted (counted on
         the hub and the call), or dropped (``throttled``/``queue_full``, counted)."""
         ring = stream.ring
@@ -573,14 +454,14 @@ class StreamHub:
         self._counts.add_locked(ADMITTED)
         return True
 
-    def _drop_locked(self, reason: str, stats: _CallStats | None) -> None:
+    def _drop_locked(self, reason: str, stats: CallState | None) -> None:
         self._counts.add_locked(reason)
         if stats is not None:
             stats.dropped += 1
 
     def _open(
         self, key: tuple[str, str], room: str, path: str, life: CallLife | None = None
-    ) -> _Stream | None:
+    ) -> StreamState | None:
         """Open a stream; ``None`` (counted) when it or its call was closed, or over bounds."""
         call_id, task_id = key
         stats = self._calls.get(call_id)
@@ -596,12 +477,12 @@ class StreamHub:
             stats = self._new_call(call_id, path, now)
         if life is not None:
             stats.life = life
-        stream = _Stream(room, stats, self._ring, now)
+        stream = StreamState(room, stats, self._ring, now)
         self._streams[key] = stream
         stats.open[task_id] = stream
         return stream
 
-    def _new_call(self, call_id: str, path: str, now: float) -> _CallStats:
+    def _new_call(self, call_id: str, path: str, now: float) -> CallState:
         """State for a call; the oldest call's is forgotten when at the bound."""
         if len(self._calls) >= self.max_calls:
             oldest = next(iter(self._calls))
@@ -617,7 +498,7 @@ class StreamHub:
                 self.max_calls,
                 oldest,
             )
-        stats = self._calls[call_id] = _CallStats(path, now)
+        stats = self._calls[call_id] = CallState(path, now)
         return stats
 
     def _terminal(
@@ -646,7 +527,7 @@ class StreamHub:
         key = (call_id, task_id)
         with self._lock:
             if call_id is None:
-                stats: _CallStats | None = self._unattributed
+                stats: CallState | None = self._unattributed
                 provisional = False  # no call end will come to send it later
             else:
                 stats = self._calls.get(call_id)
