@@ -114,6 +114,8 @@ class ToolSpanProcessor(SpanProcessor):
                 context = span.context
                 parent_span = span.parent
                 start_time = span.start_time
+            # Is it a tool span, and its id? Written out again in on_end on purpose: a shared
+            # helper would cost every span (tool or not) a Python call on this hot path.
             operation = get(OPERATION)
             if operation is None:
                 if not _named_as_tool(span.name):
@@ -198,6 +200,7 @@ class ToolSpanProcessor(SpanProcessor):
             else:
                 get = _attribute_getter(span)
                 context = span.context
+            # As in on_start (kept twice on purpose: the hot path).
             operation = get(OPERATION)
             if operation is None:
                 if not _named_as_tool(span.name):

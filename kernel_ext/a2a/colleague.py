@@ -204,6 +204,8 @@ async def stream_colleague(
     return final
 
 
+# ask_colleague repeats stream_colleague's parameters on purpose: the tool's signature is
+# read by people and by agent frameworks that build a tool schema from it.
 async def ask_colleague(
     colleague: Client | AgentCard | str,
     text: str,

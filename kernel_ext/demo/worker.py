@@ -167,6 +167,7 @@ class ChatEventCapability(AbstractCapability[Any]):
     def get_ordering(self) -> CapabilityOrdering:
         return CapabilityOrdering(wrapped_by=[KernelExtCapability])
 
+    # pydantic-ai's capability hook: its signature, as in kernel_ext.integrations.pydantic_ai.
     async def wrap_tool_execute(
         self,
         ctx: RunContext[Any],

@@ -22,7 +22,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import BlockTooLargeError, DecodeError
@@ -38,8 +38,19 @@ from kernel_ext.protocol import (
 )
 from kernel_ext.stream.counts import DEGRADED, ERROR, INVALID, TOO_LARGE
 
-if TYPE_CHECKING:
-    from kernel_ext.stream.hub import StreamHub
+
+class _Source(Protocol):
+    """What a consumer needs of its hub (:class:`~kernel_ext.stream.StreamHub`)."""
+
+    _idle: bool
+
+    @property
+    def queue_size(self) -> int: ...
+
+    def _take(self, max_items: int) -> list[Outgoing]: ...
+
+    def _detach(self, consumer: HubConsumer, reason: str = ...) -> int: ...
+
 
 __all__ = [
     "CHAT_EVENT_STATE",
@@ -255,7 +266,7 @@ class HubConsumer:
     (one ``call_soon_threadsafe`` per idle→busy transition, not per block).
     """
 
-    def __init__(self, hub: StreamHub, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, hub: _Source, loop: asyncio.AbstractEventLoop) -> None:
         self._hub = hub
         self._loop = loop
         self._event = asyncio.Event()
@@ -264,8 +275,8 @@ class HubConsumer:
         self._poked = False
 
     @property
-    def hub(self) -> StreamHub:
-        """The hub this consumer takes from."""
+    def hub(self) -> Any:
+        """The :class:`~kernel_ext.stream.StreamHub` this consumer takes from."""
         return self._hub
 
     @property

@@ -35,6 +35,8 @@ def set_default_hub(hub: StreamHub | None) -> StreamHub | None:
     return previous
 
 
+# The same parameters as StreamHub.publish, written out on purpose: tool authors read this
+# signature, and a forwarding *args/**kwargs would cost the hot path.
 def publish(
     item: PublishItem,
     *,
