@@ -4,25 +4,22 @@
   of one bad input costs a handful of log lines, while every occurrence is counted.
 * :class:`BatchedCount` adds to an OpenTelemetry counter in batches: with an SDK meter
   provider one ``Counter.add`` costs about 5 µs, too much for the publish path.
-* :func:`slot_constructor` builds instances of a frozen, slotted dataclass at about a third
-  of the cost of its ``__init__`` (which sets each field through ``object.__setattr__``).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import logging
 import threading
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping
+from typing import TypeVar
 
 from opentelemetry.metrics import Counter
 
 from kernel_ext.errors import check_positive_ints
 
-__all__ = ["BatchedCount", "RareLog", "is_rare", "slot_constructor"]
+__all__ = ["BatchedCount", "RareLog", "is_rare"]
 
 _T = TypeVar("_T")
 
@@ -117,51 +114,3 @@ class BatchedCount:
         if rest:
             with contextlib.suppress(Exception):
                 self._counter.add(rest, self._attributes)
-
-
-def slot_constructor(cls: type[_T]) -> Callable[..., _T]:
-    """A positional constructor for the frozen, slotted dataclass ``cls``, skipping its
-    ``__init__`` (so also its defaults: every field must be passed, in field order).
-
-    The fastest form (about a third of the cost of ``cls(...)``) is a private, unfrozen
-    class with the very same slots: its ``__init__`` stores each field with a plain
-    attribute store, then turns the instance into a ``cls`` by ``__class__`` assignment,
-    which CPython allows only between classes of identical layout (it raises otherwise).
-    If that is refused, the slots are filled through their descriptors (half the cost of
-    ``cls(...)``); if ``cls`` is not laid out as expected at all, ``cls`` itself is returned.
-    Each form is checked against ``cls(...)`` first, so callers always get objects equal
-    to (and of the type of) what ``cls(...)`` would build."""
-    try:
-        names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
-        setters = {f"_set_{name}": vars(cls)[name].__set__ for name in names}
-        slots = vars(cls)["__slots__"]
-        if hasattr(cls, "__post_init__") or not all(name.isidentifier() for name in names):
-            return cls
-    except (TypeError, KeyError, AttributeError):
-        return cls
-    args = ", ".join(names)
-    sample = tuple(f"v{i}" for i in range(len(names)))
-    # Unrolled like dataclasses' own generated __init__ (a loop would cost as much as it).
-    twin_source = (
-        "class _Twin:\n    __slots__ = _slots\n"
-        "    def __init__(self, {args}):\n{stores}        self.__class__ = _cls\n"
-    ).format(args=args, stores="".join(f"        self.{name} = {name}\n" for name in names))
-    setter_source = (
-        "def make({args}):\n    instance = _new(_cls)\n{sets}    return instance\n"
-    ).format(args=args, sets="".join(f"    _set_{name}(instance, {name})\n" for name in names))
-    for source, made in ((twin_source, "_Twin"), (setter_source, "make")):
-        namespace: dict[str, Any] = {
-            "_new": object.__new__,
-            "_cls": cls,
-            "_slots": slots,
-            **setters,
-        }
-        try:
-            exec(source, namespace)
-            make: Callable[..., _T] = namespace[made]
-            built = make(*sample)
-            if type(built) is cls and built == cls(*sample):
-                return make
-        except Exception:
-            continue
-    return cls

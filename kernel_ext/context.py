@@ -27,8 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 __all__ = [
     "CallLife",
@@ -59,29 +58,70 @@ class CallLife:
     def __repr__(self) -> str:
         return f"CallLife(ended={self.ended})"
 
+    # A call's life is not part of its value: two records of one call compare equal.
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, CallLife)
 
-@dataclass(frozen=True, slots=True)
-class ToolCall:
-    """One running tool call, as tool code sees it.
+    def __hash__(self) -> int:
+        return 0
 
-    ``call_id`` is the span id of the call's ``execute_tool`` span as 16 lower-case hex
-    digits (the callId of its blocks); ``llm_call_id`` is the model's tool-call id
-    (``gen_ai.tool.call.id``), a different thing; ``parent`` is the enclosing call when
-    tools nest. ``life`` tells whether the call has ended (:attr:`ended`); it is not part
-    of the call's equality.
-    """
 
+class _ToolCallFields(NamedTuple):
     call_id: str
     tool_name: str
     conversation_id: str | None = None
     llm_call_id: str | None = None
     parent: ToolCall | None = None
-    life: CallLife = field(default_factory=CallLife, compare=False, repr=False)
+    life: CallLife = cast("CallLife", None)  # always set by ToolCall.__new__
+
+
+_tuple_new = tuple.__new__
+
+
+class ToolCall(_ToolCallFields):
+    """One running tool call, as tool code sees it (an immutable record).
+
+    ``call_id`` is the span id of the call's ``execute_tool`` span as 16 lower-case hex
+    digits (the callId of its blocks); ``llm_call_id`` is the model's tool-call id
+    (``gen_ai.tool.call.id``), a different thing; ``parent`` is the enclosing call when
+    tools nest. ``life`` tells whether the call has ended (:attr:`ended`); a new one is made
+    when none is given, and it is not part of the call's equality or repr.
+    """
+
+    __slots__ = ()
+
+    def __new__(
+        cls,
+        call_id: str,
+        tool_name: str,
+        conversation_id: str | None = None,
+        llm_call_id: str | None = None,
+        parent: ToolCall | None = None,
+        life: CallLife | None = None,
+    ) -> ToolCall:
+        return _tuple_new(
+            cls,
+            (
+                call_id,
+                tool_name,
+                conversation_id,
+                llm_call_id,
+                parent,
+                life if life is not None else CallLife(),
+            ),
+        )
 
     @property
     def ended(self) -> bool:
         """Whether the call has ended (its runtime returned or raised, or its span ended)."""
         return self.life.ended
+
+    def __repr__(self) -> str:
+        return (
+            f"ToolCall(call_id={self.call_id!r}, tool_name={self.tool_name!r}, "
+            f"conversation_id={self.conversation_id!r}, llm_call_id={self.llm_call_id!r}, "
+            f"parent={self.parent!r})"
+        )
 
 
 def span_id_hex(span_id: int) -> str:

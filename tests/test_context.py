@@ -166,3 +166,21 @@ def test_span_id_hex_is_sixteen_lower_case_hex_digits(span_id: int, call_id: str
 def test_span_id_hex_refuses_what_is_not_a_64_bit_id(span_id: int) -> None:
     with pytest.raises(OverflowError):
         span_id_hex(span_id)
+
+
+def test_a_tool_call_is_an_immutable_value_whose_life_is_shared_not_compared() -> None:
+    one = ToolCall("00f067aa0ba902b7", "ask_colleague", "conv-1")
+    other = ToolCall("00f067aa0ba902b7", "ask_colleague", "conv-1")
+    assert one == other
+    assert hash(one) == hash(other)
+    assert one.life is not other.life  # each call made without one gets its own life
+    assert "life" not in repr(one)
+    assert not one.ended
+    one.life.end()
+    assert one.ended
+    assert not other.ended
+    assert one == other  # ending a call does not change its value
+    with pytest.raises(AttributeError):
+        one.call_id = "x"  # type: ignore[misc]
+    shared = ToolCall("a" * 16, "t", life=one.life)
+    assert shared.ended

@@ -41,7 +41,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
-from kernel_ext._telemetry import RareLog, slot_constructor
+from kernel_ext._telemetry import RareLog
 from kernel_ext._version import __version__
 from kernel_ext.context import (
     _CURRENT_CALL,
@@ -74,8 +74,6 @@ TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 CONVERSATION_ID = "gen_ai.conversation.id"
 
-_new_tool_call = slot_constructor(ToolCall)  # half the cost of the frozen dataclass __init__
-_new_live_call = slot_constructor(LiveCall)
 
 SinkOf = Callable[[], "CallSink | None"]
 """Where a call's end reports to, read when the call ends (a sink may be set meanwhile)."""
@@ -242,7 +240,7 @@ class ActiveCall:
                 if sink is not None:
                     try:
                         sink.tool_call_ended(
-                            _new_live_call(
+                            LiveCall(
                                 call.call_id,
                                 call.tool_name,
                                 call.conversation_id,
@@ -310,7 +308,7 @@ def begin(
     span_context = span.get_span_context()
     call: ToolCall | None = None
     if span_context.is_valid:
-        call = _new_tool_call(
+        call = ToolCall(
             span_id_hex(span_context.span_id),
             description.tool_name,
             conversation_id,
