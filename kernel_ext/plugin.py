@@ -222,7 +222,7 @@ def enable(
         )
         check_positive_numbers(shutdown_timeout=shutdown_timeout)
         if hub is None and emitter is not None:
-            hub = emitter._hub  # an emitter made for a hub brings it along
+            hub = emitter.given_hub  # an emitter made for a hub brings it along
         if hub is None:
             hub = StreamHub(
                 max_running_per_second=settings.max_running_per_second,
@@ -232,8 +232,8 @@ def enable(
             )
         if emitter is None:
             emitter = _emitter_from(settings, hub, emitter_options)
-        elif emitter._hub is not hub:
-            emitter._hub = hub
+        elif emitter.given_hub is not hub:
+            emitter.use_hub(hub)
         if targets is None and settings.targets:
             targets = settings.targets
             describe = describe or settings.describe_hook()
@@ -371,7 +371,7 @@ async def adisable(timeout: float = 5.0) -> bool:
 def _undo_flushed(state: Enabled, timeout: float) -> bool:
     emitter = state.emitter
     _undo(state, timeout)
-    return emitter is None or emitter._flushed_at_stop
+    return emitter is None or emitter.last_stop_flushed
 
 
 def _restore_sigterm(state: Enabled) -> None:
@@ -412,7 +412,7 @@ def _undo(state: Enabled, timeout: float) -> asyncio.Task[bool] | None:
 def _stop_emitter(state: Enabled, emitter: Emitter, timeout: float) -> asyncio.Task[bool] | None:
     loop = state.loop
     if loop is None or loop.is_closed():
-        emitter._give_up("left behind by its closed event loop")
+        emitter.abandon("left behind by its closed event loop")
         return None
     try:
         running = asyncio.get_running_loop()
@@ -434,7 +434,7 @@ def _stop_emitter(state: Enabled, emitter: Emitter, timeout: float) -> asyncio.T
     if loop.is_running():
         asyncio.run_coroutine_threadsafe(emitter.stop(timeout), loop).result(timeout + 5)
     else:
-        emitter._give_up("left behind by its stopped event loop")
+        emitter.abandon("left behind by its stopped event loop")
     return None
 
 

@@ -152,10 +152,24 @@ class Emitter(abc.ABC):
 
     @property
     def hub(self) -> StreamHub:
-        """The hub this emitter consumes."""
+        """The hub this emitter consumes (the process-wide one unless it was given one)."""
         if self._hub is None:
             self._hub = get_default_hub()
         return self._hub
+
+    @property
+    def given_hub(self) -> StreamHub | None:
+        """The hub this emitter was made for, or ``None`` (then :attr:`hub` is the default)."""
+        return self._hub
+
+    def use_hub(self, hub: StreamHub) -> None:
+        """Consume ``hub`` from now on (before :meth:`attach`/:meth:`start`)."""
+        self._hub = hub
+
+    @property
+    def last_stop_flushed(self) -> bool:
+        """What the last :meth:`stop` returned (``True`` before any)."""
+        return self._flushed_at_stop
 
     @property
     def running(self) -> bool:
@@ -240,7 +254,7 @@ class Emitter(abc.ABC):
             if self._task is not None and not self._task.done():
                 flushed = await self.flush(timeout)
         finally:
-            if self._give_up("stopped") and flushed:
+            if self.abandon("stopped") and flushed:
                 flushed = False
             self._flushed_at_stop = flushed
         task, self._task = self._task, None
@@ -269,9 +283,10 @@ class Emitter(abc.ABC):
                 return False
             await asyncio.sleep(0.005)  # polling with a deadline
 
-    def _give_up(self, why: str) -> int:
+    def abandon(self, why: str) -> int:
         """Stop taking from the hub; drop (count ``unflushed``) what is queued and what awaits
-        delivery. Returns how many blocks that was."""
+        delivery, logging ``why`` with the loss. For when :meth:`stop` cannot run (its event
+        loop is gone). Returns how many blocks that was."""
         self._stopping = True
         lost = 0
         consumer = self._consumer
@@ -318,7 +333,7 @@ class Emitter(abc.ABC):
                     "lost — await kernel_ext.adisable() (or emitter.stop()) before the loop "
                     "ends"
                 )
-                self._give_up("cancelled")
+                self.abandon("cancelled")
             raise
 
     # -- for subclasses -------------------------------------------------------------------
