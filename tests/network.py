@@ -68,9 +68,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _missing(what: str, how: str) -> None:
+def _missing(what: str, how: str, installed_by: str) -> None:
     if IN_CI:
-        pytest.fail(f"{what} is required in CI (.ci/run installs it)")
+        pytest.fail(f"{what} is required in CI ({installed_by} installs it)")
     pytest.skip(f"{what} is not installed ({how}); CI runs this test")
 
 
@@ -79,16 +79,17 @@ def need_binary(name: str, env_var: str | None = None) -> str:
     path = (os.environ.get(env_var) if env_var else None) or shutil.which(name)
     if path:
         return path
-    _missing(name, f"apt-get install {name}")
+    _missing(name, f"apt-get install {name}", ".ci/run")
     raise AssertionError("unreachable")  # pragma: no cover
 
 
 def need_module(name: str, install: str) -> ModuleType:
-    """Import ``name``; skip outside CI when it is not installed, fail in CI."""
+    """Import ``name``; skip outside CI when it is not installed, fail in CI (the ``test``
+    extra installs it)."""
     try:
         return importlib.import_module(name)
     except ImportError:
-        _missing(name, install)
+        _missing(name, install, "the test extra")
         raise AssertionError("unreachable") from None  # pragma: no cover
 
 
