@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 import socketio
-from conftest import free_port
+from network import free_port, wait_listening_async
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from timing import wait_until
 
 from kernel_ext import metrics
 from kernel_ext.context import ToolCall, use_tool_call
@@ -97,15 +98,12 @@ class Browser:
     async def wait_for(
         self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 10.0
     ) -> list[dict[str, Any]]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate(self.blocks):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError(f"{self.name}: {len(self.blocks)} blocks, condition not met")
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+        await wait_until(
+            lambda: predicate(self.blocks),
+            timeout,
+            lambda: f"{self.name}: {len(self.blocks)} blocks, condition not met",
+            wake=self._changed,
+        )
         return self.blocks
 
     async def close(self) -> None:
@@ -139,22 +137,9 @@ class RelayProcess:
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
 
     async def wait_ready(self, timeout: float = 20.0) -> None:
-        """Poll (with a deadline) until the relay accepts a connection."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"relay exited with {self.proc.returncode}")
-            try:
-                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
-                writer.close()
-                await writer.wait_closed()
-                return
-            except OSError:
-                if loop.time() > deadline:
-                    raise TimeoutError("relay did not listen in time") from None
-                await asyncio.sleep(0.05)
+        """Return once the relay accepts a connection (fails early if it exited)."""
+        assert self.proc is not None
+        await wait_listening_async(self.port, process=self.proc, what="relay", timeout=timeout)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -184,15 +169,6 @@ def emitter_for(port: int, hub: StreamHub, **options: Any) -> LoopbackEmitter:
     options.setdefault("reconnect_delay", 0.05)
     options.setdefault("reconnect_delay_max", 0.3)
     return LoopbackEmitter(f"http://127.0.0.1:{port}", SECRET, hub=hub, **options)
-
-
-async def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.01)  # polling with a deadline
 
 
 def record_sender_events(

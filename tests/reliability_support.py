@@ -28,7 +28,8 @@ from typing import Any
 
 import httpx
 from opentelemetry.sdk.trace import TracerProvider
-from relay_helpers import CONV, SECRET, Browser, RelayProcess, emitter_for, terminals, wait_until
+from relay_helpers import CONV, SECRET, Browser, RelayProcess, emitter_for, terminals
+from timing import wait_until
 
 from kernel_ext.emit import Emitter, LoopbackEmitter
 from kernel_ext.instrument import ToolDescription, tool_call_scope
@@ -224,15 +225,12 @@ class Tally(Browser):
 
     async def wait_batch(self, timeout: float = 30.0) -> None:
         """Wait until every expected terminal arrived."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.open:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                raise TimeoutError(f"{self.name}: {len(self.open)} terminals missing")
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+        await wait_until(
+            lambda: not self.open,
+            timeout,
+            lambda: f"{self.name}: {len(self.open)} terminals missing",
+            wake=self._changed,
+        )
 
 
 @contextlib.asynccontextmanager

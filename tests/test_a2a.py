@@ -9,7 +9,6 @@ StreamHub in the end-to-end section below.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -29,7 +28,8 @@ from a2a.types import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
-from conftest import free_port, serve_asgi
+from network import free_port, serve_asgi
+from timing import FakeClock, wait_until
 
 from kernel_ext.a2a import (
     A2AStreamAdapter,
@@ -108,14 +108,12 @@ class RecordingPublisher:
     async def wait_for(
         self, predicate: Callable[[list[Published]], bool], timeout: float = 10
     ) -> None:
-        deadline = asyncio.get_running_loop().time() + timeout
-        while not predicate(self.calls):
-            remaining = deadline - asyncio.get_running_loop().time()
-            if remaining <= 0:
-                raise TimeoutError(f"condition not met; calls: {self.calls}")
-            self._changed.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+        await wait_until(
+            lambda: predicate(self.calls),
+            timeout,
+            lambda: f"condition not met; calls: {self.calls}",
+            wake=self._changed,
+        )
 
 
 # -- hand-built A2A events for the adapter's unit tests ------------------------------------
@@ -481,6 +479,7 @@ def _one_terminal(publisher: RecordingPublisher) -> Published:
     return terminal
 
 
+@pytest.mark.network
 async def test_working_colleague_streams_envelopes_then_one_done(colleague: Colleague) -> None:
     publisher = RecordingPublisher()
     reply = await _ask(colleague, "work", publisher)
@@ -498,6 +497,7 @@ async def test_working_colleague_streams_envelopes_then_one_done(colleague: Coll
     assert {c.task_id for c in publisher.calls} == {reply.task_id}
 
 
+@pytest.mark.network
 async def test_ask_colleague_returns_the_final_text(colleague: Colleague) -> None:
     publisher = RecordingPublisher()
     answer = await ask_colleague(
@@ -515,6 +515,7 @@ async def test_ask_colleague_returns_the_final_text(colleague: Colleague) -> Non
         ("reject", "rejected", "I do not handle refunds"),
     ],
 )
+@pytest.mark.network
 async def test_failing_colleague_gives_one_aborted_then_ask_raises(
     colleague: Colleague, script: str, state: str, message: str
 ) -> None:
@@ -530,6 +531,7 @@ async def test_failing_colleague_gives_one_aborted_then_ask_raises(
     )
 
 
+@pytest.mark.network
 async def test_text_only_colleague_gives_pseudo_envelope_texts(colleague: Colleague) -> None:
     publisher = RecordingPublisher()
     reply = await _ask(colleague, "text", publisher)
@@ -544,6 +546,7 @@ async def test_text_only_colleague_gives_pseudo_envelope_texts(colleague: Collea
     )
 
 
+@pytest.mark.network
 async def test_malformed_envelopes_are_degraded_or_dropped_never_raised(
     colleague: Colleague,
 ) -> None:
@@ -559,6 +562,7 @@ async def test_malformed_envelopes_are_degraded_or_dropped_never_raised(
     assert (reply.stats.degraded, reply.stats.invalid, reply.stats.skipped) == (1, 4, 1)
 
 
+@pytest.mark.network
 async def test_answer_from_artifacts_when_the_completed_message_is_empty(
     colleague: Colleague,
 ) -> None:
@@ -568,6 +572,7 @@ async def test_answer_from_artifacts_when_the_completed_message_is_empty(
     assert _one_terminal(publisher).item == "Report: all orders shipped."
 
 
+@pytest.mark.network
 async def test_input_required_is_answered_with_the_question_and_can_be_followed_up(
     colleague: Colleague,
 ) -> None:
@@ -591,6 +596,7 @@ async def test_input_required_is_answered_with_the_question_and_can_be_followed_
     assert all(c.task_id == reply.task_id for c in publisher.calls[asked:])
 
 
+@pytest.mark.network
 async def test_crashing_colleague_gives_one_aborted_with_its_error(colleague: Colleague) -> None:
     publisher = RecordingPublisher()
     reply = await _ask(colleague, "crash", publisher)
@@ -599,6 +605,7 @@ async def test_crashing_colleague_gives_one_aborted_with_its_error(colleague: Co
     assert _one_terminal(publisher).state == "aborted"
 
 
+@pytest.mark.network
 async def test_repeated_completed_from_a_fault_injecting_peer_gives_one_done(
     colleague: Colleague,
 ) -> None:
@@ -608,6 +615,7 @@ async def test_repeated_completed_from_a_fault_injecting_peer_gives_one_done(
     assert [c.state for c in publisher.calls] == ["running", "done"]
 
 
+@pytest.mark.network
 async def test_stream_closing_without_a_terminal_gives_one_aborted(colleague: Colleague) -> None:
     publisher = RecordingPublisher()
     reply = await _ask(colleague, "close-early", publisher)
@@ -620,6 +628,7 @@ async def test_stream_closing_without_a_terminal_gives_one_aborted(colleague: Co
     assert terminal.task_id == reply.task_id
 
 
+@pytest.mark.network
 async def test_disconnect_mid_stream_gives_one_aborted_transport_error(
     colleague: Colleague,
 ) -> None:
@@ -642,6 +651,7 @@ async def test_unreachable_colleague_gives_one_local_aborted() -> None:
     assert [(c.task_id, c.state) for c in publisher.calls] == [(None, "aborted")]
 
 
+@pytest.mark.network
 async def test_hanging_colleague_hits_the_deadline_and_its_task_is_cancelled(
     colleague: Colleague,
 ) -> None:
@@ -662,6 +672,7 @@ async def test_hanging_colleague_hits_the_deadline_and_its_task_is_cancelled(
         assert task.status.state == TaskState.TASK_STATE_CANCELED
 
 
+@pytest.mark.network
 async def test_idle_timeout_cuts_a_silent_colleague_off(colleague: Colleague) -> None:
     publisher = RecordingPublisher()
     reply = await _ask(colleague, "hang", publisher, idle_timeout=0.5)
@@ -670,6 +681,7 @@ async def test_idle_timeout_cuts_a_silent_colleague_off(colleague: Colleague) ->
     assert [c.state for c in publisher.calls] == ["running", "aborted"]
 
 
+@pytest.mark.network
 async def test_colleague_cancelled_by_another_client_gives_one_aborted(
     colleague: Colleague,
 ) -> None:
@@ -690,6 +702,7 @@ async def test_colleague_cancelled_by_another_client_gives_one_aborted(
     assert [c.state for c in publisher.calls] == ["running", "aborted"]
 
 
+@pytest.mark.network
 async def test_cancelling_the_tool_publishes_one_aborted_and_reraises(
     colleague: Colleague,
 ) -> None:
@@ -704,6 +717,7 @@ async def test_cancelling_the_tool_publishes_one_aborted_and_reraises(
     ]
 
 
+@pytest.mark.network
 async def test_follow_up_under_one_call_is_its_own_stream(colleague: Colleague) -> None:
     publisher = RecordingPublisher()
     first = await _ask(colleague, "text", publisher)
@@ -733,21 +747,11 @@ CALL_B = "5b8aa5a2d2c872e8"
 CONV = "conv-a2a"
 
 
-class SteppingClock:
-    """The hub's monotonic clock, moved by the test (the throttle window is one second)."""
-
-    def __init__(self) -> None:
-        self.now = 5000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 @dataclass
 class Pane:
     hub: StreamHub
     emitter: MemoryEmitter
-    clock: SteppingClock
+    clock: FakeClock
 
     def blocks(self, call_id: str | None = None) -> list[dict[str, Any]]:
         return [b for b in self.emitter.blocks(CONV) if call_id is None or b["callId"] == call_id]
@@ -760,7 +764,7 @@ class Pane:
 
 @pytest.fixture
 async def pane() -> AsyncIterator[Pane]:
-    clock = SteppingClock()
+    clock = FakeClock(5000.0)
     hub = StreamHub(clock=clock, tap=Tap())
     emitter = MemoryEmitter(hub=hub)
     await emitter.start()
@@ -803,6 +807,7 @@ def _check_stream(
         ("close-early", "aborted", "the colleague's stream ended without a final state"),
     ],
 )
+@pytest.mark.network
 async def test_each_variant_through_the_hub_gives_ordered_blocks_and_one_terminal(
     colleague: Colleague, pane: Pane, script: str, state: str, text: str
 ) -> None:
@@ -819,6 +824,7 @@ async def test_each_variant_through_the_hub_gives_ordered_blocks_and_one_termina
     assert (terminal["state"], terminal["envelope"]["payload"][key]) == (state, text)
 
 
+@pytest.mark.network
 async def test_peer_envelopes_reach_the_wire_unchanged_with_integers(
     colleague: Colleague, pane: Pane
 ) -> None:
@@ -835,6 +841,7 @@ async def test_peer_envelopes_reach_the_wire_unchanged_with_integers(
     assert answer == pane.blocks()[-1]["envelope"]["payload"]["text"]
 
 
+@pytest.mark.network
 async def test_flood_is_throttled_to_ten_running_per_second_and_the_terminal_is_intact(
     colleague: Colleague, pane: Pane
 ) -> None:
@@ -864,6 +871,7 @@ async def test_flood_is_throttled_to_ten_running_per_second_and_the_terminal_is_
     assert pane.hub.stats()["throttled"] == count - len(running)
 
 
+@pytest.mark.network
 async def test_tool_cancellation_through_the_hub_ends_the_stream_once(
     colleague: Colleague, pane: Pane
 ) -> None:
@@ -889,6 +897,7 @@ async def test_unreachable_colleague_ends_the_calls_local_stream(pane: Pane) -> 
     assert terminal["state"] == "aborted"
 
 
+@pytest.mark.network
 async def test_two_calls_at_once_in_one_conversation_are_each_attributed_to_their_call(
     colleague: Colleague, pane: Pane
 ) -> None:
@@ -917,6 +926,7 @@ async def test_two_calls_at_once_in_one_conversation_are_each_attributed_to_thei
     assert len(pane.blocks()) == len(pane.blocks(CALL_A)) + len(pane.blocks(CALL_B))
 
 
+@pytest.mark.network
 async def test_follow_up_under_one_call_is_a_second_stream_through_the_hub(
     colleague: Colleague, pane: Pane
 ) -> None:
@@ -934,6 +944,7 @@ async def test_follow_up_under_one_call_is_a_second_stream_through_the_hub(
         )
 
 
+@pytest.mark.network
 async def test_default_publisher_is_the_module_level_publish(
     colleague: Colleague, pane: Pane
 ) -> None:
@@ -956,6 +967,7 @@ def _ended(pane: Pane, call_id: str) -> None:
     pane.hub.tool_call_ended(LiveCall(call_id, "ask_colleague", CONV), None)
 
 
+@pytest.mark.network
 async def test_a_question_followed_up_in_the_same_call_ends_with_one_done_of_the_answer(
     colleague: Colleague, pane: Pane
 ) -> None:
@@ -982,6 +994,7 @@ async def test_a_question_followed_up_in_the_same_call_ends_with_one_done_of_the
     assert pane.hub.stats().streams == 0
 
 
+@pytest.mark.network
 async def test_a_question_the_tool_returns_ends_its_stream_with_done_of_the_question(
     colleague: Colleague, pane: Pane
 ) -> None:
@@ -999,6 +1012,7 @@ async def test_a_question_the_tool_returns_ends_its_stream_with_done_of_the_ques
     )
 
 
+@pytest.mark.network
 async def test_a_follow_up_in_a_later_call_is_that_calls_own_stream(
     colleague: Colleague, pane: Pane
 ) -> None:

@@ -3,17 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from timing import FakeClock
 
 from kernel_ext._bounded import BoundedMap
 from kernel_ext.errors import ConfigError
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_at_the_size_bound_nothing_is_forgotten_and_one_more_forgets_the_oldest() -> None:
@@ -29,7 +22,7 @@ def test_at_the_size_bound_nothing_is_forgotten_and_one_more_forgets_the_oldest(
 
 
 def test_an_entry_lives_exactly_ttl_seconds_after_it_was_added() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     forgotten: list[tuple[str, str, str]] = []
     memory: BoundedMap[str, str] = BoundedMap(
         10, ttl=30, clock=clock, on_forget=lambda *e: forgotten.append(e)
@@ -47,7 +40,7 @@ def test_an_entry_lives_exactly_ttl_seconds_after_it_was_added() -> None:
 
 
 def test_refresh_makes_an_entry_the_newest_with_a_new_deadline() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     memory: BoundedMap[str, int] = BoundedMap(2, ttl=10, clock=clock)
     memory.set("a", 1)
     clock.now += 5
@@ -61,7 +54,7 @@ def test_refresh_makes_an_entry_the_newest_with_a_new_deadline() -> None:
 
 
 def test_pop_and_take_forget_without_reporting_and_skip_what_expired() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     forgotten: list[object] = []
     memory: BoundedMap[int, str] = BoundedMap(
         5, ttl=1, clock=clock, on_forget=lambda *e: forgotten.append(e)
@@ -92,7 +85,7 @@ def test_bad_bounds_are_refused_at_construction(size: int, ttl: float | None) ->
 
 
 def test_a_long_run_stays_within_its_bound() -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     memory: BoundedMap[int, int] = BoundedMap(100, ttl=5, clock=clock)
     for i in range(100_000):
         memory.set(i, i)

@@ -14,10 +14,11 @@ import contextvars
 from typing import Any
 
 import pytest
-from conftest import RedisServer, serve_asgi
-from relay_helpers import SECRET, barrier, terminals, wait_until
+from network import RedisServer, serve_asgi
+from relay_helpers import SECRET, barrier, terminals
 from reliability_support import DEFAULT_PINGS, WatchedBrowser, Worker, browser_on, running_relay
 from test_redis import wait_subscribed
+from timing import FakeClock, wait_until
 
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.relay import allow_all, create_app
@@ -26,17 +27,9 @@ from kernel_ext.stream import StreamHub
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
 
-class Clock:
-    """The hub's monotonic clock, moved by the test (no waiting for real seconds)."""
-
-    def __init__(self) -> None:
-        self.now = 10_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-async def late_blocks_of_a_long_call(worker: Worker, clock: Clock, browser: WatchedBrowser) -> str:
+async def late_blocks_of_a_long_call(
+    worker: Worker, clock: FakeClock, browser: WatchedBrowser
+) -> str:
     """One live call closes a stream; then 1,100 other streams close (500 of this call, 600
     of six other live calls) and 11 s pass; then the stream gets a running block and a
     second terminal; the call ends; a task it started publishes after the end. Returns the
@@ -92,7 +85,7 @@ def check_worker(worker: Worker) -> None:
 
 
 async def test_late_blocks_of_a_closed_stream_never_reach_the_browser_over_the_relay() -> None:
-    clock = Clock()
+    clock = FakeClock(10_000.0)
     ready = create_app(SECRET, authorize_join=allow_all)
     async with serve_asgi(ready.app) as port, browser_on(port, "conv-late") as browser:
         async with Worker(port, max_running_per_second=None, hub_options={"clock": clock}) as w:
@@ -109,7 +102,7 @@ async def test_late_blocks_of_a_closed_stream_never_reach_the_browser_over_the_r
 async def test_late_blocks_of_a_closed_stream_never_reach_the_browser_over_redis(
     redis_server: RedisServer,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock(10_000.0)
 
     def redis_emitter(hub: StreamHub) -> RedisEmitter:
         return RedisEmitter(redis_server.url, hub=hub)

@@ -12,7 +12,8 @@ import json
 
 import pytest
 import socketio
-from conftest import RedisServer
+from network import RedisServer
+from timing import wait_until
 
 from kernel_ext import _compat
 
@@ -46,13 +47,13 @@ async def test_the_publish_result_is_the_receiver_count_of_a_real_redis(
     listener = socketio.AsyncRedisManager(redis_server.url)
     listener.set_server(socketio.AsyncServer())
     task = asyncio.get_running_loop().create_task(listener._thread())
+
+    async def received() -> bool:
+        await manager.emit("x", {"a": 1}, namespace="/chat", room="r")
+        return manager.last_receivers == 1
+
     try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while manager.last_receivers != 1:
-            assert loop.time() < deadline, "the listener never subscribed"
-            await asyncio.sleep(0.02)  # polling with a deadline
-            await manager.emit("x", {"a": 1}, namespace="/chat", room="r")
+        await wait_until(received, 10, "the listener never subscribed", interval=0.02)
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -77,12 +78,14 @@ async def test_emit_tags_reach_the_channel_inside_the_emit_message(
     try:
         await pubsub.subscribe("socketio")
         await manager.emit("x", {"a": 1}, namespace="/chat", room="r")
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
         message = None
-        while message is None:  # the first reads return the (ignored) subscribe reply
-            assert loop.time() < deadline, "nothing was published"
+
+        async def read() -> bool:  # the first reads return the (ignored) subscribe reply
+            nonlocal message
             message = await pubsub.get_message(timeout=1)
+            return message is not None
+
+        await wait_until(read, 10, "nothing was published")
         published = json.loads(message["data"])
         assert published["method"] == "emit"
         assert published["data"] == [{"a": 1}]

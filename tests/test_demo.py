@@ -8,7 +8,6 @@ the "needs Python 3.11" message are tested everywhere.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import io
 import os
 import queue
@@ -24,7 +23,8 @@ from typing import Any
 
 import pytest
 import socketio
-from conftest import RedisServer, free_port, serve_asgi
+from network import RedisServer, free_port, serve_asgi, started
+from timing import wait_until
 
 from kernel_ext.demo import EXIT_UNAVAILABLE, add_arguments, run
 from kernel_ext.demo.script import (
@@ -215,10 +215,11 @@ async def test_a_browser_cannot_pose_as_the_agent_or_broadcast() -> None:
         assert len(agent.messages) == 1
         assert impostor.messages == []
         rejected = ("rejected_not_internal", "rejected_unknown_event")
-        deadline = time.monotonic() + 5
-        while sum(rig.web.relay.stats().get(key, 0) for key in rejected) < 3:
-            assert time.monotonic() < deadline, rig.web.relay.stats()  # polling, with a deadline
-            await asyncio.sleep(0.01)
+        await wait_until(
+            lambda: sum(rig.web.relay.stats().get(key, 0) for key in rejected) >= 3,
+            5,
+            rig.web.relay.stats,
+        )
         assert seen == []
 
 
@@ -353,6 +354,7 @@ class Demo:
     """``kernel-ext demo`` in a subprocess, its output read by threads."""
 
     def __init__(self, *argv: str) -> None:
+        started("network")  # its colleagues and web process listen on 127.0.0.1
         self.port = free_port()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kernel_ext.cli", "demo", "--port", str(self.port), *argv],

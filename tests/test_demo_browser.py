@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CHROMIUM_ARGS, need_binary
+from network import chromium
 from test_demo import PY_REASON, demo
 
 from kernel_ext.demo.script import SECOND_QUESTION
@@ -86,67 +86,58 @@ def _check_ended(node: dict[str, Any], final: str) -> None:
 
 
 def test_the_page_shows_colleagues_working_live_in_each_calls_pane() -> None:
-    executable = need_binary("chromium", "CHROMIUM")
     pytest.importorskip("pydantic_ai", reason=PY_REASON)
-    from playwright.sync_api import sync_playwright
-
     ARTIFACTS.mkdir(exist_ok=True)
     with demo("--step-delay", "0.4", "--time-limit", "150") as running:
         running.wait_for("Open http://")
         url = f"http://127.0.0.1:{running.port}/"
-        with sync_playwright() as playwright:
-            browser = playwright.chromium.launch(
-                executable_path=executable, args=CHROMIUM_ARGS, timeout=60_000
-            )
-            try:
-                page = browser.new_page(viewport={"width": 1100, "height": 960})
-                page.add_init_script(WATCH)
-                page.set_default_timeout(WAIT_MS)
-                errors: list[str] = []
-                page.on("pageerror", lambda error: errors.append(str(error)))
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 1100, "height": 960})
+            page.add_init_script(WATCH)
+            page.set_default_timeout(WAIT_MS)
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
 
-                # The page starts the first conversation by itself: two calls at once.
-                page.goto(url, timeout=WAIT_MS)
-                page.wait_for_function("() => window.__kx.mostLiveAtOnce >= 2")
-                page.wait_for_function(ENDED, arg=[2, 1], timeout=WAIT_MS)
-                first = _by_colleague(page.evaluate(SUMMARY))
-                orders, carrier = first["→ Orders desk"], first["→ Carrier (third-party)"]
-                assert orders["callId"] != carrier["callId"]
-                live = page.evaluate("() => window.__kx.liveBeforeFinal")
-                assert orders["callId"] in live  # blocks were on screen before its answer
-                assert carrier["callId"] in live
-                for node in (orders, carrier):
-                    assert node["callId"] == node["paneCallId"]
-                    assert len(node["callId"]) == 16
-                _check_ended(orders, "Order 42 shipped on Monday; it arrives Friday.")
-                _check_ended(carrier, "Plain answer without envelopes.")
-                assert orders["tools"] == ["search_orders", "fetch_order"]
-                assert orders["thinking"] == [{"open": False, "summary": "思考中…"}]
-                assert orders["texts"] == ["Order 42 shipped on Monday."]
-                assert carrier["tools"] == []
-                assert carrier["thinking"] == []
-                assert carrier["texts"] == [
-                    "Reading your question",
-                    "Looking it up",
-                    "Writing the answer",
-                ]
-                page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
+            # The page starts the first conversation by itself: two calls at once.
+            page.goto(url, timeout=WAIT_MS)
+            page.wait_for_function("() => window.__kx.mostLiveAtOnce >= 2")
+            page.wait_for_function(ENDED, arg=[2, 1], timeout=WAIT_MS)
+            first = _by_colleague(page.evaluate(SUMMARY))
+            orders, carrier = first["→ Orders desk"], first["→ Carrier (third-party)"]
+            assert orders["callId"] != carrier["callId"]
+            live = page.evaluate("() => window.__kx.liveBeforeFinal")
+            assert orders["callId"] in live  # blocks were on screen before its answer
+            assert carrier["callId"] in live
+            for node in (orders, carrier):
+                assert node["callId"] == node["paneCallId"]
+                assert len(node["callId"]) == 16
+            _check_ended(orders, "Order 42 shipped on Monday; it arrives Friday.")
+            _check_ended(carrier, "Plain answer without envelopes.")
+            assert orders["tools"] == ["search_orders", "fetch_order"]
+            assert orders["thinking"] == [{"open": False, "summary": "思考中…"}]
+            assert orders["texts"] == ["Order 42 shipped on Monday."]
+            assert carrier["tools"] == []
+            assert carrier["thinking"] == []
+            assert carrier["texts"] == [
+                "Reading your question",
+                "Looking it up",
+                "Writing the answer",
+            ]
+            page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
 
-                # A message from the box: one more call, filling live before its answer.
-                page.fill("#message", SECOND_QUESTION)
-                page.click("#send")
-                page.wait_for_function(ENDED, arg=[3, 2], timeout=WAIT_MS)
-                nodes = page.evaluate(SUMMARY)
-                third = nodes[2]
-                assert third["callId"] in page.evaluate("() => window.__kx.liveBeforeFinal")
-                assert third["colleague"] == "→ Orders desk"
-                assert third["callId"] not in {orders["callId"], carrier["callId"]}
-                _check_ended(third, "Order 42 shipped on Monday; it arrives Friday.")
-                assert third["thinking"] == [{"open": False, "summary": "思考中…"}]
-                assert page.input_value("#message") == ""
-                page.screenshot(path=str(ARTIFACTS / "demo-after-message.png"), full_page=True)
-                assert errors == []
-            finally:
-                browser.close()
+            # A message from the box: one more call, filling live before its answer.
+            page.fill("#message", SECOND_QUESTION)
+            page.click("#send")
+            page.wait_for_function(ENDED, arg=[3, 2], timeout=WAIT_MS)
+            nodes = page.evaluate(SUMMARY)
+            third = nodes[2]
+            assert third["callId"] in page.evaluate("() => window.__kx.liveBeforeFinal")
+            assert third["colleague"] == "→ Orders desk"
+            assert third["callId"] not in {orders["callId"], carrier["callId"]}
+            _check_ended(third, "Order 42 shipped on Monday; it arrives Friday.")
+            assert third["thinking"] == [{"open": False, "summary": "思考中…"}]
+            assert page.input_value("#message") == ""
+            page.screenshot(path=str(ARTIFACTS / "demo-after-message.png"), full_page=True)
+            assert errors == []
         running.proc.send_signal(signal.SIGTERM)
         assert running.finish() == 130

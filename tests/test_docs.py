@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import IN_CI, RedisServer, need_binary
+from network import IN_CI, RedisServer, need_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -203,8 +203,15 @@ def _describe(block: CodeBlock, done: subprocess.CompletedProcess[str]) -> str:
     )
 
 
+def _example(block: CodeBlock) -> object:
+    """``block`` as a parameter, marked ``redis`` when it needs a redis-server."""
+    needs = {n.strip() for n in block.directives.get("needs", "").split(",")}
+    marks = [pytest.mark.redis] if "redis-server" in needs else []
+    return pytest.param(block, marks=marks, id=block.id)
+
+
 @pytest.mark.network
-@pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
+@pytest.mark.parametrize("block", [_example(b) for b in RUNNABLE])
 def test_every_python_example_runs_and_prints_its_output(block: CodeBlock, runner: _Runner) -> None:
     if "needs" in block.directives:
         with _needs(block) as env:

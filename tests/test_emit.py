@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
-from conftest import free_port, serve_asgi
+from network import free_port, serve_asgi
 from relay_helpers import (
     CALL,
     CONV,
@@ -20,8 +20,8 @@ from relay_helpers import (
     in_call,
     record_sender_events,
     terminals,
-    wait_until,
 )
+from timing import wait_until
 
 from kernel_ext.emit import LoopbackEmitter
 from kernel_ext.relay import ChatRelay, allow_all, create_app

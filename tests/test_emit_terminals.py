@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from timing import FakeClock
 
 from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError
@@ -22,14 +23,6 @@ from kernel_ext.tap import Tap
 CALL = "00f067aa0ba902b7"
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def terminal(task: str = "t", text: str = "the answer") -> OutgoingBlock:
     block = text_block(CALL, task, "done", 1_000_000_000_000, 3, text)
     return OutgoingBlock("conv", block, CALL, task, True, block_size(block))
@@ -37,7 +30,7 @@ def terminal(task: str = "t", text: str = "the answer") -> OutgoingBlock:
 
 def held(
     hub: StreamHub,
-    clock: Clock,
+    clock: FakeClock,
     *,
     count: int = 10,
     age: float = 60.0,
@@ -58,7 +51,7 @@ def hub() -> StreamHub:
 
 
 def test_held_terminals_come_back_oldest_first_and_are_no_longer_held(hub: StreamHub) -> None:
-    clock = Clock()
+    clock = FakeClock()
     owed = held(hub, clock)
     entries = [owed.new(terminal(f"t{i}"), attempts=1) for i in range(3)]
     for entry in entries:
@@ -72,7 +65,7 @@ def test_held_terminals_come_back_oldest_first_and_are_no_longer_held(hub: Strea
 def test_beyond_the_count_bound_the_oldest_is_given_up_counted_and_logged(
     hub: StreamHub, caplog: pytest.LogCaptureFixture
 ) -> None:
-    clock = Clock()
+    clock = FakeClock()
     owed = held(hub, clock, count=2)
     entries = [owed.new(terminal(f"t{i}"), attempts=1) for i in range(3)]
     with caplog.at_level(logging.ERROR, logger="kernel_ext.emit"):
@@ -84,7 +77,7 @@ def test_beyond_the_count_bound_the_oldest_is_given_up_counted_and_logged(
 
 
 def test_age_counts_from_the_first_attempt_even_when_held_again_later(hub: StreamHub) -> None:
-    clock = Clock()
+    clock = FakeClock()
     owed = held(hub, clock, age=60.0, attempts=100)
     entry = owed.new(terminal(), attempts=1)
     owed.hold(entry)
@@ -100,7 +93,7 @@ def test_age_counts_from_the_first_attempt_even_when_held_again_later(hub: Strea
 def test_a_spent_terminal_is_given_up_when_held_and_expire_keeps_the_rest(
     hub: StreamHub,
 ) -> None:
-    clock = Clock()
+    clock = FakeClock()
     owed = held(hub, clock, age=60.0, attempts=3)
     spent = owed.new(terminal("spent"), attempts=3)
     owed.hold(spent)
@@ -118,7 +111,7 @@ def test_a_spent_terminal_is_given_up_when_held_and_expire_keeps_the_rest(
 
 
 def test_abandon_forgets_without_counting(hub: StreamHub) -> None:
-    owed = held(hub, Clock())
+    owed = held(hub, FakeClock())
     owed.hold(owed.new(terminal(), attempts=1))
     assert owed.abandon() == 1
     assert len(owed) == 0
@@ -127,17 +120,17 @@ def test_abandon_forgets_without_counting(hub: StreamHub) -> None:
 
 def test_bad_bounds_are_refused_naming_the_senders_argument(hub: StreamHub) -> None:
     with pytest.raises(ConfigError, match="max_pending_terminals"):
-        held(hub, Clock(), count=0)
+        held(hub, FakeClock(), count=0)
     with pytest.raises(ConfigError, match="terminal_max_age"):
-        held(hub, Clock(), age=-1.0)
+        held(hub, FakeClock(), age=-1.0)
     with pytest.raises(ConfigError, match="terminal_max_attempts"):
-        held(hub, Clock(), attempts=0)
+        held(hub, FakeClock(), attempts=0)
 
 
 def test_a_terminal_refused_as_too_large_is_cut_to_the_bound_then_replaced_then_lost(
     hub: StreamHub, caplog: pytest.LogCaptureFixture
 ) -> None:
-    owed = held(hub, Clock())
+    owed = held(hub, FakeClock())
     entry = owed.new(terminal(text="x" * 5_000), attempts=1)
     assert owed.refused(entry, "too_large", 1_000)
     cut = entry.item.block
@@ -156,7 +149,7 @@ def test_a_terminal_refused_as_too_large_is_cut_to_the_bound_then_replaced_then_
 
 
 def test_a_terminal_refused_as_invalid_goes_straight_to_the_fallback(hub: StreamHub) -> None:
-    owed = held(hub, Clock())
+    owed = held(hub, FakeClock())
     entry = owed.new(terminal(), attempts=1)
     assert owed.refused(entry, "invalid", 1_000)
     assert entry.item.block["state"] == "done"

@@ -42,10 +42,10 @@ from a2a.types import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
-from conftest import serve_asgi
 from google.protobuf import json_format, struct_pb2
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from network import serve_asgi
 from relay_helpers import NS, SECRET, Browser, barrier
 from reliability_support import FUZZ_EXAMPLES, report
 

@@ -30,10 +30,11 @@ from typing import Any
 import aiohttp
 import pytest
 import socketio
-from conftest import serve_asgi
-from relay_helpers import NS, SECRET, wait_until
+from network import serve_asgi
+from relay_helpers import NS, SECRET
 from reliability_support import DEFAULT_PINGS, TestRelay, browser_on, report, running_relay
 from test_relay import block, frame, worker
+from timing import wait_until
 
 import kernel_ext.relay.hostile as relay_hostile
 from kernel_ext.relay import ChatRelay, allow_all, create_app, mount_relay
@@ -133,13 +134,14 @@ async def settled_sizes(relay: TestRelay, like: dict[str, Any] | None = None) ->
     stats = await relay.stats()
     if like is None:
         return stats
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + 20
-    while (stats["eio_sockets"], stats["environs"]) != (like["eio_sockets"], like["environs"]):
-        if loop.time() > deadline:
-            break  # the comparison in the test shows what is left over
-        await asyncio.sleep(0.05)  # polling with a deadline
+
+    async def back() -> bool:
+        nonlocal stats
         stats = await relay.stats()
+        return (stats["eio_sockets"], stats["environs"]) == (like["eio_sockets"], like["environs"])
+
+    with contextlib.suppress(TimeoutError):  # the comparison in the test shows what is left
+        await wait_until(back, 20, interval=0.05)
     return stats
 
 
@@ -382,13 +384,13 @@ async def test_malformed_packets_are_counted_and_their_tracebacks_logged_rarely(
                 await raw.barrier()  # the connection survives every one of them
 
             figures = await attack_with_a_legit_stream(relay, attack, "malformed")
+
             # python-engineio handles each message in a task of its own: the barrier's answer
             # can overtake the last packets' handling, so wait (with a deadline) for it.
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + 30
-            while (await relay.stats())["counts"].get("rejected_bad_packet", 0) < TRIES:
-                assert loop.time() < deadline, "not every malformed packet was handled"
-                await asyncio.sleep(0.05)  # polling with a deadline
+            async def handled() -> bool:
+                return (await relay.stats())["counts"].get("rejected_bad_packet", 0) >= TRIES
+
+            await wait_until(handled, 30, "not every malformed packet was handled", interval=0.05)
         stats = (await relay.stats())["counts"]
         log = relay.log()
     by_kind: dict[str, int] = {}

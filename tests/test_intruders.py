@@ -28,10 +28,11 @@ from typing import Any
 
 import pytest
 import socketio
-from conftest import free_port, need_binary
-from relay_helpers import NS, SECRET, Browser, barrier, wait_until
+from network import chromium, free_port, wait_listening
+from relay_helpers import NS, SECRET, Browser, barrier
 from reliability_support import RUNS, report
 from test_relay import block, browsers, frame, relay_server, worker
+from timing import wait_until
 
 import kernel_ext.relay._log as relay_log
 import kernel_ext.relay.auth as relay_auth
@@ -277,16 +278,6 @@ async def test_oversized_and_deeply_nested_frames_are_refused_without_harm_to_ot
 
 # -- markup in every field, through the whole path into the demo page in Chromium ----------
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CALL = "00f067aa0ba902b7"
 ROOM = "demo-intruder"
 POISON = {
@@ -392,20 +383,7 @@ def demo_web() -> Iterator[int]:
         stdin=subprocess.DEVNULL,
     )
     try:
-        import socket
-        import time
-
-        deadline = time.monotonic() + 20
-        while True:  # poll with a deadline until it listens
-            if proc.poll() is not None:
-                raise RuntimeError(f"demo web exited with {proc.returncode}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("demo web did not listen in time") from None
-                time.sleep(0.05)
+        wait_listening(port, process=proc, what="demo web", timeout=20)
         yield port
     finally:
         proc.kill()
@@ -414,38 +392,28 @@ def demo_web() -> Iterator[int]:
 
 @pytest.mark.browser
 def test_markup_in_every_field_is_shown_as_text_in_the_browser(demo_web: int) -> None:
-    executable = need_binary("chromium", "CHROMIUM")
-    from playwright.sync_api import sync_playwright
-
     sender = SenderThread(demo_web)
     try:
-        with sync_playwright() as playwright:
-            chromium = playwright.chromium.launch(
-                executable_path=executable, args=CHROMIUM_ARGS, timeout=60_000
+        with chromium() as browser:
+            page = browser.new_page()
+            page.set_default_timeout(20_000)
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(f"http://127.0.0.1:{demo_web}/?c={ROOM}&auto=0&lang=en")
+            page.wait_for_selector("body[data-joined='1']")
+            acks = sender.send()
+            assert acks[:2] == [{"ok": True}, {"ok": True}]
+            assert acks[2] == {"ok": True, "accepted": 6, "rejected": 0}
+            page.wait_for_selector(".node-tool[data-status='ended']")
+            flow = page.locator("#flow")
+            for summary in flow.locator("details summary").all():
+                summary.click()  # folded content too
+            created = flow.evaluate(
+                "n => n.querySelectorAll('script,img,iframe,svg,style,object,marquee,a,b,i').length"
             )
-            try:
-                page = chromium.new_page()
-                page.set_default_timeout(20_000)
-                errors: list[str] = []
-                page.on("pageerror", lambda error: errors.append(str(error)))
-                page.goto(f"http://127.0.0.1:{demo_web}/?c={ROOM}&auto=0&lang=en")
-                page.wait_for_selector("body[data-joined='1']")
-                acks = sender.send()
-                assert acks[:2] == [{"ok": True}, {"ok": True}]
-                assert acks[2] == {"ok": True, "accepted": 6, "rejected": 0}
-                page.wait_for_selector(".node-tool[data-status='ended']")
-                flow = page.locator("#flow")
-                for summary in flow.locator("details summary").all():
-                    summary.click()  # folded content too
-                created = flow.evaluate(
-                    "n => n.querySelectorAll("
-                    "'script,img,iframe,svg,style,object,marquee,a,b,i').length"
-                )
-                pwned = page.evaluate("window.__kxPwned")
-                visible = flow.inner_text()
-                text = flow.text_content() or ""
-            finally:
-                chromium.close()
+            pwned = page.evaluate("window.__kxPwned")
+            visible = flow.inner_text()
+            text = flow.text_content() or ""
     finally:
         sender.close()
     assert errors == []

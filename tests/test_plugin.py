@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import free_port, serve_asgi
+from network import free_port, serve_asgi
 from opentelemetry.instrumentation.distro import DefaultDistro
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -98,6 +98,7 @@ async def test_enable_wires_instrumentor_processor_hub_and_emitter(
     assert not hasattr(globals()["ask_colleague"], "__wrapped__")  # uninstrumented
 
 
+@pytest.mark.network
 async def test_enable_without_a_loop_runs_the_sender_on_its_own_thread() -> None:
     ready = create_app(SECRET, authorize_join=allow_all)
     async with serve_asgi(ready.app) as port:

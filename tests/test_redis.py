@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from conftest import RedisServer
+from network import RedisServer
 from relay_helpers import (
     CONV,
     Browser,
@@ -16,8 +16,8 @@ from relay_helpers import (
     in_call,
     record_sender_events,
     terminals,
-    wait_until,
 )
+from timing import wait_until
 
 from kernel_ext import _compat
 from kernel_ext.emit import RedisEmitter
@@ -40,12 +40,13 @@ async def subscribers(redis_url: str) -> int:
 
 async def wait_subscribed(redis_url: str, n: int, timeout: float = 20.0) -> None:
     """Poll (with a deadline) until ``n`` web processes listen on the Socket.IO channel."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while await subscribers(redis_url) < n:
-        if loop.time() > deadline:
-            raise TimeoutError(f"{n} web processes did not subscribe to Redis in time")
-        await asyncio.sleep(0.05)
+
+    async def subscribed() -> bool:
+        return await subscribers(redis_url) >= n
+
+    await wait_until(
+        subscribed, timeout, f"{n} web processes did not subscribe to Redis", interval=0.05
+    )
 
 
 async def test_two_web_processes_behind_redis_serve_one_room(redis_server: RedisServer) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import socketio
-from conftest import serve_asgi
+from network import serve_asgi
 from relay_helpers import NS, SECRET, Browser, barrier
 
 from kernel_ext.relay import ChatRelay, allow_all, create_app

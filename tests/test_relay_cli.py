@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import socketio
-from conftest import free_port
+from network import free_port
 from relay_helpers import NS, SECRET, Browser, RelayProcess
 from test_relay import block, frame, worker
 

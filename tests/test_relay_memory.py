@@ -15,20 +15,12 @@ import logging
 from typing import Any
 
 import pytest
-from conftest import free_port
-from relay_helpers import wait_until
+from network import free_port
+from timing import FakeClock, wait_until
 
 import kernel_ext.relay.redis as relay_redis
 from kernel_ext.relay import RelayRedisManager
 from kernel_ext.relay.terminals import TerminalMemory
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def terminal(call_id: str = "00f067aa0ba902b7", task_id: str = "t") -> dict[str, Any]:
@@ -38,7 +30,7 @@ def terminal(call_id: str = "00f067aa0ba902b7", task_id: str = "t") -> dict[str,
 def memory(
     remember: int = 4, hold: int = 4
 ) -> tuple[TerminalMemory, FakeClock, collections.Counter[str]]:
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     counts: collections.Counter[str] = collections.Counter()
 
     def count(outcome: str, n: int) -> None:

@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from conftest import free_port, serve_asgi
-from relay_helpers import CONV, NS, Browser, barrier, terminals, wait_until
+from network import free_port, serve_asgi
+from relay_helpers import CONV, NS, Browser, barrier, terminals
 from reliability_support import (
     RUNS,
     Worker,
@@ -34,6 +34,7 @@ from test_relay import block as relay_block
 from test_relay import frame as relay_frame
 from test_relay import relay_server
 from test_relay import worker as internal_sender
+from timing import wait_until
 
 from kernel_ext.a2a import ask_colleague, stream_colleague
 from kernel_ext.a2a_peer import ScriptedPeer

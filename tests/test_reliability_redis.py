@@ -19,8 +19,8 @@ import logging
 from typing import Any
 
 import pytest
-from conftest import RedisServer
-from relay_helpers import CONV, barrier, terminals, wait_until
+from network import RedisServer
+from relay_helpers import CONV, barrier, terminals
 from reliability_support import (
     RUNS,
     Worker,
@@ -31,6 +31,7 @@ from reliability_support import (
     settled,
 )
 from test_redis import wait_subscribed
+from timing import wait_until
 
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.stream import StreamHub

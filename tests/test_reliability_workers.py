@@ -19,17 +19,18 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 import socketio
-from conftest import RedisServer, serve_asgi
-from relay_helpers import CALL, CONV, NS, SECRET, barrier, terminals, wait_until
+from network import RedisServer, serve_asgi
+from relay_helpers import CALL, CONV, NS, SECRET, barrier, terminals
 from reliability_support import RUNS, SHORT_PINGS, Clock, browser_on, report, running_relay
 from test_redis import wait_subscribed
+from timing import wait_until
 
 from kernel_ext.emit import LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError
@@ -154,15 +155,6 @@ def check_aborted(stream: list[dict[str, Any]]) -> None:
     assert final["envelope"]["status"] == "aborted"
     assert final["envelope"]["streamKey"] == final["taskId"]
     assert final["envelope"]["seq"] == max(b["envelope"]["seq"] for b in stream[:-1]) + 1
-
-
-async def poll(check: Callable[[], Awaitable[bool]], timeout: float = 20.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not await check():
-        if loop.time() > deadline:
-            raise TimeoutError("condition not met in time")
-        await asyncio.sleep(0.05)  # polling with a deadline
 
 
 # -- the loopback path ------------------------------------------------------------------
@@ -414,7 +406,7 @@ async def test_a_killed_redis_worker_gets_one_aborted_per_open_stream_on_every_w
             seen_after = clock.elapsed()
         empty = dict.fromkeys(REDIS_TRACKING, 0)
         for web in (web1, web2):
-            await poll(lambda web=web: _equals(redis_tracking(web), empty))
+            await wait_until(lambda web=web: _equals(redis_tracking(web), empty), 20, interval=0.05)
         await barrier(b1, web1.port)
         await barrier(b2, web2.port)
         counts = [(await web.stats())["counts"] for web in (web1, web2)]
@@ -455,7 +447,7 @@ async def test_a_restarted_redis_worker_ends_its_predecessors_stream_within_the_
                 await browser.wait_for(lambda blocks: bool(terminals(blocks)))
         empty = dict.fromkeys(REDIS_TRACKING, 0)
         for web in (web1, web2):  # settled: nothing tracked, so nothing can be ended now
-            await poll(lambda web=web: _equals(redis_tracking(web), empty))
+            await wait_until(lambda web=web: _equals(redis_tracking(web), empty), 20, interval=0.05)
         await barrier(b1, web1.port)
         await barrier(b2, web2.port)
     for browser in (b1, b2):
@@ -477,13 +469,13 @@ async def test_a_redis_outage_longer_than_the_grace_does_not_end_a_live_workers_
             await asyncio.sleep(GRACE + 2)
             redis_server.start()  # same port
             for web in (web1, web2):  # each heard nothing for a while: every grace restarts
-                await poll(lambda web=web: _resumed(web), timeout=60)
+                await wait_until(lambda web=web: _resumed(web), 60, interval=0.05)
             await worker.do("done t1 the answer")  # held by the worker until Redis is back
             for browser in (b1, b2):
                 await browser.wait_for(lambda blocks: bool(terminals(blocks)), timeout=30)
         empty = dict.fromkeys(REDIS_TRACKING, 0)
         for web in (web1, web2):
-            await poll(lambda web=web: _equals(redis_tracking(web), empty))
+            await wait_until(lambda web=web: _equals(redis_tracking(web), empty), 20, interval=0.05)
         await barrier(b1, web1.port)
         await barrier(b2, web2.port)
         counts = [(await web.stats())["counts"] for web in (web1, web2)]

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CHROMIUM_ARGS, need_binary
-from test_vectors import VECTOR_FILES, expand, load
+from network import chromium, started
+from test_vectors import VECTOR_FILES, load
 
 from kernel_ext.web import web_root
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(120)]
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "artifacts"
@@ -43,6 +43,7 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
     """The installed package's web directory, served on 127.0.0.1."""
+    started("network")
     handler = functools.partial(_QuietHandler, directory=str(web_root()))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -58,17 +59,8 @@ def base_url() -> Iterator[str]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     """One headless Chromium for the whole module."""
-    executable = need_binary("chromium", "CHROMIUM")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=executable, args=CHROMIUM_ARGS, timeout=60_000
-        )
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 @pytest.fixture
@@ -328,7 +320,3 @@ def test_example_page_plays_a_conversation_and_screenshot(browser: Any, base_url
         assert json.loads(json.dumps(page.evaluate("window.kx.store.state()")))["panes"]
     finally:
         context.close()
-
-
-def test_vector_macros_expand_in_inputs() -> None:
-    assert expand({"$concat": ["a", {"$repeat": "b", "times": 3}]}) == "abbb"

@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import need_binary
+from network import need_binary
 
 from kernel_ext.view import LABELS
 from kernel_ext.web import ASSETS, asset_path, asset_text, web_root

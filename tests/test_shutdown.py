@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import serve_asgi
+from network import serve_asgi
 from relay_helpers import SECRET, barrier, terminals
 from reliability_support import RUNS, browser_on, report
 

@@ -16,8 +16,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from conftest import RedisServer, serve_asgi
-from relay_helpers import SECRET, barrier, terminals, wait_until
+from network import RedisServer, serve_asgi
+from relay_helpers import SECRET, barrier, terminals
 from reliability_support import (
     DEFAULT_PINGS,
     RUNS,
@@ -28,6 +28,7 @@ from reliability_support import (
     running_relay,
 )
 from test_redis import wait_subscribed
+from timing import wait_until
 
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, FALLBACK_INVALID

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from timing import FakeClock
 
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.protocol import FALLBACK_INVALID, Envelope, decode
@@ -29,19 +30,6 @@ from kernel_ext.testing import MemoryEmitter
 CALL = "00f067aa0ba902b7"
 CALL2 = "00f067aa0ba902b8"
 CONV = "conv-1"
-
-
-class FakeClock:
-    """A monotonic clock the test moves by hand (the throttle window is one second)."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
 
 
 @pytest.fixture

@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 import socketio
-from conftest import free_port, serve_asgi
+from network import free_port, serve_asgi
 from test_vectors import VECTOR_FILES, load
+from timing import wait_until
 
 from kernel_ext.tail import EXIT_FAILED, EXIT_INTERRUPTED, TailPrinter, clean, follow
 from kernel_ext.view import PaneStore
@@ -261,15 +262,6 @@ async def send_chat_event(client: socketio.AsyncClient, room: str, event: Any) -
     assert ack == {"ok": True}
 
 
-async def until(predicate: Any, what: str) -> None:
-    """Poll ``predicate`` with a deadline (no sleep used as synchronisation)."""
-    deadline = asyncio.get_running_loop().time() + WAIT
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 @pytest.mark.network
 @pytest.mark.timeout(60)
 async def test_tail_follows_a_conversation_live_through_the_relay() -> None:
@@ -279,16 +271,26 @@ async def test_tail_follows_a_conversation_live_through_the_relay() -> None:
             follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
         )
         try:
-            await until(lambda: "following conversation" in err.getvalue(), "the join")
+            await wait_until(
+                lambda: "following conversation" in err.getvalue(),
+                WAIT,
+                "timed out waiting for the join",
+            )
             async with internal_sender(url) as sender:
                 # Another room's traffic, sent first, must never reach this conversation.
                 await send_chat_event(sender, "conv-other", snapshot(CALL2))
                 await send_blocks(sender, "conv-other", [block(1, "text", {"t": 1}, call_id=CALL2)])
                 await send_chat_event(sender, CONV, snapshot())
                 await send_blocks(sender, CONV, STORY[:3])
-                await until(lambda: "▶ search_orders" in out.getvalue(), "the first frame")
+                await wait_until(
+                    lambda: "▶ search_orders" in out.getvalue(),
+                    WAIT,
+                    "timed out waiting for the first frame",
+                )
                 await send_blocks(sender, CONV, STORY[3:])
-                await until(lambda: "已结束" in out.getvalue(), "the terminal")
+                await wait_until(
+                    lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+                )
         finally:
             task.cancel()
             with suppress(asyncio.CancelledError):
@@ -307,15 +309,29 @@ async def test_tail_joins_again_after_the_relay_restarts() -> None:
             task = asyncio.create_task(
                 follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
             )
-            await until(lambda: "following conversation" in err.getvalue(), "the join")
+            await wait_until(
+                lambda: "following conversation" in err.getvalue(),
+                WAIT,
+                "timed out waiting for the join",
+            )
             async with internal_sender(url) as sender:
                 await send_blocks(sender, CONV, STORY[:1])
-                await until(lambda: "思考中" in out.getvalue(), "the first block")
+                await wait_until(
+                    lambda: "思考中" in out.getvalue(),
+                    WAIT,
+                    "timed out waiting for the first block",
+                )
         async with relay(port) as url:
-            await until(lambda: "following 'conv-1' again" in err.getvalue(), "the re-join")
+            await wait_until(
+                lambda: "following 'conv-1' again" in err.getvalue(),
+                WAIT,
+                "timed out waiting for the re-join",
+            )
             async with internal_sender(url) as sender:
                 await send_blocks(sender, CONV, STORY[2:])
-                await until(lambda: "已结束" in out.getvalue(), "the terminal")
+                await wait_until(
+                    lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+                )
     finally:
         if task is not None:
             task.cancel()

@@ -7,6 +7,7 @@ import threading
 from typing import Any
 
 import pytest
+from timing import FakeClock
 
 from kernel_ext import ConfigError
 from kernel_ext.tap import LiveCall, Tap, default_tap
@@ -168,14 +169,6 @@ def test_concurrent_adds_and_discards_from_many_threads_leave_a_consistent_tap()
 # -- never a wrong callId after an eviction (issue: terminal edges, item 4) ----------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def _span_tap(tap: Tap) -> tuple[Any, Any]:
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -202,7 +195,7 @@ def test_after_a_live_call_is_evicted_near_match_never_answers_with_another_call
     blocks resolved by near-match get no callId — never the second call's."""
     from kernel_ext.resolve import ResolutionPath, resolve_call_id
 
-    clock = Clock()
+    clock = FakeClock()
     tap = Tap(max_per_conversation=4, evicted_ttl=60, clock=clock)
     provider, tracer = _span_tap(tap)
     first = _tool_span(tracer, "ask_colleague")
@@ -230,7 +223,7 @@ def test_after_a_live_call_is_evicted_near_match_never_answers_with_another_call
 def test_an_evicted_call_whose_end_is_never_seen_is_forgotten_after_evicted_ttl() -> None:
     from kernel_ext.resolve import resolve_call_id
 
-    clock = Clock()
+    clock = FakeClock()
     tap = Tap(max_per_conversation=1, evicted_ttl=60, clock=clock)
     tap.add(LiveCall("0000000000000001", "ask_colleague", "conv-1"))
     tap.add(LiveCall("0000000000000002", "ask_colleague", "conv-1"))  # evicts the first

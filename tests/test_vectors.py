@@ -78,6 +78,10 @@ def run_vector(vector: dict[str, Any]) -> tuple[PaneStore, list[tuple[int, dict[
     return store, checkpoints
 
 
+def test_vector_macros_expand_in_inputs() -> None:
+    assert expand({"$concat": ["a", {"$repeat": "b", "times": 3}]}) == "abbb"
+
+
 def test_vector_set_covers_every_required_case() -> None:
     names = {path.stem for path in VECTOR_FILES}
     assert names >= REQUIRED, f"missing vectors: {sorted(REQUIRED - names)}"

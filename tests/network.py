@@ -1,0 +1,251 @@
+"""Real servers and browsers for the tests, on 127.0.0.1.
+
+* :func:`free_port`, :func:`need_binary`, :func:`need_module` (skip outside CI when
+  something is missing, fail in CI, where it must be there);
+* :func:`wait_listening` — the one way a test waits for a server: until its port accepts a
+  connection, with a deadline, failing early when its process exited;
+* :class:`RedisServer` (a real redis-server), :func:`serve_asgi` (uvicorn in the running
+  loop), :func:`chromium` (headless Chromium through Playwright);
+* :func:`started` — what a test started (``network``, ``redis``, ``browser``), recorded by
+  the helpers above; conftest fails a test that started something it is not marked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator, Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import pytest
+from timing import wait_until, wait_until_sync
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+HOST = "127.0.0.1"
+
+# -- what a test started ----------------------------------------------------------------
+
+KINDS = ("network", "redis", "browser")
+"""The markers of tests that start something: a server on 127.0.0.1, a redis-server,
+headless Chromium."""
+
+_started: set[str] = set()
+
+
+def started(*kinds: str) -> None:
+    """Record that the running test started ``kinds`` (each one of :data:`KINDS`)."""
+    unknown = set(kinds) - set(KINDS)
+    assert not unknown, f"unknown kinds {sorted(unknown)}"
+    _started.update(kinds)
+
+
+def take_started() -> set[str]:
+    """What was recorded since the last call (and forget it)."""
+    kinds = set(_started)
+    _started.clear()
+    return kinds
+
+
+def missing_markers(kinds: set[str], markers: set[str]) -> list[str]:
+    """The markers a test that started ``kinds`` lacks, given the ``markers`` it carries."""
+    return sorted(set(kinds) - set(markers))
+
+
+# -- what must be installed ---------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        return int(sock.getsockname()[1])
+
+
+def _missing(what: str, how: str, installed_by: str) -> None:
+    if IN_CI:
+        pytest.fail(f"{what} is required in CI ({installed_by} installs it)")
+    pytest.skip(f"{what} is not installed ({how}); CI runs this test")
+
+
+def need_binary(name: str, env_var: str | None = None) -> str:
+    """Path of a system binary; skip outside CI when absent, fail in CI (it must be there)."""
+    path = (os.environ.get(env_var) if env_var else None) or shutil.which(name)
+    if path:
+        return path
+    _missing(name, f"apt-get install {name}", ".ci/run")
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def need_module(name: str, install: str) -> ModuleType:
+    """Import ``name``; skip outside CI when it is not installed, fail in CI (the ``test``
+    extra installs it)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        _missing(name, install, "the test extra")
+        raise AssertionError("unreachable") from None  # pragma: no cover
+
+
+# -- waiting for a server -----------------------------------------------------------------
+
+
+def accepts(port: int, check: Callable[[socket.socket], bool] | None = None) -> bool:
+    """Whether 127.0.0.1:``port`` accepts a connection (and ``check`` holds on it)."""
+    try:
+        with socket.create_connection((HOST, port), timeout=0.5) as sock:
+            return check is None or check(sock)
+    except OSError:
+        return False
+
+
+def wait_listening(
+    port: int,
+    *,
+    process: subprocess.Popen[Any] | None = None,
+    what: str = "the server",
+    timeout: float = 20.0,
+    check: Callable[[socket.socket], bool] | None = None,
+) -> None:
+    """Return once 127.0.0.1:``port`` accepts a connection (on which ``check``, if given,
+    is true). Raises ``RuntimeError`` as soon as ``process`` has exited, ``TimeoutError``
+    after ``timeout`` seconds."""
+    started("network")
+
+    def ready() -> bool:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}")
+        return accepts(port, check)
+
+    wait_until_sync(ready, timeout, f"{what} did not listen on port {port}", interval=0.05)
+
+
+async def wait_listening_async(
+    port: int,
+    *,
+    process: subprocess.Popen[Any] | None = None,
+    what: str = "the server",
+    timeout: float = 20.0,
+) -> None:
+    """:func:`wait_listening` from a coroutine (in a thread: the loop keeps running)."""
+    await asyncio.to_thread(wait_listening, port, process=process, what=what, timeout=timeout)
+
+
+# -- servers --------------------------------------------------------------------------------
+
+
+def _answers_ping(sock: socket.socket) -> bool:
+    sock.sendall(b"PING\r\n")
+    return sock.recv(16).startswith(b"+PONG")
+
+
+class RedisServer:
+    """A real redis-server on 127.0.0.1, started and stopped by the test."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.port = free_port()
+        self.dir = tempfile.mkdtemp(prefix="kx-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start it; return once it answers ``PING``."""
+        started("redis", "network")
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                HOST,
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.dir,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_listening(
+            self.port, process=self.proc, what="redis-server", timeout=10, check=_answers_ping
+        )
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.proc = None
+
+
+@contextlib.asynccontextmanager
+async def serve_asgi(app: Any, port: int | None = None) -> AsyncIterator[int]:
+    """Serve an ASGI app with uvicorn on 127.0.0.1 inside the running loop; yield its port."""
+    import uvicorn
+
+    started("network")
+    port = port or free_port()
+    config = uvicorn.Config(app, host=HOST, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+
+    def up() -> bool:
+        if task.done():
+            task.result()
+            raise RuntimeError("uvicorn stopped before it started")
+        return bool(server.started)
+
+    try:
+        await wait_until(up, 10, "uvicorn did not start")
+        yield port
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, timeout=10)
+
+
+# -- a browser ----------------------------------------------------------------------------
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+"""Launch flags for Debian's chromium under Playwright (``executable_path``), as root in CI."""
+
+
+@contextlib.contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium (Debian's ``chromium``, or ``$CHROMIUM``) driven by Playwright's sync
+    API; yields the Playwright ``Browser``. Skips outside CI when Playwright or Chromium is
+    missing, fails in CI."""
+    executable = need_binary("chromium", "CHROMIUM")
+    sync_api = need_module("playwright.sync_api", "pip install playwright")
+    started("browser")
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=executable, args=CHROMIUM_ARGS, timeout=60_000
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
