@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 from network import RedisServer, serve_asgi
 from relay_helpers import SECRET, barrier, terminals
-from reliability_support import DEFAULT_PINGS, WatchedBrowser, Worker, browser_on, running_relay
+from reliability_support import (
+    DEFAULT_PINGS,
+    WatchedBrowser,
+    Worker,
+    browser_on,
+    report,
+    running_relay,
+)
 from test_redis import wait_subscribed
 from timing import FakeClock, wait_until
 
@@ -77,6 +84,23 @@ def check(browser: WatchedBrowser, call_id: str) -> None:
     assert [b["state"] for b in browser.stream(call_id, call_id)][-1] == "aborted"
 
 
+def report_path(path: str, browser: WatchedBrowser, call_id: str, worker: Worker) -> None:
+    stats = worker.hub.stats()
+    report(
+        f"late blocks of a closed stream ({path})",
+        other_streams_closed=1_100,
+        hub_clock_advanced_s=11,
+        late_blocks_published=6,
+        late_blocks_at_browser=len(browser.stream(call_id, "first"))
+        - 2
+        + len(browser.stream(call_id, "new")),
+        terminals_at_browser=len(terminals(browser.blocks)),
+        dropped_closed=stats["closed"],
+        dropped_duplicate_terminal=stats["duplicate_terminal"],
+        left_in_hub=stats.streams + stats.calls + stats.closed,
+    )
+
+
 def check_worker(worker: Worker) -> None:
     stats = worker.hub.stats()
     assert stats["closed"] == 4  # the late running block and the lingering task's three
@@ -95,6 +119,7 @@ async def test_late_blocks_of_a_closed_stream_never_reach_the_browser_over_the_r
             await barrier(browser, port)
             check(browser, call_id)
             check_worker(w)
+            report_path("loopback relay", browser, call_id, w)
         assert ready.relay.stats().get("duplicate_terminal", 0) == 0  # the hub dropped them
 
 
@@ -117,3 +142,4 @@ async def test_late_blocks_of_a_closed_stream_never_reach_the_browser_over_redis
             await barrier(browser, relay.port)
             check(browser, call_id)
             check_worker(w)
+            report_path("Redis emitter", browser, call_id, w)
