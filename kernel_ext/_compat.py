@@ -1,13 +1,16 @@
 """Every use kernel_ext makes of another library's private names, probed once at import.
 
 kernel_ext reads a few things that other libraries do not expose publicly, each for a
-measured reason. They all live here, so a release that renames one shows up in one place:
+measured reason. They are all probed and documented here, so a release that renames one
+shows up in one place:
 
-* **OpenTelemetry SDK spans** (:data:`SPAN_FIELDS`): the span processor reads an SDK span's
-  attribute dict and its context, parent and start time directly (``_attributes._dict``,
-  ``_context``, ``_parent``, ``_start_time``) instead of through the public properties,
-  which build a new ``MappingProxyType`` per access and cost about 1 µs of the processor's
-  2 µs budget per tool span (``benchmarks/bench_attribution.py``).
+* **OpenTelemetry SDK spans** (:data:`SDK_SPAN_FIELDS`): the span processor reads an SDK
+  span's attribute dict and its context, parent and start time directly
+  (``_attributes._dict``, ``_context``, ``_parent``, ``_start_time``) instead of through the
+  public properties, which build a new ``MappingProxyType`` per access and cost about 1 µs
+  of the processor's 2 µs budget per tool span (``benchmarks/bench_attribution.py``). The
+  processor reads them inline (the one use outside this module, for speed, and only where
+  this module's probe passed).
 * **``SpanContext`` as a tuple** (:data:`SPAN_CONTEXT_INDEXED`): its span id is item 1 of the
   tuple it is; indexing saves the ``span_id`` property's Python call.
 * **python-socketio's Redis publish** (:class:`PublishResult`, probed on first use):
@@ -30,31 +33,28 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-from collections.abc import Callable, Mapping
-from operator import attrgetter
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
     "ACTIVE",
+    "SDK_SPAN_FIELDS",
     "SPAN_CONTEXT_INDEXED",
-    "SPAN_FIELDS",
     "PublishResult",
     "publish_result_supported",
 ]
 
 _log = logging.getLogger("kernel_ext.compat")
 
-SpanFields = Callable[[Any], tuple[Any, Any, Any, Any]]
-
 ACTIVE: dict[str, str] = {}
 """Which path each private use takes in this process: ``"private"`` (the fast path the
 contract tests pin) or ``"public"`` (the fallback), by name."""
 
 
-def _probe_span_fields() -> SpanFields | None:
-    """``span -> (attribute dict, context, parent, start time)`` when an SDK span keeps them
-    where this expects (checked against the public properties of a real span), else
-    ``None``."""
+def _probe_span_fields() -> bool:
+    """Whether an SDK span keeps its attribute dict, context, parent and start time in the
+    private fields :data:`SDK_SPAN_FIELDS` names (checked against the public properties of a
+    real span)."""
     try:
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.sampling import ALWAYS_ON
@@ -65,19 +65,16 @@ def _probe_span_fields() -> SpanFields | None:
             .start_span("probe", attributes={"probe": "yes"})
         )
         span.end()
-        read = attrgetter("_attributes._dict", "_context", "_parent", "_start_time")
-        attributes, context, parent, start_time = read(span)
-        if (
+        attributes = span._attributes._dict
+        return bool(
             attributes.__class__ is dict
             and attributes.get("probe") == "yes"
-            and context is span.context
-            and parent is span.parent
-            and start_time == span.start_time
-        ):
-            return read
+            and span._context is span.context
+            and span._parent is span.parent
+            and span._start_time == span.start_time
+        )
     except Exception:
-        pass
-    return None
+        return False
 
 
 def _probe_span_context_indexed() -> bool:
@@ -133,15 +130,17 @@ class PublishResult:
         return result
 
 
-SPAN_FIELDS: SpanFields | None = _probe_span_fields()
-"""``span -> (attribute dict, context, parent, start time)`` of an SDK span, one C-level
-call; ``None`` when SDK spans are laid out differently (use the public properties)."""
+SDK_SPAN_FIELDS: bool = _probe_span_fields()
+"""Whether SDK spans keep ``_attributes._dict``, ``_context``, ``_parent`` and
+``_start_time`` as this version does. The span processor reads exactly these fields, inline
+(an attribute load each: a helper call here would cost a non-tool span a sixth more), and
+only when this is true; else it takes the public properties."""
 
 SPAN_CONTEXT_INDEXED: bool = _probe_span_context_indexed()
 """Whether ``span_context[1]`` is the span id."""
 
 ACTIVE.update(
-    span_fields="private" if SPAN_FIELDS is not None else "public",
+    span_fields="private" if SDK_SPAN_FIELDS else "public",
     span_context="private" if SPAN_CONTEXT_INDEXED else "public",
 )
 _log.debug("kernel_ext private-name paths: %s", ACTIVE)

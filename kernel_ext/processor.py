@@ -98,12 +98,16 @@ class ToolSpanProcessor(SpanProcessor):
         try:
             if self._shutdown:
                 return
-            # The SDK span's fields in one call (kernel_ext._compat.SPAN_FIELDS): all of them
-            # or none, so that a span laid out differently takes the public properties.
+            # The SDK span's own fields, read inline only where kernel_ext._compat probed them
+            # (SDK_SPAN_FIELDS; it says which and why); else the public properties. All of
+            # them or none, so that a span laid out differently takes the public ones.
             inner: Any = None
-            if _SPAN_FIELDS is not None:
+            if _SDK_SPAN_FIELDS:
                 try:
-                    inner, context, parent_span, start_time = _SPAN_FIELDS(span)
+                    inner = span._attributes._dict  # type: ignore[union-attr]
+                    context = span._context
+                    parent_span = span._parent
+                    start_time = span._start_time
                 except AttributeError:  # not an SDK span
                     inner = None
             get: _Get
@@ -165,13 +169,16 @@ class ToolSpanProcessor(SpanProcessor):
             if conversation_id is None and parent is not None:
                 conversation_id = parent.conversation_id
 
-            call = LiveCall(
-                call_id,
-                tool_name,
-                conversation_id,
-                llm_call_id,
-                parent.call_id if parent is not None else None,
-                start_time or 0,
+            call = _new_live_call(  # LiveCall(...), built the cheapest way: once per tool span
+                LiveCall,
+                (
+                    call_id,
+                    tool_name,
+                    conversation_id,
+                    llm_call_id,
+                    parent.call_id if parent is not None else None,
+                    start_time or 0,
+                ),
             )
             if not tap.add(call):
                 self._rare("duplicate_start", "tool span %s started twice; ignored", call_id)
@@ -189,9 +196,10 @@ class ToolSpanProcessor(SpanProcessor):
         """Remove a tool span's call from the tap; tell the sink it ended. Never raises."""
         try:
             inner: Any = None  # as in on_start
-            if _SPAN_FIELDS is not None:
+            if _SDK_SPAN_FIELDS:
                 try:
-                    inner, context, _, _ = _SPAN_FIELDS(span)
+                    inner = span._attributes._dict  # type: ignore[union-attr]
+                    context = span._context
                 except AttributeError:
                     inner = None
             get: _Get
@@ -319,7 +327,8 @@ class ToolSpanProcessor(SpanProcessor):
         return tool_name
 
 
-# LiveCall's frozen-dataclass __init__ costs ~0.6 µs, a third of the processor's budget.
+# LiveCall is a NamedTuple; its generated __new__ costs twice what tuple.__new__ does.
+_new_live_call = tuple.__new__
 _MAX_SPAN_ID = (1 << 64) - 1
 _current_tool_call = _CURRENT_CALL.get  # current_tool_call() without its call
 
@@ -332,7 +341,7 @@ def _span_id(context: SpanContext | None) -> object:
     return context.span_id if context is not None else 0
 
 
-_SPAN_FIELDS = _compat.SPAN_FIELDS
+_SDK_SPAN_FIELDS = _compat.SDK_SPAN_FIELDS
 # SpanContext when its span id is item 1 of the tuple it is (the processor indexes it to save
 # the ``span_id`` property's Python call), else a class no context is an instance of.
 _INDEXED_CONTEXT: type = SpanContext if _compat.SPAN_CONTEXT_INDEXED else type("_NoContext", (), {})
@@ -342,7 +351,7 @@ def _attribute_getter(span: ReadableSpan) -> _Get:
     """The ``get`` of the span's attributes, through the public ``span.attributes``.
 
     On the SDK's own spans, ``on_start``/``on_end`` read the span's fields directly instead
-    (:data:`kernel_ext._compat.SPAN_FIELDS` says why and how); a span that lacks them
+    (:mod:`kernel_ext._compat` says which and why); a span that lacks them
     (another implementation, or an SDK laid out differently) comes here and to the public
     properties.
     """

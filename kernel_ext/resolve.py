@@ -90,7 +90,9 @@ def attribute(
     :func:`kernel_ext.tap.default_tap`) gives the one live call named ``tool_name`` in
     ``conversation_id`` (``near_match``), or no id (``ambiguous``: more than one, or one
     evicted while live; ``none``: no candidate). Counted per path; never raises. A plain
-    tuple: ``publish`` calls this per block (:func:`resolve_call_id` is the readable form).
+    tuple: ``publish`` calls this per block (:func:`resolve_call_id` is the readable form);
+    :meth:`kernel_ext.stream.StreamHub.publish` takes the first case (the active call)
+    inline, for speed, and calls this for the rest.
     """
     call = _current_call()
     if call is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
+from collections.abc import Callable
 
 from kernel_ext import metrics
 
@@ -75,17 +76,30 @@ class Counts:
     """Totals by outcome and drop reason since the hub was made.
 
     :meth:`add` is for callers that do not hold the hub's lock, :meth:`add_locked` for
-    those that do (the lock is the hub's, passed in). :meth:`tick_throttled` is the one
-    lock-free count (the throttle's drop path): an increment that races a snapshot may be
-    lost, every other one is counted once.
+    those that do (the lock is the hub's, passed in). Two counts take no call, for the
+    publishing path: :attr:`admitted`, a plain int the hub adds to under its lock, and
+    :meth:`tick_throttled`, the one lock-free count (the throttle's drop path: an increment
+    that races a snapshot may be lost, every other one is counted once).
     """
 
-    __slots__ = ("_flushed", "_lock", "_ticks", "totals")
+    __slots__ = (
+        "_flushed",
+        "_lock",
+        "_ticks",
+        "_ticks_seen",
+        "admitted",
+        "tick_throttled",
+        "totals",
+    )
 
     def __init__(self, lock: threading.Lock) -> None:
         self._lock = lock
+        self.admitted = 0
         self.totals: Counter[str] = Counter()
         self._ticks = itertools.count()
+        self._ticks_seen = 0
+        self.tick_throttled: Callable[[], int] = self._ticks.__next__
+        """Count one ``throttled`` drop without the lock (a C call: no Python frame)."""
         self._flushed: Counter[str] = Counter()
 
     def add(self, what: str, n: int = 1) -> None:
@@ -97,16 +111,14 @@ class Counts:
         """Count ``n`` of ``what``; the lock is held by the caller."""
         self.totals[what] += n
 
-    def tick_throttled(self) -> None:
-        """Count one ``throttled`` drop without the lock."""
-        next(self._ticks)
-
     def snapshot(self) -> dict[str, int]:
         """The totals now (lock held by the caller)."""
-        ticks, self._ticks = self._ticks, itertools.count()
-        n = next(ticks)
-        if n:
-            self.totals[THROTTLED] += n
+        now = next(self._ticks)  # the ticks so far, plus one per snapshot taken before
+        if now > self._ticks_seen:
+            self.totals[THROTTLED] += now - self._ticks_seen
+        self._ticks_seen = now + 1
+        if self.admitted:
+            self.totals[ADMITTED] = self.admitted
         return dict(self.totals)
 
     def flush_metrics(self) -> None:

@@ -22,18 +22,16 @@ from kernel_ext._telemetry import RareLog
 from kernel_ext.context import _CURRENT_CALL, CallLife
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, Envelope, text_block_fast_limit
-from kernel_ext.resolve import attribute
+from kernel_ext.resolve import CONTEXT, _count_context, attribute
 from kernel_ext.stream.consumer import (
     CHAT_EVENT_STATE,
     HubConsumer,
     Outgoing,
     QueueItem,
     ToolCallItem,
-    queue_item,
     take,
 )
 from kernel_ext.stream.counts import (
-    ADMITTED,
     CALL_LIMIT,
     CLOSED,
     DELIVERED,
@@ -152,6 +150,7 @@ class StreamHub:
         self._clock = clock
         self._lock = threading.Lock()
         self._counts = Counts(self._lock)
+        self._tick_throttled = self._counts.tick_throttled
         self._streams: dict[tuple[str | None, str], StreamState] = {}
         self._calls: dict[str, CallState] = {}
         # Terminals without a callId: remembered as the streams of one call that never ends.
@@ -181,8 +180,18 @@ class StreamHub:
         the tool may return, or follow up on in the same call). Never raises, never blocks.
         """
         try:
-            call_id, room, path, call = attribute(conversation_id, tool_name, self._tap)
-            life = call.life if call is not None else None
+            # resolve.attribute is the rule; its first case (the active call) is taken here
+            # without the call: a Python call costs this path a sixth (callgrind counts).
+            call = _current_tool_call()
+            if call is not None:
+                _count_context()
+                call_id: str | None = call.call_id
+                room = call.conversation_id or conversation_id
+                path = CONTEXT
+                life: CallLife | None = call.life
+            else:
+                call_id, room, path, _ = attribute(conversation_id, tool_name, self._tap)
+                life = None
             if state == "running":
                 if call_id is None:
                     self._counts.add(UNATTRIBUTED)
@@ -203,7 +212,7 @@ class StreamHub:
                 # window only ever fills up; an admission is decided under the lock).
                 if stream is not None and now - stream.ring[stream.cursor] < self._window:
                     stream.call.dropped += 1
-                    self._counts.tick_throttled()
+                    self._tick_throttled()
                     return
                 lock = self._lock
                 lock.acquire()  # not ``with``: half the cost on CPython 3.11
@@ -221,9 +230,7 @@ class StreamHub:
                     else:
                         seq = 0
                     self._queue.append(
-                        queue_item(
-                            QueueItem, (stream.room, call_id, task_id, state, _time_ns(), item, seq)
-                        )
+                        (stream.room, call_id, task_id, state, _time_ns(), item, seq)
                     )
                 finally:
                     lock.release()
@@ -259,7 +266,7 @@ class StreamHub:
                 if len(self._queue) >= self.max_queue:
                     self._counts.add_locked(QUEUE_FULL)
                     return
-                self._queue.append(QueueItem(room, None, "", CHAT_EVENT_STATE, 0, dict(event), 0))
+                self._queue.append((room, None, "", CHAT_EVENT_STATE, 0, dict(event), 0))
             self._poke()
         except Exception:
             self._counts.add(ERROR)
@@ -288,9 +295,7 @@ class StreamHub:
                     return
                 stream.seq += 1
                 item = ToolCallItem(child.tool_name, child.call_id)
-                self._queue.append(
-                    QueueItem(stream.room, *key, "running", _time_ns(), item, stream.seq)
-                )
+                self._queue.append((stream.room, *key, "running", _time_ns(), item, stream.seq))
             self._poke()
         except Exception:
             self._counts.add(ERROR)
@@ -412,7 +417,7 @@ class StreamHub:
             self._queue.clear()
             if lost:
                 self._counts.add_locked(reason, len(lost))
-        terminals = sum(1 for raw in lost if raw.state in ("done", "aborted"))
+        terminals = sum(1 for _, _, _, state, _, _, _ in lost if state in ("done", "aborted"))
         if terminals:
             logger.error(
                 "stream hub: sender detached; %d queued terminal(s) lost (%s)", terminals, reason
@@ -451,7 +456,7 @@ class StreamHub:
         stream.cursor = 0 if cursor == self._ring else cursor
         stream.touched = now
         stream.call.admitted += 1
-        self._counts.add_locked(ADMITTED)
+        self._counts.admitted += 1
         return True
 
     def _drop_locked(self, reason: str, stats: CallState | None) -> None:
@@ -567,10 +572,10 @@ class StreamHub:
                 self._drop_locked(NO_SENDER, stats)
                 return
             # Terminals bypass the queue bound: their number is bounded by the streams.
-            self._queue.append(QueueItem(room, call_id, task_id, state, _time_ns(), item, seq))
+            self._queue.append((room, call_id, task_id, state, _time_ns(), item, seq))
             if stats is not None:
                 stats.admitted += 1
-            self._counts.add_locked(ADMITTED)
+            self._counts.admitted += 1
         self._poke()
 
     def _sweep(self, now: float) -> None:
