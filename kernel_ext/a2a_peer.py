@@ -1,5 +1,8 @@
 """A scripted A2A colleague: a real a2a-sdk streaming server for tests and the demo.
 
+(A documented entry point, ``python -m kernel_ext.a2a_peer``; about 530 lines because each
+fault script is a few lines of its own.)
+
 The colleague thinks, calls its own tools, writes text and completes, sending each step
 as a ``working`` status update whose message holds the step's *envelope* in a data part
 (``a2a.helpers.new_data_part``), followed by a plain text part for peers that read text

@@ -1,5 +1,8 @@
 """The ``tool_event_stream`` wire protocol: blocks, envelopes, one encode/decode pair.
 
+(One module of about 540 lines on purpose: the wire models, the one size measure and the
+one truncation rule are read together, and every other module builds on them.)
+
 A *block* is one ``tool_event_stream`` message::
 
     {"v": 1, "callId": "00f067aa0ba902b7", "taskId": "…", "state": "running",
