@@ -1,6 +1,6 @@
 """The ``tool_event_stream`` wire protocol: blocks, envelopes, one encode/decode pair.
 
-(One module of about 540 lines on purpose: the wire models, the one size measure and the
+(One module of about 580 lines on purpose: the wire models, the one size measure and the
 one truncation rule are read together, and every other module builds on them.)
 
 A *block* is one ``tool_event_stream`` message::
@@ -76,6 +76,9 @@ __all__ = [
     "MAX_PAYLOAD_DEPTH",
     "NAMESPACE",
     "PROTOCOL_VERSION",
+    "REFUSED_BAD_WORKER",
+    "REFUSED_UNAUTHORIZED",
+    "TERMINAL_KEYS",
     "TERMINAL_STATES",
     "TOOL_EVENT_STREAM",
     "TRUNCATION_MARKER",
@@ -109,9 +112,15 @@ JOIN_EVENT = "join_conversation"
 LEAVE_EVENT = "leave_conversation"
 KX_BLOCKS = "kx_blocks"
 KX_CHAT_EVENT = "kx_chat_event"
+# Why the relay refuses a connection: the ``message`` of its CONNECT error.
+REFUSED_UNAUTHORIZED = "unauthorized"
+REFUSED_BAD_WORKER = "bad worker id"
 KNOWN_KINDS: frozenset[str] = frozenset({"thinking", "tool_call", "text", "tool_output_append"})
 BlockState = Literal["running", "done", "aborted"]
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "aborted"})
+TERMINAL_KEYS: Mapping[str, str] = {"done": "text", "aborted": "message"}
+"""The string each terminal state carries in ``envelope.payload``: the final answer, the
+summary of why the stream ended without one."""
 DEFAULT_MAX_BLOCK_BYTES = 64 * 1024
 MAX_PAYLOAD_DEPTH = 32
 TRUNCATION_MARKER = "…[truncated {n} chars]"
@@ -141,7 +150,9 @@ def _coerce_seq(value: object) -> int:
     return result
 
 
-Seq = Annotated[int, BeforeValidator(_coerce_seq), Field(ge=0)]
+# The constraint before the validator: the JSON Schema then says ``minimum`` (after it,
+# pydantic writes its own keyword ``ge``, which standard validators ignore).
+Seq = Annotated[int, Field(ge=0), BeforeValidator(_coerce_seq)]
 
 
 def _check_json_value(value: Any, where: str) -> None:
@@ -182,12 +193,23 @@ class Envelope(_Wire):
 
     model_config = ConfigDict(extra="allow")
 
-    v: StrictInt = Field(default=PROTOCOL_VERSION, ge=1)
-    kind: StrictStr = Field(min_length=1, max_length=64)
-    stream_key: StrictStr = Field(max_length=512)
-    seq: Seq
-    status: StrictStr = Field(max_length=64)
-    payload: dict[str, Any] = Field(default_factory=dict)
+    v: StrictInt = Field(default=PROTOCOL_VERSION, ge=1, description="envelope version, 1")
+    kind: StrictStr = Field(
+        min_length=1,
+        max_length=64,
+        description="thinking, tool_call, text, tool_output_append, or any other kind, kept "
+        "as it is",
+    )
+    stream_key: StrictStr = Field(
+        max_length=512, description="the peer's stream; the task id in a pseudo-envelope"
+    )
+    seq: Seq = Field(description="orders the blocks of one stream")
+    status: StrictStr = Field(max_length=64, description="the peer's status word")
+    payload: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the kind's content; a done block's text is the final answer, an "
+        "aborted block's message a summary",
+    )
 
     @model_validator(mode="after")
     def _payload_is_json(self) -> Envelope:
@@ -213,19 +235,28 @@ class Block(_Wire):
 
     model_config = ConfigDict(extra="forbid")
 
-    v: Literal[1]
-    call_id: Annotated[StrictStr, Field(pattern=CALL_ID_PATTERN)] | None
-    task_id: StrictStr = Field(min_length=1, max_length=512)
-    state: BlockState
-    ts: StrictInt = Field(ge=0)
-    envelope: Envelope
+    v: Literal[1] = Field(description="protocol version")
+    call_id: Annotated[StrictStr, Field(pattern=CALL_ID_PATTERN)] | None = Field(
+        description="the span id of the tool call's execute_tool span, 16 lower-case hex "
+        "digits; null when it could not be found without guessing"
+    )
+    task_id: StrictStr = Field(
+        min_length=1,
+        max_length=512,
+        description="the A2A task id; blocks made without an A2A task use the callId",
+    )
+    state: BlockState = Field(
+        description="running: progress; done: the terminal, the final answer in "
+        "envelope.payload.text; aborted: the terminal, a summary in envelope.payload.message"
+    )
+    ts: StrictInt = Field(ge=0, description="emit time at the caller, epoch milliseconds")
+    envelope: Envelope = Field(description="the peer's envelope, passed through unchanged")
 
     @model_validator(mode="after")
     def _terminal_payload(self) -> Block:
-        if self.state == "done" and not isinstance(self.envelope.payload.get("text"), str):
-            raise ValueError("a done block must carry the final answer in envelope.payload.text")
-        if self.state == "aborted" and not isinstance(self.envelope.payload.get("message"), str):
-            raise ValueError("an aborted block must carry a string envelope.payload.message")
+        key = TERMINAL_KEYS.get(self.state)
+        if key is not None and not isinstance(self.envelope.payload.get(key), str):
+            raise ValueError(f"a {self.state} block must carry a string envelope.payload.{key}")
         return self
 
     @property
@@ -256,7 +287,7 @@ def terminal_envelope(
 
     ``payload.text`` holds ``text`` for ``done``, ``payload.message`` for ``aborted``.
     """
-    key = "text" if state == "done" else "message"
+    key = TERMINAL_KEYS[state]
     return Envelope(
         v=PROTOCOL_VERSION,
         kind="text",
@@ -533,14 +564,15 @@ def text_block(
             "streamKey": task_id,
             "seq": seq,
             "status": state,
-            "payload": {("message" if state == "aborted" else "text"): text},
+            "payload": {TERMINAL_KEYS.get(state, "text"): text},
         },
     }
 
 
 def block_json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a block as it appears on the wire."""
-    schema = Block.model_json_schema(by_alias=True)
-    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
-    schema["title"] = "tool_event_stream block"
-    return schema
+    """The JSON Schema (draft 2020-12) of a block as it appears on the wire, in standard
+    keywords only (:func:`kernel_ext.schema.block_json_schema`, which says what JSON Schema
+    cannot express)."""
+    from kernel_ext.schema import block_json_schema as build
+
+    return build()

@@ -1,0 +1,182 @@
+// TypeScript declarations of kernel_ext's tool_event_stream wire (namespace "/chat").
+// Generated from the models of kernel_ext.protocol by `kernel-ext schema --typescript`:
+// do not edit; regenerate it. Validate untrusted input with the JSON Schema
+// (`kernel-ext schema`): these types describe, they do not check.
+
+/**
+ * The peer's progress object, passed through unchanged: unknown kinds and unknown fields are kept.
+ */
+export interface Envelope {
+  /** envelope version, 1 (an integer, at least 1) */
+  v?: number;
+  /**
+   * thinking, tool_call, text, tool_output_append, or any other kind, kept as it is (1 to 64
+   * characters)
+   */
+  kind: string;
+  /** the peer's stream; the task id in a pseudo-envelope (at most 512 characters) */
+  streamKey: string;
+  /** orders the blocks of one stream (an integer, at least 0) */
+  seq: number;
+  /** the peer's status word (at most 64 characters) */
+  status: string;
+  /**
+   * the kind's content; a done block's text is the final answer, an aborted block's message a
+   * summary
+   */
+  payload?: { [key: string]: unknown };
+  [key: string]: unknown;
+}
+
+/**
+ * One tool_event_stream message: an envelope attributed to a tool call. A done block carries the
+ * final answer in envelope.payload.text, an aborted block a summary in envelope.payload.message.
+ * Not expressed here, checked by the protocol's decoder: the size bound: a block's compact JSON is
+ * at most 64 KiB of UTF-8 by default; payload values nested deeper than 32 levels; numbers a double
+ * cannot hold (1e999, which a parser reads as infinity); ts and envelope.v written with a fraction
+ * of zero (1.0): an integer to JSON Schema, refused by decode (seq and the block's v accept that
+ * spelling).
+ */
+export interface Block {
+  /** protocol version */
+  v: 1;
+  /**
+   * the span id of the tool call's execute_tool span, 16 lower-case hex digits; null when it could
+   * not be found without guessing (pattern /^[0-9a-f]{16}$/)
+   */
+  callId: string | null;
+  /** the A2A task id; blocks made without an A2A task use the callId (1 to 512 characters) */
+  taskId: string;
+  /**
+   * running: progress; done: the terminal, the final answer in envelope.payload.text; aborted: the
+   * terminal, a summary in envelope.payload.message
+   */
+  state: "running" | "done" | "aborted";
+  /** emit time at the caller, epoch milliseconds (an integer, at least 0) */
+  ts: number;
+  /** the peer's envelope, passed through unchanged */
+  envelope: Envelope;
+}
+
+/** A block's state: progress, or the stream's one terminal. */
+export type BlockState = Block["state"];
+
+/** `thinking`: the colleague's reasoning, shown folded. */
+export interface ThinkingPayload {
+  text?: string;
+  [key: string]: unknown;
+}
+
+/**
+ * `tool_call`: one line, the tool's name and a start marker. A peer sends `name` and `args`;
+ * kernel_ext reports a tool call nested in a live one with `toolName`, `name` and that call's own
+ * `callId`.
+ */
+export interface ToolCallPayload {
+  name?: string;
+  args?: unknown;
+  toolName?: string;
+  callId?: string;
+  [key: string]: unknown;
+}
+
+/** `text`: a paragraph of the colleague's text. */
+export interface TextPayload {
+  text?: string;
+  [key: string]: unknown;
+}
+
+/** `tool_output_append`: appended to a terminal-style output area (not produced in v1). */
+export interface ToolOutputAppendPayload {
+  text?: string;
+  [key: string]: unknown;
+}
+
+/** The payload of a `done` block: the final answer. */
+export interface DonePayload {
+  text: string;
+  [key: string]: unknown;
+}
+
+/** The payload of an `aborted` block: why the stream ended without an answer. */
+export interface AbortedPayload {
+  message: string;
+  [key: string]: unknown;
+}
+
+/** An envelope of the known kind `thinking`. */
+export interface ThinkingEnvelope extends Envelope {
+  kind: "thinking";
+  payload?: ThinkingPayload;
+}
+
+/** An envelope of the known kind `tool_call`. */
+export interface ToolCallEnvelope extends Envelope {
+  kind: "tool_call";
+  payload?: ToolCallPayload;
+}
+
+/** An envelope of the known kind `text`. */
+export interface TextEnvelope extends Envelope {
+  kind: "text";
+  payload?: TextPayload;
+}
+
+/** An envelope of the known kind `tool_output_append`. */
+export interface ToolOutputAppendEnvelope extends Envelope {
+  kind: "tool_output_append";
+  payload?: ToolOutputAppendPayload;
+}
+
+/** An envelope of one of the known kinds; any other kind is an `Envelope`. */
+export type KnownEnvelope =
+  | ThinkingEnvelope
+  | ToolCallEnvelope
+  | TextEnvelope
+  | ToolOutputAppendEnvelope;
+export type KnownKind = KnownEnvelope["kind"];
+
+/** A `running` block: progress of its stream. */
+export interface RunningBlock extends Block {
+  state: "running";
+}
+
+/** A `done` block: the one terminal of its stream. */
+export interface DoneBlock extends Block {
+  state: "done";
+  envelope: Envelope & { payload: DonePayload };
+}
+
+/** An `aborted` block: the one terminal of its stream. */
+export interface AbortedBlock extends Block {
+  state: "aborted";
+  envelope: Envelope & { payload: AbortedPayload };
+}
+
+/** One `tool_event_stream` message, told apart by `state`. */
+export type ToolEventStreamBlock = RunningBlock | DoneBlock | AbortedBlock;
+
+/** What `join_conversation` and `leave_conversation` answer. */
+export type RoomAnswer = { ok: true } | { ok: false; error: string };
+
+/**
+ * Events a browser receives in namespace "/chat" (socket.io-client: `Socket<ServerToClientEvents,
+ * ClientToServerEvents>`).
+ */
+export interface ServerToClientEvents {
+  tool_event_stream: (block: ToolEventStreamBlock) => void;
+  /** The kernel's own tool-event snapshot, passed through unchanged. */
+  chat_event: (event: { [key: string]: unknown }) => void;
+}
+
+/** Events a browser sends in namespace "/chat", each acknowledged. */
+export interface ClientToServerEvents {
+  join_conversation: (
+    request: { conversationId: string },
+    ack: (answer: RoomAnswer) => void,
+  ) => void;
+  leave_conversation: (
+    request: { conversationId: string },
+    ack: (answer: RoomAnswer) => void,
+  ) => void;
+}
