@@ -16,8 +16,10 @@ Peer text is never trusted with the terminal: control characters (escape sequenc
 carriage returns, C1 controls) and bidirectional overrides are printed as visible escapes.
 Messages about the connection go to stderr, so stdout holds only the stream.
 
-Exit codes: 1 when the relay cannot be reached, refuses the connection (e.g. a bad token)
-or refuses the join; 130 after Ctrl-C (SIGINT) or SIGTERM, with no traceback; 0 when
+Exit codes: 1 when the relay cannot be reached (the message says why: the host does not
+resolve, nothing listens on the port, no answer, or a server that is not a Socket.IO
+relay), refuses the connection (e.g. a bad token) or refuses the join; 2 for a bad command
+line (one line); 130 after Ctrl-C (SIGINT), 143 after SIGTERM, with no traceback; 0 when
 stdout is closed (a pipe into ``head``).
 """
 
@@ -29,12 +31,14 @@ import contextlib
 import json
 import os
 import re
-import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
+from urllib.parse import urlsplit
 
+from kernel_ext._cli import STOP_SIGNALS, exit_code_after, http_url, positive_seconds
 from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.view import Applied, Final, Item, PaneStatus, PaneStore, labels_for
 
@@ -50,6 +54,7 @@ __all__ = [
 
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+"""After Ctrl-C (SIGINT); SIGTERM gives 143."""
 
 # C0 controls but tab and newline, DEL, C1 controls, bidi embeddings/overrides/isolates.
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
@@ -306,7 +311,7 @@ async def follow(
                 hint = " (check --token)" if "auth" in reason.lower() else ""
                 say(f"the relay at {url} refused the connection: {reason}{hint}")
             else:
-                say(f"cannot connect to {url}: {exc}")
+                say(f"cannot connect to {url}: {await _why_unreachable(url, timeout, exc)}")
             return EXIT_FAILED
         try:
             ack = await join()
@@ -325,6 +330,36 @@ async def follow(
     finally:
         closing = True
         await _quietly(sio.disconnect(), timeout)
+
+
+async def _why_unreachable(url: str, timeout: float, error: Exception) -> str:
+    """Why a Socket.IO connection to ``url`` failed, in words a person can act on: a plain
+    TCP connection to its host and port tells a name that does not resolve, a port nobody
+    listens on and a host that does not answer apart from a server that is no relay.
+    (The Socket.IO client's own message is aiohttp's, ``… ssl:default [Connect call
+    failed …]`` even for plain http.)"""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    try:
+        port = parts.port or (443 if parts.scheme in ("https", "wss") else 80)
+    except ValueError:
+        return f"{url!r} has no usable port"
+    where = f"{host}:{port}"
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except socket.gaierror as exc:
+        return f"the host name {host!r} does not resolve ({exc.strerror})"
+    except ConnectionRefusedError:
+        return f"nothing is listening on {where} (connection refused)"
+    except (asyncio.TimeoutError, TimeoutError):
+        return f"{where} did not answer within {timeout:g} s"
+    except OSError as exc:
+        return f"{where} cannot be reached ({exc.strerror or exc})"
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    detail = clean(str(error) or type(error).__name__)
+    return f"{where} answers, but not as a Socket.IO relay at this URL ({detail})"
 
 
 def _ok(ack: Any) -> bool:
@@ -351,20 +386,19 @@ async def _quietly(awaitable: Awaitable[Any], timeout: float) -> None:
 
 
 async def _until_interrupted(make: Callable[[], Awaitable[int]]) -> int:
-    """Run ``make()``; SIGINT/SIGTERM cancel it and give :data:`EXIT_INTERRUPTED`."""
+    """Run ``make()``; SIGINT/SIGTERM cancel it and give 130/143."""
     loop = asyncio.get_running_loop()
     task = asyncio.ensure_future(make())
-    interrupted = False
+    interrupted: list[int] = []
 
-    def interrupt() -> None:
-        nonlocal interrupted
-        interrupted = True
+    def interrupt(signum: int) -> None:
+        interrupted.append(signum)
         task.cancel()
 
     installed = []
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in STOP_SIGNALS:
         try:
-            loop.add_signal_handler(signum, interrupt)
+            loop.add_signal_handler(signum, interrupt, signum)
             installed.append(signum)
         except (NotImplementedError, RuntimeError, ValueError):  # not Unix / not main thread
             pass
@@ -372,7 +406,7 @@ async def _until_interrupted(make: Callable[[], Awaitable[int]]) -> int:
         return await task
     except asyncio.CancelledError:
         if interrupted:
-            return EXIT_INTERRUPTED
+            return exit_code_after(interrupted[0])
         raise
     finally:
         for signum in installed:
@@ -381,15 +415,47 @@ async def _until_interrupted(make: Callable[[], Awaitable[int]]) -> int:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``tail``'s options to ``parser``."""
-    parser.add_argument("--url", required=True, help="the relay, e.g. http://127.0.0.1:8765")
-    parser.add_argument("--conversation", required=True, help="the conversation id (room)")
-    parser.add_argument("--token", default=None, help="sent as auth {'token': T} on connect")
-    parser.add_argument("--json", action="store_true", help="print raw blocks, one per line")
-    parser.add_argument("--lang", choices=("zh", "en"), default="zh", help="labels (default zh)")
-    parser.add_argument("--namespace", default=NAMESPACE, help="Socket.IO namespace")
     parser.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to connect and to join (10)"
+        "--url",
+        required=True,
+        type=http_url,
+        help="the relay's base URL, e.g. http://127.0.0.1:8765 (required)",
     )
+    parser.add_argument(
+        "--conversation",
+        required=True,
+        type=_conversation,
+        help="the conversation id, the room to join (required)",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="sent as auth {'token': TOKEN} on connect (default: none, no auth)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print each raw block as one JSON line (default: off, human-readable)",
+    )
+    parser.add_argument(
+        "--lang", choices=("zh", "en"), default="zh", help="labels (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--namespace", default=NAMESPACE, help="Socket.IO namespace (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_seconds,
+        default=10.0,
+        metavar="S",
+        help="seconds to connect and to join (default: %(default)g)",
+    )
+
+
+def _conversation(value: str) -> str:
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must be a conversation id, got an empty string")
+    return value
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -505,5 +505,5 @@ def test_ctrl_c_or_sigterm_stops_every_process(signum: int) -> None:
         running.wait_for("Open http://")
         assert f"http://127.0.0.1:{running.port}/" in "\n".join(running.out)
         running.proc.send_signal(signum)
-        assert running.finish() == 130
+        assert running.finish() == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum]
         _assert_no_child_left(running)

@@ -140,4 +140,4 @@ def test_the_page_shows_colleagues_working_live_in_each_calls_pane() -> None:
             page.screenshot(path=str(ARTIFACTS / "demo-after-message.png"), full_page=True)
             assert errors == []
         running.proc.send_signal(signal.SIGTERM)
-        assert running.finish() == 130
+        assert running.finish() == 143

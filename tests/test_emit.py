@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -107,6 +108,33 @@ async def test_a_wrong_secret_never_connects_and_is_counted() -> None:
             assert not emitter.healthy
         assert relay.stats()["rejected_bad_secret"] >= 2
         assert relay.stats()["internal"] == 0
+
+
+async def test_a_refused_secret_is_logged_once_in_the_workers_own_words(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The relay answers a wrong secret with the CONNECT error "unauthorized"; the worker's
+    log says so at ERROR, once however often the backoff tries again, and never with
+    python-socketio's "One or more namespaces failed to connect"."""
+    caplog.set_level(logging.WARNING, logger="kernel_ext")
+    hub = StreamHub(tap=Tap())
+    async with relay_in_loop() as (port, relay):
+        emitter = LoopbackEmitter(
+            f"http://127.0.0.1:{port}",
+            "not-the-secret",
+            hub=hub,
+            reconnect_delay=0.05,
+            reconnect_delay_max=0.2,
+        )
+        async with emitter:
+            await wait_until(lambda: emitter.counts.get("connect_refused", 0) >= 3)
+            assert not emitter.healthy
+        assert relay.stats()["rejected_bad_secret"] >= 3
+    refused = [r for r in caplog.records if "the relay refused the internal secret" in r.message]
+    assert [r.levelno for r in refused] == [logging.ERROR]
+    assert "KERNEL_EXT_SECRET" in refused[0].message  # what to do about it
+    assert not any("namespaces failed" in r.message for r in caplog.records)
+    assert emitter.counts["connect_failures"] == emitter.counts["connect_refused"]
 
 
 async def test_web_process_killed_and_restarted_mid_stream_terminal_arrives_once() -> None:

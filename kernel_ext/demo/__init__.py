@@ -17,6 +17,8 @@ import importlib.util
 import sys
 from typing import TextIO
 
+from kernel_ext._cli import port, positive_seconds, seconds
+
 __all__ = ["EXIT_UNAVAILABLE", "add_arguments", "missing_requirements", "run"]
 
 EXIT_UNAVAILABLE = 2
@@ -46,17 +48,10 @@ def missing_requirements() -> str | None:
     return None
 
 
-def _seconds(value: str) -> float:
-    number = float(value)
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {value!r}")
-    return number
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``demo``'s options to ``parser``."""
     parser.add_argument("--host", default="127.0.0.1", help="web bind address (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8000, help="web port (8000)")
+    parser.add_argument("--port", type=port, default=8000, help="web port (8000)")
     parser.add_argument(
         "--headless",
         action="store_true",
@@ -68,14 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--time-limit",
-        type=_seconds,
+        type=positive_seconds,
         default=None,
         metavar="S",
         help="stop after S seconds (default: none; 60 with --headless, then it is a failure)",
     )
     parser.add_argument(
         "--step-delay",
-        type=float,
+        type=seconds,
         default=0.4,
         metavar="S",
         help="seconds between a colleague's steps (0.4)",

@@ -18,7 +18,10 @@ Guarantees:
   sent over ``/chat`` as a browser would, printed as ``kernel-ext tail`` prints (plus the
   user's and the agent's messages, ``»``/``«``). Exit 0 once the agent answered every
   question and every tool call has its terminal, all ``done``; 1 otherwise (time limit,
-  an aborted call, a refused message, a child that died); 130 after Ctrl-C/SIGTERM.
+  an aborted call, a refused message, a child that died).
+* Exit codes of every run: 2 when ``--host``/``--port`` cannot be served (one line: the
+  host does not resolve or is not this machine's, the port is in use); 130 after Ctrl-C
+  (SIGINT), 143 after SIGTERM, 129 after SIGHUP.
 * Logs are removed after a clean run and kept (path printed) after a failure.
 """
 
@@ -45,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from kernel_ext._cli import EXIT_USAGE, CommandLineError, exit_code_after, listen
 from kernel_ext.demo.script import COLLEAGUES, QUESTIONS
 from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.tail import TailPrinter, clean
@@ -54,6 +58,7 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Child", "Options", "Su
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_INTERRUPTED = 130
+"""After Ctrl-C (SIGINT); another stop signal gives its own ``128 + n``."""
 _STOP_GRACE = 5.0
 _STARTUP_LIMIT = 60.0
 
@@ -166,17 +171,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def _port_taken(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
 
 
 async def _until(
@@ -383,14 +377,18 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
 
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    stopped_by: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
     for name in ("SIGINT", "SIGTERM", "SIGHUP"):
         signum = getattr(signal, name, None)
         if signum is not None:
             with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signum, stop.set)
+                loop.add_signal_handler(signum, on_signal, signum)
 
-    if _port_taken(options.host, options.port):
-        raise DemoFailed(f"port {options.port} on {options.host} is in use; pick another: --port")
     if options.redis:
         await _check_redis(options.redis)
     env = {
@@ -473,7 +471,7 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
             return watcher.result()  # raises DemoFailed: a child died
         if stopper in done:
             err.write("kernel-ext demo: stopping\n")
-            return EXIT_INTERRUPTED
+            return exit_code_after(stopped_by[0]) if stopped_by else EXIT_INTERRUPTED
         if options.headless:
             raise DemoFailed(f"the conversation did not finish within {options.time_limit:g} s")
         err.write(f"kernel-ext demo: time limit of {options.time_limit:g} s reached; stopping\n")
@@ -486,6 +484,12 @@ def launch(options: Options, out: TextIO | None = None, err: TextIO | None = Non
     """Run the demo; returns the exit code (module docstring). Never leaves a child."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
+    try:  # the web process binds later: say now, in one line, when it could not
+        listen(options.host, options.port).close()
+    except CommandLineError as exc:
+        err.write(f"kernel-ext demo: error: {exc}\n")
+        err.flush()
+        return EXIT_USAGE
     log_dir = Path(tempfile.mkdtemp(prefix="kernel-ext-demo-"))
     code = EXIT_FAILED
     try:
@@ -498,7 +502,7 @@ def launch(options: Options, out: TextIO | None = None, err: TextIO | None = Non
         err.write("kernel-ext demo: unexpected error\n")
         traceback.print_exc(file=err)
     finally:
-        if code in (EXIT_OK, EXIT_INTERRUPTED) or not any(log_dir.iterdir()):
+        if code == EXIT_OK or code > 128 or not any(log_dir.iterdir()):  # > 128: stopped
             shutil.rmtree(log_dir, ignore_errors=True)
         else:
             err.write(f"kernel-ext demo: the processes' logs are in {log_dir}\n")

@@ -39,7 +39,12 @@ from kernel_ext.emit.base import (
 )
 from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
-from kernel_ext.protocol import KX_BLOCKS, KX_CHAT_EVENT
+from kernel_ext.protocol import (
+    KX_BLOCKS,
+    KX_CHAT_EVENT,
+    REFUSED_BAD_WORKER,
+    REFUSED_UNAUTHORIZED,
+)
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 
 __all__ = ["LoopbackEmitter"]
@@ -87,8 +92,14 @@ class LoopbackEmitter(Emitter):
     * ``chat_event`` snapshots go as ``kx_chat_event`` in publish order with the blocks.
     * :attr:`healthy` is whether the ``/chat`` namespace is connected right now;
       ``on_health(connected)`` is called on every change.
-    * :attr:`counts`: ``connects``, ``disconnects``, ``connect_failures``, ``ack_timeouts``,
-      ``acks``, ``nacks``, ``terminal_resends``, ``terminals_degraded``.
+    * A relay that refuses the connection (a wrong secret, a bad worker id) is told apart
+      from one that cannot be reached: logged at ERROR in its own words ("the relay refused
+      the internal secret") once until the answer changes, counted ``connect_refused``
+      (and ``connect_failures``), and tried again by the backoff — the relay's secret may
+      be rotated to this one.
+    * :attr:`counts`: ``connects``, ``disconnects``, ``connect_failures``,
+      ``connect_refused``, ``ack_timeouts``, ``acks``, ``nacks``, ``terminal_resends``,
+      ``terminals_degraded``.
 
     Raises:
         ConfigError: a bad argument (a ``reconnect_delay_max`` below ``reconnect_delay``
@@ -156,6 +167,8 @@ class LoopbackEmitter(Emitter):
         self._client: Any = None
         self._healthy = False
         self._first_attempt = asyncio.Event()
+        self._refusal: str | None = None  # the relay's reason, during one attempt
+        self._reported: str | None = None  # the refusal logged last (None once connected)
 
     @property
     def connections(self) -> int:
@@ -197,6 +210,7 @@ class LoopbackEmitter(Emitter):
         client = socketio.AsyncClient(reconnection=False)  # ours: module docstring
         client.on("connect", self._on_connect, namespace=self.namespace)
         client.on("disconnect", self._on_disconnect, namespace=self.namespace)
+        client.on("connect_error", self._on_connect_error, namespace=self.namespace)
         self._client = client
         self._start_watcher(self._connect_loop)
 
@@ -209,9 +223,45 @@ class LoopbackEmitter(Emitter):
         self._set_healthy(False, "stopped")
 
     async def _on_connect(self) -> None:
+        self._reported = None  # a later refusal is news again
         self._set_healthy(True)
         if self._consumer is not None:
             self._consumer.poke()  # re-send held terminals now
+
+    def _on_connect_error(self, data: Any = None) -> None:
+        """The relay answered the namespace CONNECT with an error: ``{"message": reason}``
+        (a transport failure reaches here as a bare string, and is no refusal)."""
+        if isinstance(data, Mapping) and isinstance(data.get("message"), str):
+            self._refusal = data["message"]
+
+    def _report_refusal(self, reason: str) -> None:
+        """Count a refused attempt; log it when the answer changed since the last log."""
+        self._count("connect_refused")
+        if reason == self._reported:
+            return
+        self._reported = reason
+        if reason == REFUSED_UNAUTHORIZED:
+            logger.error(
+                "loopback emitter: the relay refused the internal secret (%s, %r): give this "
+                "worker the relay's secret (KERNEL_EXT_SECRET or enable(secret=...)); "
+                "retrying with backoff",
+                self.url,
+                reason,
+            )
+        elif reason == REFUSED_BAD_WORKER:
+            logger.error(
+                "loopback emitter: the relay refused the worker id %r (%s): use 1-128 letters, "
+                "digits and ._:@- ; retrying with backoff",
+                self.worker_id,
+                self.url,
+            )
+        else:
+            logger.error(
+                "loopback emitter: the relay refused the connection (%s, %r); retrying with "
+                "backoff",
+                self.url,
+                reason,
+            )
 
     async def _on_disconnect(self, reason: Any = None) -> None:
         # Frames without an acknowledgement may or may not have arrived: hold their
@@ -229,6 +279,7 @@ class LoopbackEmitter(Emitter):
         backoff = self._backoff
         backoff.reset()
         while not self._stopping:
+            self._refusal = None
             try:
                 await self._client.connect(
                     self.url,
@@ -242,13 +293,16 @@ class LoopbackEmitter(Emitter):
                 raise
             except Exception as exc:  # ConnectionError, OSError, refused auth, …
                 self._count("connect_failures")
-                _rare(
-                    "connect_failed",
-                    "loopback emitter: cannot connect to %s: %s",
-                    self.url,
-                    exc,
-                    level=logging.WARNING,
-                )
+                if self._refusal is not None:  # the relay answered: no
+                    self._report_refusal(self._refusal)
+                else:
+                    _rare(
+                        "connect_failed",
+                        "loopback emitter: cannot connect to %s: %s",
+                        self.url,
+                        exc,
+                        level=logging.WARNING,
+                    )
                 self._terminals.expire()  # give up spent ones meanwhile
                 self._first_attempt.set()
                 await self._pause(backoff.next())

@@ -1,8 +1,8 @@
 """The web-process side: the ``/chat`` relay from internal senders to browsers' rooms.
 
-Every public name (``__all__``) is importable from here. Each module has one job, and
-imports only the ones above it in this list (none imports the worker side: ``stream``,
-``emit``, ``plugin``):
+Every public name (``__all__``) is importable from here, each module loaded on first use.
+Each module has one job, and imports only the ones above it in this list (none imports the
+worker side: ``stream``, ``emit``, ``plugin``):
 
 =================  =======================================================================
 ``_log``           the package's one logger (``kernel_ext.relay``), rare log, frames metric
@@ -14,12 +14,13 @@ imports only the ones above it in this list (none imports the worker side: ``str
                    outage, write-only workers' streams ended when they are gone
 ``namespace``      :class:`ChatRelay`: connections, joins, ``kx_blocks``/``kx_chat_event``
 ``app``            :func:`mount_relay`, :func:`create_app`, :class:`RelayApp`
-``command``        ``python -m kernel_ext.relay`` (:func:`main`), loaded on first use
+``command``        ``kernel-ext relay`` = ``python -m kernel_ext.relay`` (:func:`main`)
 =================  =======================================================================
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from kernel_ext.protocol import (
@@ -30,14 +31,14 @@ from kernel_ext.protocol import (
     LEAVE_EVENT,
     TOOL_EVENT_STREAM,
 )
-from kernel_ext.relay.app import RelayApp, create_app, mount_relay
-from kernel_ext.relay.auth import BrowserAuth, JoinAuth, allow_all
-from kernel_ext.relay.namespace import ChatRelay
-from kernel_ext.relay.redis import RelayRedisManager
-from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, WORKER_GONE_MESSAGE
 
 if TYPE_CHECKING:
+    from kernel_ext.relay.app import RelayApp, create_app, mount_relay
+    from kernel_ext.relay.auth import BrowserAuth, JoinAuth, allow_all
     from kernel_ext.relay.command import is_loopback_host, main
+    from kernel_ext.relay.namespace import ChatRelay
+    from kernel_ext.relay.redis import RelayRedisManager
+    from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, WORKER_GONE_MESSAGE
 
 __all__ = [
     "CHAT_EVENT",
@@ -60,13 +61,32 @@ __all__ = [
     "mount_relay",
 ]
 
-# The command's names load its module (argparse, the settings) on first use only.
-_COMMAND_NAMES = frozenset({"is_loopback_host", "main"})
+# Every other name loads its module on first use (PEP 562): importing the package, as the
+# ``kernel-ext`` command does for ``kernel-ext relay``'s options, loads no Socket.IO.
+_LAZY = {
+    "RelayApp": "app",
+    "create_app": "app",
+    "mount_relay": "app",
+    "BrowserAuth": "auth",
+    "JoinAuth": "auth",
+    "allow_all": "auth",
+    "is_loopback_host": "command",
+    "main": "command",
+    "ChatRelay": "namespace",
+    "RelayRedisManager": "redis",
+    "DEFAULT_WORKER_GRACE": "workers",
+    "WORKER_GONE_MESSAGE": "workers",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _COMMAND_NAMES:
-        from kernel_ext.relay import command
-
-        return getattr(command, name)
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        globals()[name] = value  # the next access is a plain module attribute
+        return value
     raise AttributeError(f"module 'kernel_ext.relay' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,33 +1,68 @@
-"""``python -m kernel_ext.relay``: serve a standalone relay with uvicorn.
+"""``kernel-ext relay`` (also ``python -m kernel_ext.relay``): serve a standalone relay.
 
-``python -m kernel_ext.relay --port 8765 --authenticate pkg.mod:fn --authorize-join
-pkg.mod:fn`` serves :func:`~kernel_ext.relay.create_app` (secret from
-``KERNEL_EXT_SECRET``; ``--redis-url``, default ``KERNEL_EXT_REDIS_URL``, for a Redis
-client manager; both read through :func:`kernel_ext.settings.load_settings`). It binds
-127.0.0.1 unless ``--host`` says otherwise, and it is never open by accident: without both
-hooks it refuses to start unless ``--allow-anyone`` is given, and on a host other than a
-loopback one even then (:func:`main`).
+One command, two spellings: :func:`add_arguments` and :func:`run` make the ``relay``
+subcommand of ``kernel-ext`` (:mod:`kernel_ext.cli`), and :func:`main` is the same command
+on its own for ``python -m kernel_ext.relay``. It serves :func:`~kernel_ext.relay.create_app`
+with uvicorn; the secret, the Redis URL and channel and the namespace come from
+:func:`kernel_ext.settings.load_settings` (options win).
+
+* It binds 127.0.0.1 unless ``--host`` says otherwise, and it is never open by accident:
+  without both hooks it refuses to start unless ``--allow-anyone`` is given, and on a host
+  other than a loopback one even then (:func:`is_loopback_host`).
+* Every refusal — a bad option, a hook that does not load, no secret, a host that does not
+  resolve, a port in use — is one line on stderr and exit status 2.
+* Once listening it prints one start-up line on stderr: URL, namespace, auth mode, Redis.
+* SIGINT and SIGTERM stop it gracefully; it then exits with 130 or 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import ipaddress
 import logging
-from collections.abc import Callable
-from typing import Any, NoReturn
+import signal
+import socket
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+from kernel_ext._cli import (
+    EXIT_OK,
+    STOP_SIGNALS,
+    CommandLineError,
+    Parser,
+    exit_code_after,
+    listen,
+    port_or_zero,
+    url_host,
+    usage_error,
+)
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import NAMESPACE
 from kernel_ext.relay._log import logger
-from kernel_ext.relay.app import create_app
-from kernel_ext.relay.auth import allow_all
-from kernel_ext.settings import env_name, load_callable, load_settings
+from kernel_ext.settings import Settings, env_name, load_callable, load_settings
 
-__all__ = ["is_loopback_host", "main"]
+__all__ = ["DESCRIPTION", "add_arguments", "is_loopback_host", "main", "run"]
 
 _SECRET = env_name("secret")
 _REDIS_URL = env_name("redis_url")
+_REDIS_CHANNEL = env_name("redis_channel")
+_NAMESPACE = env_name("namespace")
+_DEFAULT_PORT = 8765
+_REDIS_CHANNEL_DEFAULT = Settings.model_fields["redis_channel"].default
+
+DESCRIPTION = (
+    "Serve the kernel_ext /chat relay on its own (uvicorn): blocks from internal senders "
+    "to the browsers in each conversation's room."
+)
+_EPILOG = (
+    f"The internal senders' secret comes from {_SECRET}. Without both --authenticate and "
+    "--authorize-join the relay refuses to start, unless --allow-anyone is given on a "
+    "loopback --host. SIGINT or SIGTERM stop it (exit status 130 or 143)."
+)
 
 
 def is_loopback_host(host: str) -> bool:
@@ -42,30 +77,40 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m kernel_ext.relay",
-        description="Serve the kernel_ext /chat relay on its own (uvicorn): blocks from "
-        "internal senders to the browsers in each conversation's room.",
-        epilog=f"The internal senders' secret comes from {_SECRET}. Without both "
-        "--authenticate and --authorize-join the relay refuses to start, unless "
-        "--allow-anyone is given on a loopback --host.",
-    )
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the relay's options to ``parser`` (``kernel-ext relay`` or the module's own)."""
+    parser.description = DESCRIPTION
+    parser.epilog = _EPILOG
     parser.add_argument(
         "--host",
         default="127.0.0.1",
         help="address to bind; one other than localhost, 127.0.0.0/8 or ::1 needs both "
         "hooks (default: %(default)s)",
     )
-    parser.add_argument("--port", type=int, default=8765, help="port (default: %(default)s)")
+    parser.add_argument(
+        "--port",
+        type=port_or_zero,
+        default=_DEFAULT_PORT,
+        help="port; 0 picks a free one, shown in the start-up line (default: %(default)s)",
+    )
     parser.add_argument(
         "--redis-url",
         default=None,
+        metavar="URL",
         help=f"redis:// URL of a Redis client manager shared by several web processes "
         f"(default: ${_REDIS_URL} if set, else none: this process only)",
     )
     parser.add_argument(
-        "--namespace", default=NAMESPACE, help="Socket.IO namespace (default: %(default)s)"
+        "--redis-channel",
+        default=None,
+        metavar="NAME",
+        help=f"python-socketio's Redis channel, the workers' and other web processes' one "
+        f"(default: {_REDIS_CHANNEL_DEFAULT}, or ${_REDIS_CHANNEL} if set)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=None,
+        help=f"Socket.IO namespace (default: {NAMESPACE}, or ${_NAMESPACE} if set)",
     )
     parser.add_argument(
         "--log-level",
@@ -91,7 +136,6 @@ def _parser() -> argparse.ArgumentParser:
         help="start without both hooks, on a loopback --host only: every browser may then "
         "join any conversation (default: off, refuse to start)",
     )
-    return parser
 
 
 def _openness(authenticate: str | None, authorize_join: str | None) -> str:
@@ -108,76 +152,171 @@ def _openness(authenticate: str | None, authorize_join: str | None) -> str:
     return ""
 
 
-def _refuse(parser: argparse.ArgumentParser, message: str) -> NoReturn:
-    parser.exit(2, f"{parser.prog}: error: {message}\n")
-
-
-def _load_hook(parser: argparse.ArgumentParser, option: str, spec: str) -> Callable[..., Any]:
+def _load_hook(prog: str, option: str, spec: str) -> Callable[..., Any]:
     try:
         return load_callable(spec, option)
     except ConfigError as exc:
-        _refuse(parser, str(exc))
+        usage_error(prog, str(exc))
     except Exception as exc:  # the module itself failed while importing
-        _refuse(parser, f"{option} {spec!r} cannot be loaded ({type(exc).__name__}: {exc})")
+        usage_error(prog, f"{option} {spec!r} cannot be loaded ({type(exc).__name__}: {exc})")
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m kernel_ext.relay``: serve a standalone relay with uvicorn.
+def _redacted(url: str) -> str:
+    """``url`` without its password (the start-up line is not a place for secrets)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<a URL that does not parse>"
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = url_host(parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
-    Refuses to start (a one-line error, exit status 2) without both hooks unless
-    ``--allow-anyone`` is given, and without both hooks on a non-loopback ``--host``
-    (:func:`is_loopback_host`) even then; a hook that cannot be loaded, a missing
-    ``KERNEL_EXT_SECRET`` or a ``KERNEL_EXT_*`` variable that does not parse is refused
-    the same way."""
-    parser = _parser()
-    args = parser.parse_args(argv)
+
+def _auth_mode(args: argparse.Namespace) -> str:
+    hooks = [spec for spec in (args.authenticate, args.authorize_join) if spec]
+    openness = _openness(args.authenticate, args.authorize_join)
+    named = f"{'hooks' if len(hooks) > 1 else 'hook'} {' and '.join(hooks)}" if hooks else ""
+    return "; ".join(part for part in (named, f"open: {openness}" if openness else "") if part)
+
+
+def _startup_line(
+    prog: str, args: argparse.Namespace, url: str, namespace: str, redis: str | None, channel: str
+) -> str:
+    where = (
+        f"Redis {_redacted(redis)}, channel {channel}" if redis else "no Redis (this process only)"
+    )
+    return f"{prog}: serving {url}, namespace {namespace}, auth: {_auth_mode(args)}, {where}"
+
+
+@contextlib.contextmanager
+def _stop_on_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
+    """SIGINT and SIGTERM call ``on_signal(signum)`` on the running loop while inside."""
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+    for signum in STOP_SIGNALS:
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(signum, on_signal, signum)
+            installed.append(signum)
+    try:
+        yield
+    finally:
+        for each in installed:
+            loop.remove_signal_handler(each)
+
+
+def _serve(app: Any, sock: socket.socket, log_level: str, announce: Callable[[], None]) -> int:
+    """Serve ``app`` on the listening ``sock`` until SIGINT/SIGTERM; the exit code."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, but the signal that stopped it becomes the exit code instead
+        of being raised again after the graceful shutdown, and the start-up line is printed
+        once it serves (its signal handlers in place: a SIGTERM after the line is a clean
+        stop)."""
+
+        stopped_by: int | None = None
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            with _stop_on_signals(self.stop):
+                yield
+
+        def stop(self, signum: int) -> None:
+            if self.stopped_by is None:
+                self.stopped_by = signum
+            self.handle_exit(signum, None)
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                announce()
+
+    server = Server(uvicorn.Config(app, log_level=log_level, lifespan="off"))
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # a SIGINT before the loop's handler was in place
+        return exit_code_after(signal.SIGINT)
+    return exit_code_after(server.stopped_by) if server.stopped_by is not None else EXIT_OK
+
+
+def run(args: argparse.Namespace, prog: str | None = None) -> int:
+    """Run the relay with parsed ``args``; returns the exit code (module docstring).
+
+    Refuses to start (one line on stderr, exit status 2, through :class:`SystemExit`)
+    without both hooks unless ``--allow-anyone`` is given, and without both hooks on a
+    non-loopback ``--host`` (:func:`is_loopback_host`) even then; a hook that cannot be
+    loaded, a missing ``KERNEL_EXT_SECRET``, a ``KERNEL_EXT_*`` variable that does not
+    parse, a host or port it cannot listen on are refused the same way."""
+    prog = prog or getattr(args, "prog", None) or "kernel-ext relay"
     openness = _openness(args.authenticate, args.authorize_join)
     if openness and not is_loopback_host(args.host):
-        _refuse(
-            parser,
+        usage_error(
+            prog,
             f"--host {args.host} may be reachable from the network and {openness}: give both "
             "--authenticate and --authorize-join (--allow-anyone is for loopback hosts only)",
         )
     if openness and not args.allow_anyone:
-        _refuse(
-            parser,
+        usage_error(
+            prog,
             f"{openness}: give both --authenticate and --authorize-join (MODULE:FUNCTION), "
             "or --allow-anyone to accept that",
         )
     try:
-        settings = load_settings()
+        settings = load_settings(
+            redis_url=args.redis_url, redis_channel=args.redis_channel, namespace=args.namespace
+        )
     except ConfigError as exc:
-        _refuse(parser, str(exc))
+        usage_error(prog, str(exc))
     secret = settings.secret_value()
     if not secret:
-        _refuse(parser, f"set {_SECRET} to the internal senders' shared secret")
+        usage_error(prog, f"set {_SECRET} to the internal senders' shared secret")
     authenticate = (
-        _load_hook(parser, "--authenticate", args.authenticate) if args.authenticate else None
+        _load_hook(prog, "--authenticate", args.authenticate) if args.authenticate else None
     )
+    from kernel_ext.relay.app import create_app  # Socket.IO: loaded when it serves
+    from kernel_ext.relay.auth import allow_all
+
     authorize_join = (
-        _load_hook(parser, "--authorize-join", args.authorize_join)
+        _load_hook(prog, "--authorize-join", args.authorize_join)
         if args.authorize_join
         else allow_all
     )
-    import uvicorn
-
-    logging.basicConfig(level=args.log_level.upper())
-    if openness:
-        logger.warning(
-            "relay started with --allow-anyone on %s:%d: %s", args.host, args.port, openness
+    try:
+        sock = listen(args.host, args.port)
+    except CommandLineError as exc:
+        usage_error(prog, str(exc))
+    with sock:
+        port = sock.getsockname()[1]
+        url = f"http://{url_host(args.host or '0.0.0.0')}:{port}"
+        logging.basicConfig(level=args.log_level.upper())
+        if openness:
+            logger.warning(
+                "relay started with --allow-anyone on %s:%d: %s", args.host, port, openness
+            )
+        ready = create_app(
+            secret,
+            redis_url=settings.redis_url,
+            redis_channel=settings.redis_channel,
+            namespace=settings.namespace,
+            authenticate=authenticate,
+            authorize_join=authorize_join,
         )
-    ready = create_app(
-        secret,
-        redis_url=args.redis_url or settings.redis_url,
-        namespace=args.namespace,
-        authenticate=authenticate,
-        authorize_join=authorize_join,
-    )
-    uvicorn.run(
-        ready.app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        lifespan="off",
-    )
-    return 0
+        line = _startup_line(
+            prog, args, url, settings.namespace, settings.redis_url, settings.redis_channel
+        )
+
+        def announce() -> None:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
+
+        return _serve(ready.app, sock, args.log_level, announce)
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel_ext.relay") -> int:
+    """``python -m kernel_ext.relay``: the same command as ``kernel-ext relay``."""
+    parser = Parser(prog=prog)
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return run(args, prog)

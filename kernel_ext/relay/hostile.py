@@ -41,6 +41,7 @@ import engineio
 import socketio
 
 from kernel_ext._telemetry import RareLog, is_rare
+from kernel_ext.protocol import REFUSED_UNAUTHORIZED
 from kernel_ext.relay._log import count_frame, logger, rare
 
 __all__ = ["GuardedNamespace"]
@@ -124,7 +125,7 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc]
                 raise  # python-socketio retries a legacy on_connect(sid, environ)
             sid = args[0] if args else "?"
             self._reject(sid, "connect_error", "a connection (on_connect failed)", exc_info=True)
-            raise socketio.exceptions.ConnectionRefusedError("unauthorized") from None
+            raise socketio.exceptions.ConnectionRefusedError(REFUSED_UNAUTHORIZED) from None
 
     def _takes(self, event: str, count: int) -> bool:
         """Whether the handler of ``event`` takes ``count`` positional arguments."""

@@ -44,6 +44,8 @@ from kernel_ext.protocol import (
     KX_CHAT_EVENT,
     LEAVE_EVENT,
     NAMESPACE,
+    REFUSED_BAD_WORKER,
+    REFUSED_UNAUTHORIZED,
     TERMINAL_STATES,
     TOOL_EVENT_STREAM,
     decode,
@@ -215,11 +217,11 @@ class ChatRelay(GuardedNamespace):
             given = auth.get("internal")
             if not self._secret.matches(given):
                 self._reject(sid, "bad_secret", "an internal connection")
-                raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+                raise socketio.exceptions.ConnectionRefusedError(REFUSED_UNAUTHORIZED)
             worker = worker_of(sid, auth)
             if worker is None:
                 self._reject(sid, "bad_worker", "an internal connection")
-                raise socketio.exceptions.ConnectionRefusedError("bad worker id")
+                raise socketio.exceptions.ConnectionRefusedError(REFUSED_BAD_WORKER)
             conn = _Internal(worker)
             conn.task = asyncio.get_running_loop().create_task(self._worker(sid, conn))
             self._internal[sid] = conn
@@ -239,7 +241,7 @@ class ChatRelay(GuardedNamespace):
                 identity = None
         if identity is None or identity is False:
             self._count("browser_refused")
-            raise socketio.exceptions.ConnectionRefusedError("unauthorized")
+            raise socketio.exceptions.ConnectionRefusedError(REFUSED_UNAUTHORIZED)
         self._browsers[sid] = identity
         return True
 
