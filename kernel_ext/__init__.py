@@ -4,7 +4,8 @@ The root holds what kernel integrators and tool authors use:
 
 * tool authors: :func:`publish` (and :func:`publish_chat_event`), :func:`current_call_id`,
   :func:`current_tool_call`, :func:`use_tool_call` and :class:`ToolCall`;
-* integrators: :func:`enable`, :func:`disable` / ``await`` :func:`adisable`,
+* integrators: :func:`enable`, :func:`disable` / ``await`` :func:`adisable`, :func:`enabled`
+  (what is running),
   :class:`ToolDescription` (the describe hook's answer), :func:`set_tool_call` /
   :func:`reset_tool_call` for runtimes with hooks;
 * everyone: the error family (:class:`KernelExtError` and its subclasses), ``__version__``.
@@ -44,7 +45,7 @@ from kernel_ext.errors import (
 
 if TYPE_CHECKING:
     from kernel_ext.instrument import ToolDescription
-    from kernel_ext.plugin import adisable, disable, enable
+    from kernel_ext.plugin import adisable, disable, enable, enabled
     from kernel_ext.stream import publish, publish_chat_event
 
 __all__ = [
@@ -61,6 +62,7 @@ __all__ = [
     "current_tool_call",
     "disable",
     "enable",
+    "enabled",
     "publish",
     "publish_chat_event",
     "reset_tool_call",
@@ -75,6 +77,7 @@ _LAZY = {
     "enable": "kernel_ext.plugin",
     "disable": "kernel_ext.plugin",
     "adisable": "kernel_ext.plugin",
+    "enabled": "kernel_ext.plugin",
     "ToolDescription": "kernel_ext.instrument",
 }
 

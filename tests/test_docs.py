@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -461,6 +462,61 @@ def test_quoted_reliability_figures_are_the_reports() -> None:
             f"operations.md quotes {row!r}, which docs/reliability.md does not hold: "
             "copy the new figures after a soak run"
         )
+
+
+# -- Python names ---------------------------------------------------------------------------
+
+_DOTTED = re.compile(r"(?<![\w/.-])kernel_ext(?:\.[A-Za-z_]\w*)+")
+
+
+def _telemetry_names() -> set[str]:
+    """Names that are not Python but OpenTelemetry's: metrics and span attributes."""
+    from kernel_ext import stream
+
+    source = (PACKAGE / "metrics.py").read_text(encoding="utf-8")
+    names = set(re.findall(r'create_counter\(\s*"([^"]+)"', source))
+    names.update(getattr(stream, n) for n in dir(stream) if n.startswith("ATTR_"))
+    return names
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module, or an attribute reached from the longest
+    importable module prefix (``kernel_ext.enabled().emitter`` is checked up to
+    ``kernel_ext.enabled``: what follows a call is a value's)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)  # a moved name is not a name
+            for part in parts[cut:]:
+                try:
+                    value = getattr(value, part)
+                except (AttributeError, DeprecationWarning):
+                    return False
+        return True
+    return False
+
+
+def test_every_python_name_in_the_docs_exists() -> None:
+    """``kernel_ext.enabled()`` was documented while only ``kernel_ext.plugin.enabled``
+    existed: every dotted ``kernel_ext`` name on a page (up to a call's parenthesis) resolves,
+    except telemetry names, which the tests above hold against the code."""
+    telemetry = _telemetry_names()
+    missing = []
+    for page in [*PAGES, ROOT / "README.md"]:
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for match in _DOTTED.finditer(line):
+                dotted = match.group(0)
+                if line[match.end() : match.end() + 3] in (".py", ".md", ".js"):
+                    continue  # a file name (kernel_ext.web.py is not a thing, but be safe)
+                if any(dotted == t or dotted.startswith(t + ".") for t in telemetry):
+                    continue
+                if not _resolves(dotted):
+                    missing.append(f"{page.name}:{number}: {dotted}")
+    assert missing == []
 
 
 # -- the site ------------------------------------------------------------------------------

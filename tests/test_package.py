@@ -50,6 +50,7 @@ def test_the_root_exports_what_integrators_and_tool_authors_use() -> None:
         "ToolCall",
         "ToolDescription",
         "enable",
+        "enabled",
         "disable",
         "adisable",
         "KernelExtError",
