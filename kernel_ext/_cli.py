@@ -34,6 +34,7 @@ __all__ = [
     "exit_code_after",
     "http_url",
     "listen",
+    "never_resolves",
     "port",
     "port_or_zero",
     "positive_seconds",
@@ -158,6 +159,13 @@ def url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def never_resolves(host: str) -> bool:
+    """Whether ``host`` is a name under ``invalid.``, which by RFC 6761 (6.4) never resolves:
+    the commands say so at once instead of asking a DNS server about it."""
+    name = host.rstrip(".").lower()
+    return name == "invalid" or name.endswith(".invalid")
+
+
 def listen(host: str, port_number: int) -> socket.socket:
     """A TCP socket bound to ``host:port_number`` and listening, ready to hand to a server.
 
@@ -165,6 +173,10 @@ def listen(host: str, port_number: int) -> socket.socket:
     does not resolve, is not an address of this machine, the port is in use or needs
     privileges.
     """
+    if never_resolves(host):
+        raise CommandLineError(
+            f"--host {host!r} does not resolve to an address (no name under .invalid does)"
+        )
     try:
         found = socket.getaddrinfo(
             host or None, port_number, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE

@@ -38,7 +38,13 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from kernel_ext._cli import STOP_SIGNALS, exit_code_after, http_url, positive_seconds
+from kernel_ext._cli import (
+    STOP_SIGNALS,
+    exit_code_after,
+    http_url,
+    never_resolves,
+    positive_seconds,
+)
 from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.view import Applied, Final, Item, PaneStatus, PaneStore, labels_for
 
@@ -296,6 +302,11 @@ async def follow(
     sio.on("connect_error", on_connect_error, namespace=namespace)
     sio.on(TOOL_EVENT_STREAM, printer.block, namespace=namespace)
     sio.on(CHAT_EVENT, printer.snapshot, namespace=namespace)
+    host = urlsplit(url).hostname or ""
+    if never_resolves(host):
+        reason = f"the host name {host!r} does not resolve (no name under .invalid does)"
+        say(f"cannot connect to {url}: {reason}")
+        return EXIT_FAILED
     try:
         try:
             await sio.connect(

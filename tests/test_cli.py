@@ -28,7 +28,7 @@ import pytest
 from network import free_port
 
 from kernel_ext import __version__
-from kernel_ext._cli import exit_code_after
+from kernel_ext._cli import exit_code_after, never_resolves
 from kernel_ext.cli import build_parser
 
 TESTS = Path(__file__).resolve().parent
@@ -175,6 +175,25 @@ def test_tail_against_a_host_that_does_not_resolve_says_so() -> None:
     line = one_line(kernel_ext("tail", "--url", url, "--conversation", "c"), 1)
     assert line.startswith(f"kernel-ext tail: cannot connect to {url}: "), line
     assert "the host name 'nosuchhost.invalid' does not resolve" in line
+
+
+@pytest.mark.parametrize(
+    ("host", "never"),
+    [
+        ("nosuchhost.invalid", True),
+        ("NoSuchHost.INVALID.", True),
+        ("invalid", True),
+        ("a.b.invalid", True),
+        ("invalid.example", False),
+        ("notinvalid", False),
+        ("127.0.0.1", False),
+        ("localhost", False),
+    ],
+)
+def test_names_under_invalid_are_refused_without_asking_dns(host: str, never: bool) -> None:
+    """RFC 6761: the commands answer for ``.invalid`` names themselves, so neither the
+    tests above nor a user's typo sends a DNS query off the machine."""
+    assert never_resolves(host) is never
 
 
 # -- version and help ---------------------------------------------------------------------
