@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from network import chromium, no_websocket_proxy
 from test_demo import PY_REASON, Demo, demo
+from test_renderer_browser import CJK_FACES
 
 from kernel_ext.demo.colleague import CARRIER, ORDERS_DESK
 from kernel_ext.demo.script import wording
@@ -175,6 +176,8 @@ def test_the_page_shows_colleagues_working_live_in_each_calls_pane() -> None:
     with demo("--fast", "--time-limit", "150") as running:
         with demo_page(running) as (page, console):
             assert page.evaluate("document.documentElement.lang") == "zh-CN"
+            family = page.evaluate("getComputedStyle(document.body).fontFamily")
+            assert [face for face in CJK_FACES if face not in family] == [], family
             # The official client starts on long-polling and upgrades to WebSocket.
             page.wait_for_function(f"() => ({TRANSPORT})() === 'websocket'")
             assert page.evaluate("window.kxDemo.socket.io.engine.transport.name") == "websocket"
