@@ -19,14 +19,14 @@ their own (:class:`network.LoopThread`): this thread belongs to Playwright's syn
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import socketio
 from network import LoopThread, chromium, serve_asgi
-from relay_helpers import CALL, CONV, SECRET, emitter_for, in_call
+from relay_helpers import CALL, CONV, NS, SECRET, emitter_for, in_call
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
@@ -60,9 +60,25 @@ class Server:
     (each ``auth`` the relay's hook was asked about) and the publishing side."""
 
     loop: LoopThread
-    port: int
+    app: Any
+    sio: socketio.AsyncServer
+    port: int = 0
     attempts: list[Any] = field(default_factory=list)
     hub: StreamHub = field(default_factory=StreamHub)
+    http: contextlib.AsyncExitStack = field(default_factory=contextlib.AsyncExitStack)
+
+    def serve(self) -> None:
+        """Start uvicorn (on :attr:`port` once it has one)."""
+        self.http = contextlib.AsyncExitStack()
+        served = serve_asgi(self.app, self.port or None)
+        self.port = self.loop.run(self.http.enter_async_context(served))
+
+    def restart(self, while_down: Callable[[], None]) -> None:
+        """Stop uvicorn (every connection closes), call ``while_down``, serve again on the
+        same port."""
+        self.loop.run(self.http.aclose())
+        while_down()
+        self.serve()
 
     def publish(self, text: str, state: str = "running") -> None:
         async def publish() -> None:
@@ -70,6 +86,17 @@ class Server:
                 self.hub.publish(text, state=state)
 
         self.loop.run(publish())
+
+    def disconnect_browsers(self) -> int:
+        """The server disconnects every browser in :data:`CONV`; how many there were."""
+
+        async def disconnect() -> int:
+            sids = [sid for sid, _ in self.sio.manager.get_participants(NS, CONV)]
+            for sid in sids:
+                await self.sio.disconnect(sid, namespace=NS)
+            return len(sids)
+
+        return int(self.loop.run(disconnect()))
 
 
 @contextlib.contextmanager
@@ -91,19 +118,21 @@ def example_server(transports: list[str] | None = None) -> Iterator[Server]:
     sio = socketio.AsyncServer(async_mode="asgi", cors_allowed_origins=[], **options)
     mount_relay(sio, SECRET, authenticate=authenticate, authorize_join=lambda user, room: True)
     files = Starlette(routes=[Mount("/", StaticFiles(directory=web_root()))])
-    app = socketio.ASGIApp(sio, other_asgi_app=files)
-    stack = contextlib.AsyncExitStack()
+    server = Server(runner, socketio.ASGIApp(sio, other_asgi_app=files), sio, attempts=attempts)
+    emitter = None
     try:
-        port = runner.run(stack.enter_async_context(serve_asgi(app)))
-        server = Server(runner, port, attempts)
+        server.serve()
         # The worker's emitter speaks WebSocket by default; on a polling-only server it polls.
-        emitter = emitter_for(port, server.hub, transports=transports or ["websocket"])
+        emitter = emitter_for(server.port, server.hub, transports=transports or ["websocket"])
         runner.run(emitter.start())
-        stack.push_async_callback(emitter.stop)
         yield server
     finally:
-        runner.run(stack.aclose())
-        runner.close()
+        try:
+            if emitter is not None:
+                runner.run(emitter.stop())
+        finally:
+            runner.run(server.http.aclose())
+            runner.close()
 
 
 @contextlib.contextmanager
@@ -168,4 +197,39 @@ def test_a_refused_browser_is_told_so_and_does_not_try_again() -> None:
         assert page.evaluate("window.kx.socket.active") is False
         assert page.evaluate("window.kx.socket.connected") is False
         assert server.attempts == [{"token": "wrong-token"}]
+        assert errors == []
+
+
+def test_after_the_server_disconnects_it_the_page_does_not_reconnect() -> None:
+    with example_server() as server, example_page(server, TOKEN) as (page, errors):
+        page.wait_for_selector("body[data-joined='1']")
+        assert server.disconnect_browsers() == 1
+        page.wait_for_function(
+            "() => document.getElementById('connection').textContent.includes(' · disconnected')"
+        )
+        assert page.evaluate("window.kx.socket.active") is False
+        assert len(server.attempts) == 1
+        assert errors == []
+
+
+def test_after_the_server_restarts_the_page_reconnects_rejoins_and_sends_what_waited() -> None:
+    with example_server() as server, example_page(server, TOKEN) as (page, errors):
+        page.wait_for_selector("body[data-joined='1']")
+        joined = "() => document.getElementById('connection').textContent.includes(' · joined')"
+        page.wait_for_function(joined)
+
+        def while_down() -> None:
+            page.wait_for_function("() => !window.kx.socket.connected && window.kx.socket.active")
+            # Emitted while disconnected: the client buffers it and sends it on reconnect.
+            page.evaluate(
+                """() => { window.__ack = null; window.kx.socket.emit("join_conversation",
+                  { conversationId: "conv-2" }, (ack) => { window.__ack = ack; }); }"""
+            )
+
+        server.restart(while_down)
+        page.wait_for_function("() => window.__ack !== null")
+        assert page.evaluate("window.__ack") == {"ok": True}
+        page.wait_for_function(joined)  # attachSocket joined the room again
+        _stream_and_check(server, page)
+        assert [attempt["token"] for attempt in server.attempts] == [TOKEN, TOKEN]
         assert errors == []
