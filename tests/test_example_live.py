@@ -217,6 +217,8 @@ def test_after_the_server_restarts_the_page_reconnects_rejoins_and_sends_what_wa
         page.wait_for_selector("body[data-joined='1']")
         joined = "() => document.getElementById('connection').textContent.includes(' · joined')"
         page.wait_for_function(joined)
+        # Reconnection delays are randomised (jitter), so browsers do not return in step.
+        assert page.evaluate("window.kx.socket.io.randomizationFactor()") > 0
 
         def while_down() -> None:
             page.wait_for_function("() => !window.kx.socket.connected && window.kx.socket.active")
