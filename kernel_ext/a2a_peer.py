@@ -465,7 +465,9 @@ class ScriptedPeer:
     """The colleague's server: a Starlette app holding the SDK's handler, card and routes.
 
     ``url`` is the JSON-RPC URL advertised on the card (``http://127.0.0.1:<port>/``).
-    Serve :attr:`app` with uvicorn; await :meth:`aclose` when done.
+    ``colleague`` replaces the executor (a :class:`ScriptedColleague` subclass that says
+    other things; ``delay`` and the flood knobs are then its own). Serve :attr:`app` with
+    uvicorn; await :meth:`aclose` when done.
     """
 
     def __init__(
@@ -476,9 +478,10 @@ class ScriptedPeer:
         flood_count: int = 200,
         flood_rate: float = 1000.0,
         name: str = "Scripted colleague",
+        colleague: ScriptedColleague | None = None,
     ) -> None:
         self.url = url
-        self.colleague = ScriptedColleague(
+        self.colleague = colleague or ScriptedColleague(
             delay=delay, flood_count=flood_count, flood_rate=flood_rate
         )
         self.card = build_agent_card(url, name=name)

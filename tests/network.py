@@ -6,6 +6,9 @@
   connection, with a deadline, failing early when its process exited;
 * :class:`RedisServer` (a real redis-server), :func:`serve_asgi` (uvicorn in the running
   loop), :func:`chromium` (headless Chromium through Playwright);
+* :class:`LoopThread` (an event loop on a thread of its own, for tests whose thread
+  belongs to Playwright's sync API) and :class:`NoWebSocketProxy` (an HTTP proxy that
+  refuses WebSocket upgrades, as some corporate proxies do);
 * :func:`started` — what a test started (``network``, ``redis``, ``browser``), recorded by
   the helpers above; conftest fails a test that started something it is not marked for.
 """
@@ -20,7 +23,8 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+import threading
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import ModuleType
 from typing import Any
 
@@ -216,6 +220,121 @@ async def serve_asgi(app: Any, port: int | None = None) -> AsyncIterator[int]:
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, timeout=10)
+
+
+class LoopThread:
+    """An asyncio event loop running on a thread of its own: servers and clients for a test
+    whose own thread belongs to Playwright's sync API (which refuses a running loop)."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, Any], timeout: float = 30.0) -> Any:
+        """Run ``coro`` on the loop; its result, or its exception (``TimeoutError`` after
+        ``timeout`` seconds)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def close(self) -> None:
+        """Stop the loop and its thread."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+class NoWebSocketProxy:
+    """An HTTP proxy on 127.0.0.1 in front of ``127.0.0.1:target_port`` that refuses every
+    WebSocket upgrade with ``403`` and forwards every other request — what a proxy that
+    blocks WebSocket does to a page. It marks each request ``Connection: close`` so that
+    every request comes on a connection of its own and is inspected. ``refused`` and
+    ``forwarded`` count requests. Start and stop it on its loop (:class:`LoopThread`)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self.refused = 0
+        self.forwarded = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        started("network")
+        self._server = await asyncio.start_server(self._accept, HOST, 0)
+        self.port = int(self._server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.ensure_future(self._handle(reader, writer))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+            request, *headers = head[:-4].split(b"\r\n")
+            names = [line.split(b":", 1)[0].strip().lower() for line in headers]
+            upgrade = any(
+                name == b"upgrade" and b"websocket" in line.lower()
+                for name, line in zip(names, headers, strict=True)
+            )
+            if upgrade:
+                self.refused += 1
+                writer.write(
+                    b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                )
+                await writer.drain()
+                return
+            kept = [
+                line
+                for name, line in zip(names, headers, strict=True)
+                if name not in (b"connection", b"keep-alive")
+            ]
+            up_reader, upstream = await asyncio.open_connection(HOST, self.target_port)
+            upstream.write(b"\r\n".join([request, *kept, b"Connection: close", b"", b""]))
+            self.forwarded += 1
+            to_upstream = asyncio.ensure_future(self._pipe(reader, upstream))
+            try:
+                await self._pipe(up_reader, writer)  # until the server closes: one request
+            finally:
+                to_upstream.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await to_upstream
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass  # the browser or the server went away
+        except asyncio.TimeoutError:
+            pass  # no request head within 30 s
+        finally:
+            for stream in (writer, upstream):
+                if stream is not None:
+                    stream.close()
+
+    @staticmethod
+    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while chunk := await source.read(65536):
+            sink.write(chunk)
+            await sink.drain()
+
+
+@contextlib.contextmanager
+def no_websocket_proxy(target_port: int) -> Iterator[NoWebSocketProxy]:
+    """A :class:`NoWebSocketProxy` in front of ``target_port``, on a loop of its own."""
+    runner = LoopThread()
+    proxy = NoWebSocketProxy(target_port)
+    try:
+        runner.run(proxy.start())
+        yield proxy
+    finally:
+        with contextlib.suppress(Exception):
+            runner.run(proxy.stop(), timeout=10)
+        runner.close()
 
 
 # -- a browser ----------------------------------------------------------------------------

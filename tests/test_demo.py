@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import queue
 import re
@@ -28,17 +29,22 @@ from timing import wait_until
 
 from kernel_ext.demo import EXIT_UNAVAILABLE, add_arguments, run
 from kernel_ext.demo.script import (
-    FIRST_QUESTION,
+    DEFAULT_BEAT,
+    FAST_BEAT,
+    LANGS,
     MAX_MESSAGE_CHARS,
-    SECOND_QUESTION,
     colleagues_for,
     is_conversation_id,
+    wording,
 )
+from kernel_ext.web import vendored_client
 
 NS = "/chat"
 SECRET = "demo-test-secret"
 PY_REASON = "kernel-ext demo needs pydantic-ai, which needs Python >= 3.11"
 CALL_HEADER = re.compile(r"^\[([0-9a-f]{8})\] ── ask_colleague ([0-9a-f]{16})$")
+CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
+FIRST_QUESTION, SECOND_QUESTION = wording().questions
 
 
 def _pydantic_ai() -> None:
@@ -63,11 +69,63 @@ def test_demo_on_python_3_10_exits_with_a_clear_message(monkeypatch: pytest.Monk
     assert "3.10.13" in message
 
 
-def test_the_agent_asks_the_colleagues_a_message_names() -> None:
-    assert colleagues_for(FIRST_QUESTION) == ["orders", "carrier"]
-    assert colleagues_for(SECOND_QUESTION) == ["orders"]
+@pytest.mark.parametrize("lang", LANGS)
+def test_the_agent_asks_the_colleagues_a_message_names(lang: str) -> None:
+    first, second = wording(lang).questions
+    assert colleagues_for(first) == ["orders", "carrier"]
+    assert colleagues_for(second) == ["orders"]
     assert colleagues_for("what does the carrier say?") == ["carrier"]
     assert colleagues_for("hello") == ["orders"]
+
+
+def test_the_demo_speaks_chinese_by_default_and_english_on_request() -> None:
+    assert _args().lang == "zh"
+    assert _args("--lang", "en").lang == "en"
+    assert wording().tag == "zh-CN"
+    assert wording("en").tag == "en"
+    for words in (wording("zh"), wording("en")):
+        assert set(words.page) == set(wording("zh").page)
+        assert set(words.titles) == {"orders", "carrier"}
+    english = wording("en")
+    texts = [*english.questions, *english.titles.values(), *english.page.values()]
+    assert [text for text in texts if CJK.search(text)] == []
+    with pytest.raises(ValueError, match="the demo speaks zh and en"):
+        wording("fr")
+    with pytest.raises(SystemExit):
+        _args("--lang", "fr")
+
+
+def test_the_default_pace_is_watchable_and_fast_is_for_tests() -> None:
+    from kernel_ext.demo.colleague import CARRIER, ORDERS_DESK
+
+    for scripts in (ORDERS_DESK, CARRIER):
+        for script in scripts.values():
+            beats = sum(step.beats for step in script.steps)
+            assert 10 <= beats * DEFAULT_BEAT <= 15  # a person can watch the pane grow
+            assert beats * FAST_BEAT < 1
+            assert len(script.steps) <= 10  # within the throttle even at the fast pace
+    assert set(ORDERS_DESK) == set(CARRIER) == set(LANGS)
+    assert (_args().step_delay, _args().fast) == (None, False)
+    assert _args("--fast").fast is True
+    assert _args("--step-delay", "0.3").step_delay == 0.3
+    with pytest.raises(SystemExit):
+        _args("--fast", "--step-delay", "0.3")
+    assert _args("--step-delay", "0").step_delay == 0.0
+
+
+@pytest.mark.parametrize("value", ["-1", "-0.1", "nan", "inf", "soon"])
+def test_a_negative_or_non_finite_step_delay_is_refused_with_exit_2(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kernel_ext.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--step-delay", value])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(
+        f"argument --step-delay: must be 0 or a positive number of seconds, got {value!r}"
+    )
 
 
 @pytest.mark.parametrize(
@@ -235,14 +293,44 @@ async def test_the_page_and_its_assets_are_served_with_a_strict_policy() -> None
         policy = page.headers["content-security-policy"]
         assert "script-src 'self'" in policy
         assert "default-src 'none'" in policy
-        for path in ("/renderer.js", "/static/app.js", "/static/sio.js", "/static/app.css"):
+        assert '<html lang="zh-CN">' in page.text
+        assert "$" not in page.text  # every placeholder of the page was filled
+        for path in ("/renderer.js", "/static/app.js", "/static/app.css"):
             response = await http.get(base + path)
             assert response.status_code == 200, path
+        client = await http.get(base + "/vendor/socket.io.esm.min.js")
+        assert client.status_code == 200
+        assert client.headers["content-type"].startswith("text/javascript")
+        assert f"Socket.IO v{vendored_client()['version']}" in client.text[:200]
+        assert (await http.get(base + "/static/sio.js")).status_code == 404
         config = (await http.get(base + "/demo/config.json")).json()
         assert config["firstQuestion"] == FIRST_QUESTION
+        assert config["lang"] == "zh"
         assert (await http.get(base + "/demo/health")).json() == {"agent": False}
         app_js = (await http.get(base + "/static/app.js")).text
         assert "innerHTML" not in app_js
+        assert 'from "/vendor/socket.io.esm.min.js"' in app_js
+
+
+@pytest.mark.network
+@pytest.mark.timeout(30)
+async def test_with_lang_en_the_page_and_its_words_are_english() -> None:
+    import httpx
+
+    from kernel_ext.demo.web import create_demo_app
+
+    demo = create_demo_app(SECRET, lang="en")
+    async with serve_asgi(demo.app) as port, httpx.AsyncClient(timeout=5) as http:
+        base = f"http://127.0.0.1:{port}"
+        page = (await http.get(base + "/")).text
+        assert '<html lang="en">' in page
+        assert CJK.findall(page) == []
+        config = (await http.get(base + "/demo/config.json")).json()
+        assert config["lang"] == "en"
+        assert config["firstQuestion"] == wording("en").questions[0]
+        titles = [c["title"] for c in config["colleagues"]]
+        assert titles == ["Orders desk", "Carrier (third-party)"]
+        assert CJK.findall(json.dumps(config, ensure_ascii=False)) == []
 
 
 # -- the worker's agent, in process --------------------------------------------------------
@@ -254,14 +342,17 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
     _pydantic_ai()
     from opentelemetry.sdk.trace import TracerProvider
 
-    from kernel_ext.a2a_peer import ScriptedPeer
+    from kernel_ext.demo.colleague import CARRIER, ORDERS_DESK, demo_peer
     from kernel_ext.demo.script import COLLEAGUES
     from kernel_ext.demo.worker import Colleague, DemoAgent
     from kernel_ext.plugin import adisable, enable
     from kernel_ext.testing import MemoryEmitter
 
     ports = [free_port() for _ in COLLEAGUES]
-    peers = [ScriptedPeer(f"http://127.0.0.1:{p}/", delay=0.05) for p in ports]
+    peers = [
+        demo_peer(f"http://127.0.0.1:{p}/", name=spec.title, beat=0.02)
+        for spec, p in zip(COLLEAGUES, ports, strict=True)
+    ]
     colleagues = [
         Colleague(spec.key, spec.title, f"http://127.0.0.1:{p}/", spec.script)
         for spec, p in zip(COLLEAGUES, ports, strict=True)
@@ -281,8 +372,9 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
             await peer.aclose()
         provider.shutdown()
 
-    assert "Order 42 shipped on Monday; it arrives Friday." in answer
-    assert "Plain answer without envelopes." in answer
+    assert answer.startswith("两位同事的答复：\n")
+    assert f"订单组：{ORDERS_DESK['zh'].answer}" in answer
+    assert f"承运商（第三方）：{CARRIER['zh'].answer}" in answer
     order = emitter.order
     assert all(room == "demo-room" for _, room, _ in order)
     tools = [e for kind, _, e in order if kind == "chat_event" and e["eventScene"] == "tool"]
@@ -444,7 +536,7 @@ def _assert_no_child_left(running: Demo) -> None:
 @pytest.mark.timeout(120)
 def test_headless_demo_streams_every_call_to_its_terminal_and_exits_0() -> None:
     _pydantic_ai()
-    with demo("--headless", "--step-delay", "0.2", "--time-limit", "60") as running:
+    with demo("--headless", "--fast", "--time-limit", "60") as running:
         code = running.finish()
         assert code == 0, "\n".join(running.out + running.err)
         calls = _calls(running.out)
@@ -454,18 +546,39 @@ def test_headless_demo_streams_every_call_to_its_terminal_and_exits_0() -> None:
             assert lines[-1] == "── 已结束 ──", (call_id, lines)
         first, second, third = calls
         assert len({first[:8], second[:8], third[:8]}) == 3
+        carrier_line = "正在查询运单 1Z84F29A"
         orders = [c for c, lines in calls.items() if "▶ search_orders 开始" in lines]
-        carrier = [c for c, lines in calls.items() if "Looking it up" in lines]
+        carrier = [c for c, lines in calls.items() if carrier_line in lines]
         assert len(orders) == 2
         assert len(carrier) == 1
         # Attribution: the envelope colleague's work never shows in the text colleague's
         # pane, and the other way round.
-        assert "Looking it up" not in calls[orders[0]]
+        assert carrier_line not in calls[orders[0]]
         assert "▶ search_orders 开始" not in calls[carrier[0]]
         assert "思考中…" in calls[orders[0]]
         assert running.out[0] == f"» {FIRST_QUESTION}"
         assert f"» {SECOND_QUESTION}" in running.out
-        assert sum(line.startswith("« Here is what") for line in running.out) == 2
+        assert running.out.count("« 两位同事的答复：") == 1
+        assert running.out.count("« 同事的答复：") == 1
+        _assert_no_child_left(running)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_headless_demo_with_lang_en_prints_no_chinese() -> None:
+    _pydantic_ai()
+    with demo("--headless", "--fast", "--lang", "en", "--time-limit", "60") as running:
+        code = running.finish()
+        assert code == 0, "\n".join(running.out + running.err)
+        calls = _calls(running.out)
+        assert len(calls) == 3
+        for call_id, lines in calls.items():
+            assert any(line.startswith("Final answer: ") for line in lines), (call_id, lines)
+            assert lines[-1] == "── Ended ──", (call_id, lines)
+        assert "▶ search_orders started" in next(iter(calls.values()))
+        assert running.out[0] == f"» {wording('en').questions[0]}"
+        assert running.out.count("« Here is what my colleagues said:") == 1
+        assert [line for line in running.out + running.err if CJK.search(line)] == []
         _assert_no_child_left(running)
 
 
@@ -474,9 +587,7 @@ def test_headless_demo_streams_every_call_to_its_terminal_and_exits_0() -> None:
 @pytest.mark.timeout(120)
 def test_headless_demo_through_redis(redis_server: RedisServer) -> None:
     _pydantic_ai()
-    with demo(
-        "--headless", "--redis", redis_server.url, "--step-delay", "0.1", "--time-limit", "60"
-    ) as running:
+    with demo("--headless", "--redis", redis_server.url, "--fast", "--time-limit", "60") as running:
         code = running.finish()
         assert code == 0, "\n".join(running.out + running.err)
         assert len(_calls(running.out)) == 3

@@ -1,29 +1,45 @@
 """``kernel-ext demo`` end to end in real headless Chromium (Debian's chromium, Playwright).
 
-The demo runs as a subprocess (every process of it real); the page opens a conversation by
-itself, then the test sends a message through the page's box. It watches, with Playwright
-waits on what a MutationObserver records after every DOM change (no sleeps, no timings):
-two concurrent calls each streaming into its own pane before any final answer,
-thinking folded, the final answers pinned on top with the stream marked ended (已结束), and
-one more call filling live after the message. Screenshots go to ``artifacts/``.
+The demo runs as a subprocess (every process of it real, ``--fast``); the page talks
+through the vendored official Socket.IO client. The page opens a conversation by itself,
+then the test sends a message through the page's box. It watches, with Playwright waits on
+what a MutationObserver records after every DOM change (no sleeps, no timings): two
+concurrent calls each streaming into its own pane before any final answer, thinking
+folded, the final answers pinned on top with the stream marked ended (已结束), and one more
+call filling live after the message. Three ways in:
+
+* over WebSocket (the client starts on long-polling and upgrades), in Chinese (default);
+* behind a proxy that refuses WebSocket upgrades: the client stays on long-polling and the
+  page works the same;
+* with ``--lang en``: ``<html lang="en">`` and no Chinese character in the visible text.
+
+No console error and no uncaught exception in any of them (behind the proxy, only the
+browser's own report of the refused WebSocket handshake). Screenshots go to ``artifacts/``.
 """
 
 from __future__ import annotations
 
+import re
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
-from network import chromium
-from test_demo import PY_REASON, demo
+from network import chromium, no_websocket_proxy
+from test_demo import PY_REASON, Demo, demo
+from test_renderer_browser import CJK_FACES
 
-from kernel_ext.demo.script import SECOND_QUESTION
+from kernel_ext.demo.colleague import CARRIER, ORDERS_DESK
+from kernel_ext.demo.script import wording
 
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(180)]
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 WAIT_MS = 30_000
+CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
+REFUSED_WEBSOCKET = re.compile(r"^WebSocket connection to 'ws://127\.0\.0\.1:\d+/socket\.io/")
 
 # Installed before the page's own scripts: after every DOM change (so after every socket
 # message the page handled, whatever the frame rate) it records which tool nodes were seen
@@ -71,73 +87,165 @@ SUMMARY = """() => Array.from(document.querySelectorAll(".node-tool")).map((node
   };
 })"""
 
+TRANSPORT = "() => document.getElementById('connection').dataset.transport"
+
+
+class Console:
+    """What a page reported: console errors and uncaught exceptions."""
+
+    def __init__(self, page: Any) -> None:
+        self.errors: list[str] = []
+        self.exceptions: list[str] = []
+        page.on("console", self._on_console)
+        page.on("pageerror", lambda error: self.exceptions.append(str(error)))
+
+    def _on_console(self, message: Any) -> None:
+        if message.type == "error":
+            self.errors.append(message.text)
+
+
+@contextmanager
+def demo_page(running: Demo, port: int | None = None) -> Iterator[tuple[Any, Console]]:
+    """A Chromium page on the demo (through ``port`` when given, e.g. a proxy's), with the
+    watcher installed, once the demo printed its URL."""
+    running.wait_for("Open http://")
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1100, "height": 960})
+        page.add_init_script(WATCH)
+        page.set_default_timeout(WAIT_MS)
+        console = Console(page)
+        page.goto(f"http://127.0.0.1:{port or running.port}/", timeout=WAIT_MS)
+        yield page, console
+
 
 def _by_colleague(nodes: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {node["colleague"]: node for node in nodes}
 
 
-def _check_ended(node: dict[str, Any], final: str) -> None:
+def _check_ended(node: dict[str, Any], final: str, ended: str = "已结束") -> None:
     assert node["status"] == "ended", node
     assert node["finalText"] == final, node
     assert node["finalShown"], node
     assert node["finalPinned"], node  # the final answer sits above the process stream
     assert node["endShown"], node
-    assert "已结束" in node["endText"], node
+    assert ended in node["endText"], node
+
+
+def _check_first_question(page: Any, lang: str, thinking: str, ended: str) -> list[str]:
+    """The page's own first question: two calls, both ended with their colleague's work
+    and final answer; returns their callIds."""
+    words = wording(lang)
+    page.wait_for_function(ENDED, arg=[2, 1], timeout=WAIT_MS)
+    first = _by_colleague(page.evaluate(SUMMARY))
+    orders = first[f"→ {words.title('orders')}"]
+    carrier = first[f"→ {words.title('carrier')}"]
+    assert orders["callId"] != carrier["callId"]
+    for node in (orders, carrier):
+        assert node["callId"] == node["paneCallId"]
+        assert len(node["callId"]) == 16
+    orders_script, carrier_script = ORDERS_DESK[lang], CARRIER[lang]
+    _check_ended(orders, orders_script.answer, ended)
+    _check_ended(carrier, carrier_script.answer, ended)
+    assert orders["tools"] == ["search_orders", "fetch_order", "track_parcel"]
+    assert orders["thinking"] == [{"open": False, "summary": thinking}] * 3
+    assert orders["texts"] == [
+        step.payload["text"] for step in orders_script.steps if step.kind == "text"
+    ]
+    assert carrier["tools"] == []
+    assert carrier["thinking"] == []
+    assert carrier["texts"] == [step.text for step in carrier_script.steps]
+    return [orders["callId"], carrier["callId"]]
+
+
+def _send_second_question(page: Any, lang: str, ended: str) -> dict[str, Any]:
+    """A message from the box: one more call, to the orders desk, ended; returns it."""
+    words = wording(lang)
+    page.fill("#message", words.questions[1])
+    page.click("#send")
+    page.wait_for_function(ENDED, arg=[3, 2], timeout=WAIT_MS)
+    third = page.evaluate(SUMMARY)[2]
+    assert third["colleague"] == f"→ {words.title('orders')}"
+    _check_ended(third, ORDERS_DESK[lang].answer, ended)
+    assert page.input_value("#message") == ""
+    return third  # type: ignore[no-any-return]
 
 
 def test_the_page_shows_colleagues_working_live_in_each_calls_pane() -> None:
     pytest.importorskip("pydantic_ai", reason=PY_REASON)
     ARTIFACTS.mkdir(exist_ok=True)
-    with demo("--step-delay", "0.4", "--time-limit", "150") as running:
-        running.wait_for("Open http://")
-        url = f"http://127.0.0.1:{running.port}/"
-        with chromium() as browser:
-            page = browser.new_page(viewport={"width": 1100, "height": 960})
-            page.add_init_script(WATCH)
-            page.set_default_timeout(WAIT_MS)
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-
+    with demo("--fast", "--time-limit", "150") as running:
+        with demo_page(running) as (page, console):
+            assert page.evaluate("document.documentElement.lang") == "zh-CN"
+            family = page.evaluate("getComputedStyle(document.body).fontFamily")
+            assert [face for face in CJK_FACES if face not in family] == [], family
+            # The official client starts on long-polling and upgrades to WebSocket.
+            page.wait_for_function(f"() => ({TRANSPORT})() === 'websocket'")
+            assert page.evaluate("window.kxDemo.socket.io.engine.transport.name") == "websocket"
+            assert page.evaluate("typeof window.kxDemo.socket.emitWithAck") == "function"
             # The page starts the first conversation by itself: two calls at once.
-            page.goto(url, timeout=WAIT_MS)
             page.wait_for_function("() => window.__kx.mostLiveAtOnce >= 2")
-            page.wait_for_function(ENDED, arg=[2, 1], timeout=WAIT_MS)
-            first = _by_colleague(page.evaluate(SUMMARY))
-            orders, carrier = first["→ Orders desk"], first["→ Carrier (third-party)"]
-            assert orders["callId"] != carrier["callId"]
+            first = _check_first_question(page, "zh", "思考中…", "已结束")
             live = page.evaluate("() => window.__kx.liveBeforeFinal")
-            assert orders["callId"] in live  # blocks were on screen before its answer
-            assert carrier["callId"] in live
-            for node in (orders, carrier):
-                assert node["callId"] == node["paneCallId"]
-                assert len(node["callId"]) == 16
-            _check_ended(orders, "Order 42 shipped on Monday; it arrives Friday.")
-            _check_ended(carrier, "Plain answer without envelopes.")
-            assert orders["tools"] == ["search_orders", "fetch_order"]
-            assert orders["thinking"] == [{"open": False, "summary": "思考中…"}]
-            assert orders["texts"] == ["Order 42 shipped on Monday."]
-            assert carrier["tools"] == []
-            assert carrier["thinking"] == []
-            assert carrier["texts"] == [
-                "Reading your question",
-                "Looking it up",
-                "Writing the answer",
-            ]
+            assert set(first) <= set(live)  # blocks were on screen before each answer
             page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
 
-            # A message from the box: one more call, filling live before its answer.
-            page.fill("#message", SECOND_QUESTION)
-            page.click("#send")
-            page.wait_for_function(ENDED, arg=[3, 2], timeout=WAIT_MS)
-            nodes = page.evaluate(SUMMARY)
-            third = nodes[2]
+            third = _send_second_question(page, "zh", "已结束")
             assert third["callId"] in page.evaluate("() => window.__kx.liveBeforeFinal")
-            assert third["colleague"] == "→ Orders desk"
-            assert third["callId"] not in {orders["callId"], carrier["callId"]}
-            _check_ended(third, "Order 42 shipped on Monday; it arrives Friday.")
-            assert third["thinking"] == [{"open": False, "summary": "思考中…"}]
-            assert page.input_value("#message") == ""
+            assert third["callId"] not in first
+            assert third["thinking"] == [{"open": False, "summary": "思考中…"}] * 3
+            assert page.evaluate(TRANSPORT) == "websocket"
             page.screenshot(path=str(ARTIFACTS / "demo-after-message.png"), full_page=True)
-            assert errors == []
+            assert console.exceptions == []
+            assert console.errors == []
+        running.proc.send_signal(signal.SIGTERM)
+        assert running.finish() == 143
+
+
+def test_behind_a_proxy_that_blocks_websocket_the_page_works_on_long_polling() -> None:
+    pytest.importorskip("pydantic_ai", reason=PY_REASON)
+    with demo("--fast", "--time-limit", "150") as running:
+        running.wait_for("Open http://")
+        with (
+            no_websocket_proxy(running.port) as proxy,
+            demo_page(running, proxy.port) as (
+                page,
+                console,
+            ),
+        ):
+            first = _check_first_question(page, "zh", "思考中…", "已结束")
+            third = _send_second_question(page, "zh", "已结束")
+            assert third["callId"] not in first
+            # The client tried to upgrade, was refused, and stayed on long-polling.
+            assert proxy.refused >= 1
+            assert proxy.forwarded >= 3
+            assert page.evaluate(TRANSPORT) == "polling"
+            assert page.evaluate("window.kxDemo.socket.io.engine.transport.name") == "polling"
+            assert console.exceptions == []
+            unexpected = [e for e in console.errors if not REFUSED_WEBSOCKET.match(e)]
+            assert unexpected == []
+        running.proc.send_signal(signal.SIGTERM)
+        assert running.finish() == 143
+
+
+def test_with_lang_en_the_page_is_english_and_shows_no_chinese() -> None:
+    pytest.importorskip("pydantic_ai", reason=PY_REASON)
+    ARTIFACTS.mkdir(exist_ok=True)
+    with demo("--fast", "--lang", "en", "--time-limit", "150") as running:
+        with demo_page(running) as (page, console):
+            assert page.evaluate("document.documentElement.lang") == "en"
+            _check_first_question(page, "en", "Thinking…", "Ended")
+            _send_second_question(page, "en", "Ended")
+            for summary in page.locator("details.kx-thinking summary").all():
+                summary.click()  # folded thinking, opened, is visible text too
+            visible = page.evaluate("document.body.innerText")
+            assert CJK.findall(visible) == []
+            assert CJK.findall(page.title()) == []
+            assert page.input_value("#message") == ""
+            placeholder = page.get_attribute("#message", "placeholder")
+            assert placeholder == wording("en").page["placeholder"]
+            assert "--lang en" in page.inner_text("#tail-command")
+            page.screenshot(path=str(ARTIFACTS / "demo-en.png"), full_page=True)
+            assert console.exceptions == []
+            assert console.errors == []
         running.proc.send_signal(signal.SIGTERM)
         assert running.finish() == 143

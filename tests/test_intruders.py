@@ -378,7 +378,7 @@ def demo_web() -> Iterator[int]:
     port = free_port()
     env = {"KERNEL_EXT_SECRET": SECRET, "PATH": "/usr/bin:/bin"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kernel_ext.demo.web", "--port", str(port)],
+        [sys.executable, "-m", "kernel_ext.demo.web", "--port", str(port), "--lang", "en"],
         env=env,
         stdin=subprocess.DEVNULL,
     )
@@ -399,7 +399,7 @@ def test_markup_in_every_field_is_shown_as_text_in_the_browser(demo_web: int) ->
             page.set_default_timeout(20_000)
             errors: list[str] = []
             page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(f"http://127.0.0.1:{demo_web}/?c={ROOM}&auto=0&lang=en")
+            page.goto(f"http://127.0.0.1:{demo_web}/?c={ROOM}&auto=0")
             page.wait_for_selector("body[data-joined='1']")
             acks = sender.send()
             assert acks[:2] == [{"ok": True}, {"ok": True}]

@@ -320,3 +320,25 @@ def test_example_page_plays_a_conversation_and_screenshot(browser: Any, base_url
         assert json.loads(json.dumps(page.evaluate("window.kx.store.state()")))["panes"]
     finally:
         context.close()
+
+
+CJK_FACES = ("PingFang SC", "Microsoft YaHei", "Noto Sans CJK SC", "Source Han Sans SC")
+"""Common CJK faces (macOS, Windows, Linux) the font stack falls back to."""
+
+
+def test_the_pane_and_the_page_fall_back_to_common_cjk_fonts(page: Any) -> None:
+    feed(page, snapshot())
+    pane(page).wait_for()
+    families = {
+        "pane": pane(page).evaluate("node => getComputedStyle(node).fontFamily"),
+        "body": page.evaluate("getComputedStyle(document.body).fontFamily"),
+        "--kx-font": page.evaluate(
+            "getComputedStyle(document.documentElement).getPropertyValue('--kx-font')"
+        ),
+    }
+    for where, family in families.items():
+        faces = [face.strip().strip('"') for face in family.split(",")]
+        for face in CJK_FACES:
+            assert face in faces, (where, family)
+        assert faces[-1] == "sans-serif", (where, family)
+        assert faces.index("system-ui") < faces.index("PingFang SC"), (where, family)

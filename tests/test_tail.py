@@ -10,6 +10,7 @@ import asyncio
 import io
 import json
 import os
+import re
 import signal
 import sys
 from collections.abc import AsyncIterator, Mapping
@@ -84,6 +85,19 @@ STORY_LINES = [
     "[00f067aa] 最终回复：Order 42 arrives Friday.",
     "[00f067aa] ── 已结束 ──",
 ]
+
+
+STORY_LINES_EN = [
+    f"[00f067aa] ── ask_colleague {CALL}",
+    "[00f067aa] Thinking…",
+    "[00f067aa] ▶ search_orders started",
+    "[00f067aa] │ $ search_orders 42",
+    "[00f067aa] │ found 1 order",
+    "[00f067aa] Order 42 shipped on Monday.",
+    "[00f067aa] Final answer: Order 42 arrives Friday.",
+    "[00f067aa] ── Ended ──",
+]
+CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
 def lines_of(out: io.StringIO) -> list[str]:
@@ -194,17 +208,13 @@ def test_printer_stops_writing_when_its_output_is_closed() -> None:
     printer.block(STORY[1])  # no exception either
 
 
-@pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda p: p.stem)
-def test_printer_keeps_the_view_semantics_of_every_vector(path: Path) -> None:
-    vector = load(path)
+def _play_vector(vector: dict[str, Any], locale: str = "zh") -> tuple[TailPrinter, str]:
+    """Every step of ``vector`` through a printer in ``locale``: the printer and what it
+    printed."""
     now = 0.0
-
-    def clock() -> float:
-        return now
-
-    printer = TailPrinter(
-        io.StringIO(), store=PaneStore(timeout_ms=vector["options"]["timeoutMs"], clock=clock)
-    )
+    out = io.StringIO()
+    store = PaneStore(timeout_ms=vector["options"]["timeoutMs"], clock=lambda: now)
+    printer = TailPrinter(out, locale=locale, store=store)
     for step in vector["steps"]:
         if "block" in step:
             printer.block(step["block"])
@@ -213,6 +223,28 @@ def test_printer_keeps_the_view_semantics_of_every_vector(path: Path) -> None:
         elif "tick" in step:
             now = max(now, float(step["tick"]))
             printer.tick(now)
+    return printer, out.getvalue()
+
+
+def test_printer_in_english_prints_no_chinese_label() -> None:
+    """Every vector whose own data is free of Chinese prints none in English; in Chinese
+    (the default) the same vectors do, so the labels were reached."""
+    vectors = [load(path) for path in VECTOR_FILES]
+    plain = [v for v in vectors if not CJK.search(json.dumps(v["steps"], ensure_ascii=False))]
+    assert len(plain) >= len(vectors) - 1
+    english = "".join(_play_vector(vector, "en")[1] for vector in plain)
+    chinese = "".join(_play_vector(vector, "zh")[1] for vector in plain)
+    assert CJK.findall(english) == []
+    for label in ("思考中…", "已结束", "最终回复", "已中止", "无过程详情", "未知类型"):
+        assert label in chinese, label
+    for label in ("Thinking…", "Ended", "Final answer", "Aborted", "No process details"):
+        assert label in english, label
+
+
+@pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda p: p.stem)
+def test_printer_keeps_the_view_semantics_of_every_vector(path: Path) -> None:
+    vector = load(path)
+    printer, _ = _play_vector(vector)
     assert printer.store.state() == vector["expect"]
 
 
@@ -413,6 +445,32 @@ async def test_tail_human_output_from_the_command_line() -> None:
     assert code == EXIT_INTERRUPTED
     assert "Traceback" not in stderr
     assert "reconnecting" not in stderr  # our own goodbye is not a lost connection
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_lang_en_prints_english_labels_and_no_chinese() -> None:
+    async with relay() as url:
+        proc = await start_cli(
+            "--url", url, "--conversation", CONV, "--token", TOKEN, "--lang", "en"
+        )
+        try:
+            assert proc.stderr is not None
+            assert proc.stdout is not None
+            await asyncio.wait_for(proc.stderr.readline(), WAIT)
+            async with internal_sender(url) as sender:
+                await send_chat_event(sender, CONV, snapshot())
+                await send_blocks(sender, CONV, STORY)
+            lines = [await asyncio.wait_for(proc.stdout.readline(), WAIT) for _ in STORY_LINES]
+            proc.send_signal(signal.SIGINT)
+            code, rest, stderr = await finish(proc)
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    assert code == EXIT_INTERRUPTED
+    assert [line.decode().rstrip("\n") for line in lines] == STORY_LINES_EN
+    assert CJK.findall(rest + stderr) == []
 
 
 @pytest.mark.network

@@ -18,6 +18,7 @@ import sys
 from typing import TextIO
 
 from kernel_ext._cli import port, positive_seconds, seconds
+from kernel_ext.demo.script import DEFAULT_BEAT, DEFAULT_LANG, FAST_BEAT, LANGS
 
 __all__ = ["EXIT_UNAVAILABLE", "add_arguments", "missing_requirements", "run"]
 
@@ -69,11 +70,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="stop after S seconds (default: none; 60 with --headless, then it is a failure)",
     )
     parser.add_argument(
+        "--lang",
+        choices=LANGS,
+        default=DEFAULT_LANG,
+        help=f"the page's, the agent's and the colleagues' language ({DEFAULT_LANG}, the "
+        "spec's; en: English)",
+    )
+    pace = parser.add_mutually_exclusive_group()
+    pace.add_argument(
         "--step-delay",
         type=seconds,
-        default=0.4,
+        default=None,
         metavar="S",
-        help="seconds between a colleague's steps (0.4)",
+        help=f"the colleagues' pace: seconds per beat, a step takes 1-2.5 beats ({DEFAULT_BEAT}: "
+        "a call takes about 12 s)",
+    )
+    pace.add_argument(
+        "--fast",
+        action="store_true",
+        help=f"the fast pace of tests and CI (--step-delay {FAST_BEAT:g}: a call takes well "
+        "under a second)",
     )
 
 
@@ -90,12 +106,17 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
     time_limit = args.time_limit
     if time_limit is None and args.headless:
         time_limit = 60.0
+    if args.step_delay is not None:
+        step_delay = args.step_delay
+    else:
+        step_delay = FAST_BEAT if args.fast else DEFAULT_BEAT
     options = Options(
         host=args.host,
         port=args.port,
         headless=args.headless,
         redis=args.redis,
         time_limit=time_limit,
-        step_delay=max(0.0, args.step_delay),
+        step_delay=step_delay,
+        lang=args.lang,
     )
     return launch(options, err=err)

@@ -1,11 +1,23 @@
 """One of the demo's A2A colleagues: the scripted a2a-sdk peer (:mod:`kernel_ext.a2a_peer`)
-under its own name, quiet, on 127.0.0.1 unless ``--host`` says otherwise.
+saying what a real colleague would, under its own name, quiet, on 127.0.0.1 unless
+``--host`` says otherwise.
 
-The worker picks the peer's script per request (``kx.script``): ``work`` for the orders
-desk (envelopes: thinking, its own tool calls, text), ``text`` for the third-party carrier
-(plain text only). ``--delay`` is the pause between steps, so streaming is visibly live.
+The worker picks the peer's script per request (``kx.script``) and its language
+(``kx.lang``, :data:`~kernel_ext.demo.script.LANG_KEY`: ``zh`` by default, or ``en``):
 
-``python -m kernel_ext.demo.colleague --port 8801 --name "Orders desk" --delay 0.4``
+* ``work`` — the orders desk: envelopes (it thinks, looks the order up with its own tools,
+  writes what it found) and a final answer;
+* ``text`` — the third-party carrier: plain text only (the caller turns each update into
+  a pseudo-envelope) and a final answer.
+
+Pacing: each step is followed by a pause of a few *beats*; ``--delay`` is the length of one
+beat in seconds. At the default beat (:data:`~kernel_ext.demo.script.DEFAULT_BEAT`, 1.2 s)
+a call takes about 12 s, so a person can watch each pane grow; ``kernel-ext demo --fast``
+uses :data:`~kernel_ext.demo.script.FAST_BEAT`. Every stream has at most 10 running
+blocks, so even the fast pace stays within the throttle (10 per second per stream) and
+nothing is dropped. Every other script of the scripted peer (its faults) is unchanged.
+
+``python -m kernel_ext.demo.colleague --port 8801 --name "Orders desk" --delay 1.2``
 """
 
 from __future__ import annotations
@@ -13,10 +25,236 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from kernel_ext.a2a_peer import ScriptedPeer
+from a2a.helpers import new_text_part
 
-__all__ = ["main", "serve"]
+from kernel_ext.a2a_peer import ScriptedColleague, ScriptedPeer, _Play
+from kernel_ext.demo.script import DEFAULT_BEAT, DEFAULT_LANG, LANG_KEY
+
+__all__ = [
+    "CARRIER",
+    "ORDERS_DESK",
+    "DemoColleague",
+    "Script",
+    "Step",
+    "demo_peer",
+    "main",
+    "serve",
+]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One ``working`` update and the beats of the pause after it. ``kind`` is the
+    envelope's kind, with ``payload``; ``None`` sends ``text`` alone (no envelope)."""
+
+    beats: float
+    text: str
+    kind: str | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Script:
+    """What a colleague says, in order, then its final answer. ``{question}`` in a text
+    is the question asked."""
+
+    steps: tuple[Step, ...]
+    answer: str
+
+
+ORDERS_DESK: dict[str, Script] = {
+    "en": Script(
+        steps=(
+            Step(
+                1.5,
+                "Thinking…",
+                "thinking",
+                {
+                    "text": "The customer asks: “{question}” I need order 42 in the order "
+                    "system first, then its shipment."
+                },
+            ),
+            Step(
+                1.0,
+                "Calling search_orders",
+                "tool_call",
+                {"name": "search_orders", "args": {"query": "order 42", "limit": 3}},
+            ),
+            Step(
+                1.5,
+                "Thinking…",
+                "thinking",
+                {
+                    "text": "One match: #42, two items, paid on Monday, status shipped. "
+                    "Fetch the shipment details."
+                },
+            ),
+            Step(
+                1.0,
+                "Calling fetch_order",
+                "tool_call",
+                {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
+            ),
+            Step(
+                1.5,
+                "Writing",
+                "text",
+                {
+                    "text": "Order 42 (two items) was packed on Monday and left our "
+                    "warehouse on Tuesday with the carrier, tracking number 1Z84F29A."
+                },
+            ),
+            Step(
+                1.5,
+                "Calling track_parcel",
+                "tool_call",
+                {"name": "track_parcel", "args": {"tracking": "1Z84F29A"}},
+            ),
+            Step(
+                1.5,
+                "Thinking…",
+                "thinking",
+                {
+                    "text": "Last carrier scan: Leipzig hub, 07:40 this morning. Their "
+                    "estimate is Friday."
+                },
+            ),
+            Step(
+                1.0,
+                "Writing",
+                "text",
+                {
+                    "text": "The carrier scanned it at its Leipzig hub this morning; "
+                    "delivery is expected on Friday."
+                },
+            ),
+        ),
+        answer="Order 42 left our warehouse on Tuesday and is with the carrier (tracking "
+        "1Z84F29A), last scanned at the Leipzig hub this morning. Expected delivery: Friday.",
+    ),
+    "zh": Script(
+        steps=(
+            Step(
+                1.5,
+                "正在思考…",
+                "thinking",
+                {"text": "用户问：“{question}” 先在订单系统里找到订单 42，再查它的发货情况。"},
+            ),
+            Step(
+                1.0,
+                "调用 search_orders",
+                "tool_call",
+                {"name": "search_orders", "args": {"query": "订单 42", "limit": 3}},
+            ),
+            Step(
+                1.5,
+                "正在思考…",
+                "thinking",
+                {"text": "找到一条：#42，两件商品，周一付款，状态为已发货。接着查发货详情。"},
+            ),
+            Step(
+                1.0,
+                "调用 fetch_order",
+                "tool_call",
+                {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
+            ),
+            Step(
+                1.5,
+                "正在撰写",
+                "text",
+                {
+                    "text": "订单 42（两件商品）周一打包，周二从我们的仓库交给承运商，"
+                    "运单号 1Z84F29A。"
+                },
+            ),
+            Step(
+                1.5,
+                "调用 track_parcel",
+                "tool_call",
+                {"name": "track_parcel", "args": {"tracking": "1Z84F29A"}},
+            ),
+            Step(
+                1.5,
+                "正在思考…",
+                "thinking",
+                {"text": "承运商最后一次扫描：今天早上 07:40，莱比锡转运中心。预计周五送达。"},
+            ),
+            Step(
+                1.0,
+                "正在撰写",
+                "text",
+                {"text": "承运商今天早上在莱比锡转运中心扫描过这个包裹，预计周五送达。"},
+            ),
+        ),
+        answer="订单 42 已于周二从仓库发出，由承运商配送（运单号 1Z84F29A），今天早上最后一次"
+        "扫描在莱比锡转运中心。预计周五送达。",
+    ),
+}
+"""The orders desk (script ``work``): envelopes, by language."""
+
+CARRIER: dict[str, Script] = {
+    "en": Script(
+        steps=(
+            Step(2.0, "Tracking request received for order 42"),
+            Step(2.5, "Looking up parcel 1Z84F29A"),
+            Step(2.5, "Last scan: Leipzig hub, 07:40, sorted onto the delivery route"),
+            Step(2.5, "Checking the delivery schedule for the destination postcode"),
+        ),
+        answer="Parcel 1Z84F29A (order 42) is at our Leipzig hub and scheduled for delivery "
+        "on Friday between 10:00 and 14:00. No signature is needed.",
+    ),
+    "zh": Script(
+        steps=(
+            Step(2.0, "已收到订单 42 的查询请求"),
+            Step(2.5, "正在查询运单 1Z84F29A"),
+            Step(2.5, "最后扫描：莱比锡转运中心 07:40，已分拣到派送线路"),
+            Step(2.5, "正在查询收件地邮编的派送安排"),
+        ),
+        answer="运单 1Z84F29A（订单 42）目前在莱比锡转运中心，预计周五 10:00–14:00 派送，"
+        "无需签收。",
+    ),
+}
+"""The third-party carrier (script ``text``): plain text, by language."""
+
+
+def _lang_of(meta: Mapping[str, Any]) -> str:
+    lang = meta.get(LANG_KEY)
+    return lang if isinstance(lang, str) and lang in ORDERS_DESK else DEFAULT_LANG
+
+
+class DemoColleague(ScriptedColleague):
+    """The demo's colleague: :data:`ORDERS_DESK` for ``work``, :data:`CARRIER` for
+    ``text``, in the language the request asks for, ``delay`` seconds per beat."""
+
+    async def _work(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+        await self._play(play, ORDERS_DESK[_lang_of(meta)], question)
+
+    async def _text(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+        await self._play(play, CARRIER[_lang_of(meta)], question)
+
+    @staticmethod
+    async def _play(play: _Play, script: Script, question: str) -> None:
+        beat = play.delay
+        for step in script.steps:
+            play.delay = beat * step.beats
+            if step.kind is None:
+                await play.working([new_text_part(step.text)])
+                await play.pause()
+                continue
+            payload = dict(step.payload)
+            if isinstance(payload.get("text"), str):
+                payload["text"] = payload["text"].replace("{question}", question)
+            await play.step(step.kind, payload, step.text)
+        await play.updater.complete(play.text_message(script.answer))
+
+
+def demo_peer(url: str, *, name: str, beat: float = DEFAULT_BEAT) -> ScriptedPeer:
+    """The A2A server of one demo colleague (:class:`DemoColleague`) at ``url``."""
+    return ScriptedPeer(url, name=name, colleague=DemoColleague(delay=beat))
 
 
 async def serve(host: str, port: int, name: str, delay: float, log_level: str) -> None:
@@ -24,7 +262,7 @@ async def serve(host: str, port: int, name: str, delay: float, log_level: str) -
     execution still running is ended on the way out."""
     import uvicorn
 
-    peer = ScriptedPeer(f"http://{host}:{port}/", delay=delay, name=name)
+    peer = demo_peer(f"http://{host}:{port}/", name=name, beat=delay)
     config = uvicorn.Config(
         peer.app,
         host=host,
@@ -46,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="Scripted colleague")
-    parser.add_argument("--delay", type=float, default=0.4, help="seconds between steps")
+    parser.add_argument(
+        "--delay", type=float, default=DEFAULT_BEAT, help=f"seconds per beat ({DEFAULT_BEAT})"
+    )
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="colleague %(levelname)s %(message)s")

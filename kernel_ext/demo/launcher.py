@@ -14,9 +14,10 @@ Guarantees:
   On Linux each child also gets SIGTERM if the demo process itself is killed outright.
   Children run in their own sessions, so a terminal's Ctrl-C reaches the demo only.
 * The URL is printed once every process is ready (colleagues listening, agent connected).
-* ``--headless``: one scripted conversation (:data:`kernel_ext.demo.script.QUESTIONS`),
-  sent over ``/chat`` as a browser would, printed as ``kernel-ext tail`` prints (plus the
-  user's and the agent's messages, ``»``/``«``). Exit 0 once the agent answered every
+* ``--headless``: one scripted conversation (the questions of
+  :func:`kernel_ext.demo.script.wording` in ``--lang``), sent over ``/chat`` as a browser
+  would, printed as ``kernel-ext tail --lang`` prints (plus the user's and the agent's
+  messages, ``»``/``«``). Exit 0 once the agent answered every
   question and every tool call has its terminal, all ``done``; 1 otherwise (time limit,
   an aborted call, a refused message, a child that died).
 * Exit codes of every run: 2 when ``--host``/``--port`` cannot be served (one line: the
@@ -49,7 +50,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kernel_ext._cli import EXIT_USAGE, CommandLineError, exit_code_after, listen
-from kernel_ext.demo.script import COLLEAGUES, QUESTIONS
+from kernel_ext.demo.script import COLLEAGUES, DEFAULT_BEAT, DEFAULT_LANG, wording
 from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.tail import TailPrinter, clean
 
@@ -244,9 +245,9 @@ def _died(child: Child) -> str:
 class _Transcript:
     """What a headless run saw: the tail printer's panes plus the chat messages."""
 
-    def __init__(self, out: TextIO) -> None:
+    def __init__(self, out: TextIO, lang: str) -> None:
         self.out = out
-        self.printer = TailPrinter(out)
+        self.printer = TailPrinter(out, locale=lang)
         self.tool_calls: list[str] = []
         self.answers = 0
         self.changed = asyncio.Event()
@@ -304,11 +305,11 @@ class _Transcript:
             await self.changed.wait()
 
 
-async def _converse(url: str, out: TextIO, err: TextIO) -> int:
-    """Play :data:`QUESTIONS` through ``/chat`` like a browser; the exit code."""
+async def _converse(url: str, out: TextIO, err: TextIO, lang: str) -> int:
+    """Play the questions of ``lang`` through ``/chat`` like a browser; the exit code."""
     import socketio
 
-    transcript = _Transcript(out)
+    transcript = _Transcript(out, lang)
     conversation_id = f"demo-headless-{uuid.uuid4().hex[:12]}"
     sio = socketio.AsyncClient(reconnection=False)
     sio.on(TOOL_EVENT_STREAM, transcript.on_block, namespace=NAMESPACE)
@@ -326,7 +327,7 @@ async def _converse(url: str, out: TextIO, err: TextIO) -> int:
         )
         if not (isinstance(ack, Mapping) and ack.get("ok") is True):
             raise DemoFailed(f"joining {conversation_id} was refused: {ack!r}")
-        for number, question in enumerate(QUESTIONS, start=1):
+        for number, question in enumerate(wording(lang).questions, start=1):
             ack = await sio.call(
                 "user_message",
                 {"conversationId": conversation_id, "text": question},
@@ -363,7 +364,8 @@ class Options:
     headless: bool = False
     redis: str | None = None
     time_limit: float | None = None
-    step_delay: float = 0.4
+    step_delay: float = DEFAULT_BEAT
+    lang: str = DEFAULT_LANG
 
 
 def _url_host(host: str) -> str:
@@ -410,11 +412,11 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
                 "--delay", str(options.step_delay),
             )  # fmt: skip
             colleague_urls.append(f"http://127.0.0.1:{port}/")
-        web_args = ["--host", options.host, "--port", str(options.port)]
+        web_args = ["--host", options.host, "--port", str(options.port), "--lang", options.lang]
         if options.redis:
             web_args += ["--redis", options.redis]
         supervisor.start("web", "kernel_ext.demo.web", *web_args)
-        worker_args = ["--relay", url]
+        worker_args = ["--relay", url, "--lang", options.lang]
         for spec, colleague_url in zip(COLLEAGUES, colleague_urls, strict=True):
             worker_args += ["--colleague", f"{spec.key}={colleague_url}"]
         supervisor.start("worker", "kernel_ext.demo.worker", *worker_args)
@@ -436,7 +438,7 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
             if options.headless:
                 err.write(f"kernel-ext demo: ready at {url}; running the scripted conversation\n")
                 err.flush()
-                return await _converse(url, out, err)
+                return await _converse(url, out, err, options.lang)
             out.write(
                 f"kernel-ext demo is running. Open {url}/ in a browser.\n"
                 "The page starts a conversation by itself; Ctrl-C stops everything.\n"

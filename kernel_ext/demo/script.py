@@ -1,35 +1,60 @@
-"""What the demo's agent is asked and whom it asks: shared by the worker, the page and
-``--headless`` (no third-party imports, so it loads on every Python).
+"""What the demo's agent is asked, whom it asks, and the words the demo uses in each of its
+languages: shared by the worker, the page and ``--headless`` (no third-party imports, so it
+loads on every Python).
 
 The agent's model is scripted (:mod:`kernel_ext.demo.worker`): it asks the colleagues that a
 message names (:func:`colleagues_for`), all at once in one model response, and then writes
-an answer from what they returned.
+an answer from what they returned. What the colleagues say is in
+:mod:`kernel_ext.demo.colleague`; the detail pane's own labels are
+:data:`kernel_ext.view.LABELS` (the page takes them from ``renderer.js``, which holds the
+same, checked by a test), never copied here.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 __all__ = [
     "COLLEAGUES",
-    "FIRST_QUESTION",
+    "DEFAULT_BEAT",
+    "DEFAULT_LANG",
+    "FAST_BEAT",
+    "LANGS",
+    "LANG_KEY",
     "MAX_MESSAGE_CHARS",
-    "QUESTIONS",
-    "SECOND_QUESTION",
     "USER_MESSAGE",
     "USER_MESSAGE_TO_AGENT",
+    "WORDING",
     "ColleagueSpec",
+    "Wording",
     "colleagues_for",
     "is_conversation_id",
+    "wording",
 ]
+
+LANGS: tuple[str, ...] = ("zh", "en")
+"""The demo's languages (``--lang``)."""
+
+DEFAULT_LANG = "zh"
+"""The spec's language, the default of the page, the colleagues and ``tail``."""
+
+DEFAULT_BEAT = 1.2
+"""The colleagues' pace by default, in seconds per beat (a step takes 1–2.5 beats): a call
+takes about 12 s, so a person can watch each pane grow (:mod:`kernel_ext.demo.colleague`)."""
+
+FAST_BEAT = 0.05
+"""The pace of ``kernel-ext demo --fast`` (tests, CI): a call takes well under a second."""
 
 
 @dataclass(frozen=True)
 class ColleagueSpec:
     """One A2A colleague of the demo: ``key`` is what the agent's tool call names,
     ``script`` the scripted peer's behaviour (``work``: envelopes with thinking, its own
-    tool calls and text; ``text``: a third-party peer that sends plain text only)."""
+    tool calls and text; ``text``: a third-party peer that sends plain text only);
+    ``title`` its English name (the A2A agent card's), ``words`` what names it in a
+    message."""
 
     key: str
     title: str
@@ -43,19 +68,126 @@ COLLEAGUES: tuple[ColleagueSpec, ...] = (
 )
 """The two colleagues, each served by its own scripted A2A peer process."""
 
-FIRST_QUESTION = "Where is order 42, and when will it arrive? Please ask both colleagues."
-"""Sent when the page opens (and first by ``--headless``): two concurrent calls."""
 
-SECOND_QUESTION = "Ask the orders desk once more: on which day did order 42 ship?"
-"""Offered on the page (and sent second by ``--headless``): one call."""
+@dataclass(frozen=True)
+class Wording:
+    """Everything the demo says in one language, but the pane's labels and the colleagues'
+    work.
 
-QUESTIONS: tuple[str, ...] = (FIRST_QUESTION, SECOND_QUESTION)
+    ``tag`` is the page's ``<html lang>``; ``questions`` are sent in order by
+    ``--headless`` (the page sends the first by itself and offers the others);
+    ``titles`` name the colleagues by key; ``page`` holds the page's own words (served to
+    it in ``/demo/config.json``; ``{id}`` and ``{error}`` are filled in by the page).
+    """
+
+    lang: str
+    tag: str
+    questions: tuple[str, ...]
+    titles: Mapping[str, str]
+    colon: str
+    answer_one: str
+    answer_many: str
+    no_such_colleague: str
+    could_not_answer: str
+    failed: str
+    page: Mapping[str, str]
+
+    def title(self, key: str) -> str:
+        """The colleague ``key``'s name in this language (the key itself if unknown)."""
+        return self.titles.get(key, key)
+
+
+WORDING: dict[str, Wording] = {
+    "zh": Wording(
+        lang="zh",
+        tag="zh-CN",
+        questions=(
+            "订单 42 现在在哪里？什么时候能到？请问一下两位同事。",
+            "再问一下订单组：订单 42 是哪天发货的？",
+        ),
+        titles={"orders": "订单组", "carrier": "承运商（第三方）"},
+        colon="：",
+        answer_one="同事的答复：",
+        answer_many="两位同事的答复：",
+        no_such_colleague="没有名为 {key} 的同事。",
+        could_not_answer="{title}无法回答：{error}",
+        failed="抱歉，智能体出错了：{error}",
+        page={
+            "title": "kernel_ext 演示 · ask_colleague 实时过程",
+            "brandSub": "演示",
+            "taglineBefore": "每次",
+            "taglineAfter": "调用是聊天流中的一个节点；展开它，实时查看同事的工作过程。",
+            "connecting": "连接中…",
+            "connected": "已连接",
+            "reconnecting": "正在重新连接…",
+            "refused": "连接被拒绝",
+            "closedByServer": "服务器已断开连接",
+            "placeholder": "给智能体发消息…",
+            "send": "发送",
+            "you": "你",
+            "agent": "智能体",
+            "follow": "在终端里跟随：",
+            "joinFailed": "无法加入 {id}：{error}",
+            "notTaken": "智能体没有接收这条消息：{error}",
+            "notSent": "消息没有发出：{error}",
+            "noAnswer": "没有应答",
+        },
+    ),
+    "en": Wording(
+        lang="en",
+        tag="en",
+        questions=(
+            "Where is order 42, and when will it arrive? Please ask both colleagues.",
+            "Ask the orders desk once more: on which day did order 42 ship?",
+        ),
+        titles={"orders": "Orders desk", "carrier": "Carrier (third-party)"},
+        colon=": ",
+        answer_one="Here is what my colleague said:",
+        answer_many="Here is what my colleagues said:",
+        no_such_colleague="There is no colleague called {key}.",
+        could_not_answer="{title} could not answer: {error}",
+        failed="Sorry, the agent failed: {error}",
+        page={
+            "title": "kernel_ext demo · ask_colleague, live",
+            "brandSub": "demo",
+            "taglineBefore": "Each",
+            "taglineAfter": "call is one node; open it to watch the colleague work, live.",
+            "connecting": "connecting…",
+            "connected": "connected",
+            "reconnecting": "reconnecting…",
+            "refused": "refused",
+            "closedByServer": "disconnected by the server",
+            "placeholder": "Message the agent…",
+            "send": "Send",
+            "you": "you",
+            "agent": "agent",
+            "follow": "Follow it in a terminal:",
+            "joinFailed": "Could not join {id}: {error}",
+            "notTaken": "The agent did not take the message: {error}",
+            "notSent": "The message was not sent: {error}",
+            "noAnswer": "no answer",
+        },
+    ),
+}
+"""The demo's words by language (:data:`LANGS`)."""
+
+
+def wording(lang: str = DEFAULT_LANG) -> Wording:
+    """The :class:`Wording` of ``lang``; raises ``ValueError`` for a language the demo
+    does not speak."""
+    try:
+        return WORDING[lang]
+    except KeyError:
+        raise ValueError(f"the demo speaks {' and '.join(LANGS)}, not {lang!r}") from None
+
 
 USER_MESSAGE = "user_message"
 """Browser → web process: a joined browser's message to the agent."""
 USER_MESSAGE_TO_AGENT = "kx_user_message"
 """Web process → the agent's internal connection: that message, forwarded."""
-"""The scripted conversation of ``kernel-ext demo --headless``, in order."""
+
+LANG_KEY = "kx.lang"
+"""The A2A message metadata key by which the worker tells a colleague the language."""
 
 MAX_MESSAGE_CHARS = 2_000
 """The longest message a browser may send to the agent."""

@@ -1,12 +1,15 @@
 """The demo's web process: the ``/chat`` relay plus the demo page, on one uvicorn port.
 
-* ``/`` — the page (``static/index.html``, ``app.js``, ``app.css``, ``sio.js``) and
-  ``/renderer.js`` (the package's detail-pane renderer, :mod:`kernel_ext.web`).
-  Served with a Content-Security-Policy that allows scripts from this origin only.
+* ``/`` — the page (``static/index.html``, ``app.js``, ``app.css``) in the demo's language
+  (``--lang``: its ``<html lang>`` and its words), ``/renderer.js`` (the package's
+  detail-pane renderer) and ``/vendor/socket.io.esm.min.js`` (the official Socket.IO
+  client, vendored in :mod:`kernel_ext.web`). Served with a Content-Security-Policy that
+  allows scripts from this origin only.
 * ``/socket.io/`` — a python-socketio ``AsyncServer`` (ASGI) with :class:`DemoRelay` on
   ``/chat``; with ``--redis URL`` its client manager is python-socketio's
   ``AsyncRedisManager``. Browsers must come from the page's own origin.
-* ``/demo/config.json`` — the questions and colleagues of :mod:`kernel_ext.demo.script`;
+* ``/demo/config.json`` — the language, questions, colleagues and page words of
+  :mod:`kernel_ext.demo.script`;
   ``/demo/health`` — ``{"agent": bool}``, whether the worker's agent is connected.
 
 The browser → worker path (the only thing a browser may send besides join/leave):
@@ -19,13 +22,16 @@ senders alone, and every other browser event reaches no one (:class:`~kernel_ext
 ChatRelay`).
 
 Run by ``kernel-ext demo``; on its own: ``KERNEL_EXT_SECRET=s python -m
-kernel_ext.demo.web --port 8000`` (binds 127.0.0.1 unless ``--host`` says otherwise).
+kernel_ext.demo.web --port 8000 [--lang en]`` (binds 127.0.0.1 unless ``--host`` says
+otherwise).
 """
 
 from __future__ import annotations
 
 import argparse
+import html
 import logging
+import string
 from collections.abc import Mapping
 from importlib.resources import files
 from pathlib import Path
@@ -34,27 +40,30 @@ from typing import Any
 import socketio
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from kernel_ext.demo.script import (
     COLLEAGUES,
-    FIRST_QUESTION,
+    DEFAULT_LANG,
+    LANGS,
     MAX_MESSAGE_CHARS,
-    SECOND_QUESTION,
     USER_MESSAGE_TO_AGENT,
+    Wording,
     is_conversation_id,
+    wording,
 )
 from kernel_ext.relay import ChatRelay, RelayRedisManager
 from kernel_ext.settings import env_name, load_settings
-from kernel_ext.web import asset_path
+from kernel_ext.web import SOCKET_IO_CLIENT, asset_path
 
 __all__ = [
     "DemoApp",
     "DemoRelay",
     "create_demo_app",
     "main",
+    "render_page",
     "static_root",
 ]
 
@@ -74,6 +83,14 @@ CSP = (
 def static_root() -> Path:
     """The directory of the page's files (package data)."""
     return Path(str(files("kernel_ext.demo") / "static"))
+
+
+def render_page(words: Wording) -> str:
+    """``static/index.html`` in ``words``' language: its ``<html lang>`` and its words,
+    each HTML-escaped."""
+    template = string.Template((static_root() / "index.html").read_text(encoding="utf-8"))
+    values = {key: html.escape(value, quote=True) for key, value in words.page.items()}
+    return template.substitute(values, tag=html.escape(words.tag, quote=True))
 
 
 def _join_allowed(identity: Any, conversation_id: str) -> bool:
@@ -160,10 +177,14 @@ class DemoApp:
         self.relay = relay
 
 
-def create_demo_app(secret: str, *, redis_url: str | None = None) -> DemoApp:
-    """The demo's web app: page, renderer, config and health routes, and the ``/chat``
-    :class:`DemoRelay` on an ``AsyncServer`` (same-origin browsers only; Redis client
-    manager when ``redis_url`` is given)."""
+def create_demo_app(
+    secret: str, *, redis_url: str | None = None, lang: str = DEFAULT_LANG
+) -> DemoApp:
+    """The demo's web app: page (in ``lang``), renderer, Socket.IO client, config and
+    health routes, and the ``/chat`` :class:`DemoRelay` on an ``AsyncServer`` (same-origin
+    browsers only; Redis client manager when ``redis_url`` is given)."""
+    words = wording(lang)
+    page_html = render_page(words)
     manager = RelayRedisManager(redis_url) if redis_url else None
     sio = socketio.AsyncServer(
         async_mode="asgi",
@@ -176,21 +197,27 @@ def create_demo_app(secret: str, *, redis_url: str | None = None) -> DemoApp:
     root = static_root()
 
     def page(request: Request) -> Response:
-        response = FileResponse(root / "index.html", media_type="text/html; charset=utf-8")
+        response = HTMLResponse(page_html)
         response.headers["Content-Security-Policy"] = CSP
         response.headers["Cache-Control"] = "no-store"
         return response
 
-    def renderer(request: Request) -> Response:
-        return FileResponse(asset_path("renderer.js"), media_type="text/javascript; charset=utf-8")
+    def script(name: str) -> Any:
+        def serve(request: Request) -> Response:
+            return FileResponse(asset_path(name), media_type="text/javascript; charset=utf-8")
+
+        return serve
 
     def config(request: Request) -> Response:
         return JSONResponse(
             {
-                "firstQuestion": FIRST_QUESTION,
-                "suggestions": [SECOND_QUESTION],
-                "colleagues": [{"key": c.key, "title": c.title} for c in COLLEAGUES],
+                "lang": words.lang,
+                "tag": words.tag,
+                "firstQuestion": words.questions[0],
+                "suggestions": list(words.questions[1:]),
+                "colleagues": [{"key": c.key, "title": words.title(c.key)} for c in COLLEAGUES],
                 "maxMessageChars": MAX_MESSAGE_CHARS,
+                "text": dict(words.page),
             }
         )
 
@@ -200,7 +227,8 @@ def create_demo_app(secret: str, *, redis_url: str | None = None) -> DemoApp:
     starlette = Starlette(
         routes=[
             Route("/", page),
-            Route("/renderer.js", renderer),
+            Route("/renderer.js", script("renderer.js")),
+            Route("/" + SOCKET_IO_CLIENT, script(SOCKET_IO_CLIENT)),
             Route("/demo/config.json", config),
             Route("/demo/health", health),
             Mount("/static", StaticFiles(directory=root), name="static"),
@@ -210,11 +238,12 @@ def create_demo_app(secret: str, *, redis_url: str | None = None) -> DemoApp:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kernel_ext.demo.web [--host H] [--port P] [--redis URL]``."""
+    """``python -m kernel_ext.demo.web [--host H] [--port P] [--redis URL] [--lang L]``."""
     parser = argparse.ArgumentParser(prog="python -m kernel_ext.demo.web")
     parser.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--redis", default=None, help="redis:// URL for the client manager")
+    parser.add_argument("--lang", choices=LANGS, default=DEFAULT_LANG, help="the page's language")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     secret = load_settings().secret_value()
@@ -223,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="web %(levelname)s %(message)s")
     import uvicorn
 
-    demo = create_demo_app(secret, redis_url=args.redis)
+    demo = create_demo_app(secret, redis_url=args.redis, lang=args.lang)
     uvicorn.run(
         demo.app,
         host=args.host,

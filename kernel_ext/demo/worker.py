@@ -4,7 +4,8 @@ each colleague's work, live, into that tool call's detail pane.
 * The model is a scripted :class:`~pydantic_ai.models.function.FunctionModel` (no network,
   no API key): for a user message it calls ``ask_colleague`` once per colleague the message
   names (:func:`kernel_ext.demo.script.colleagues_for`), all in one model response, so
-  pydantic-ai runs those calls concurrently; then it answers from what they returned.
+  pydantic-ai runs those calls concurrently; then it answers from what they returned, in
+  the demo's language (``--lang``, which it also asks the colleagues to speak).
 * Instrumentation: :func:`kernel_ext.enable` wires the stream hub, a
   :class:`~kernel_ext.processor.ToolSpanProcessor` on a private ``TracerProvider`` and the loopback
   emitter; pydantic-ai's own ``Instrumentation`` capability opens each tool call's
@@ -26,7 +27,8 @@ browser's ``user_message`` to it as ``kx_user_message`` (see :mod:`kernel_ext.de
 Run by ``kernel-ext demo``; on its own::
 
     KERNEL_EXT_SECRET=s python -m kernel_ext.demo.worker --relay http://127.0.0.1:8000 \\
-        --colleague orders=http://127.0.0.1:8801/ --colleague carrier=http://127.0.0.1:8802/
+        --colleague orders=http://127.0.0.1:8801/ --colleague carrier=http://127.0.0.1:8802/ \\
+        [--lang en]
 
 Requires Python ≥ 3.11 (pydantic-ai-slim) and the ``a2a`` extra.
 """
@@ -40,7 +42,7 @@ import logging
 import signal
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,9 +72,14 @@ from kernel_ext.a2a import ask_colleague as ask_colleague_over_a2a
 from kernel_ext.context import current_tool_call
 from kernel_ext.demo.script import (
     COLLEAGUES,
+    DEFAULT_LANG,
+    LANG_KEY,
+    LANGS,
     MAX_MESSAGE_CHARS,
     USER_MESSAGE_TO_AGENT,
+    Wording,
     colleagues_for,
+    wording,
 )
 from kernel_ext.errors import ColleagueError
 from kernel_ext.integrations.pydantic_ai import KernelExtCapability
@@ -112,36 +119,45 @@ class _Deps:
     colleagues: Mapping[str, Colleague]
     conversation_id: str
     timeout: float
+    words: Wording
 
 
 # -- the scripted model ------------------------------------------------------------------
 
 
-def scripted_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """The demo's model: tool calls for a new user message, an answer after tool returns.
+ModelFunction = Callable[[list[ModelMessage], AgentInfo], ModelResponse]
+
+
+def scripted_model(lang: str = DEFAULT_LANG) -> ModelFunction:
+    """The demo's model, answering in ``lang``: tool calls for a new user message, an
+    answer after tool returns.
 
     For the latest user prompt it returns one ``ask_colleague`` call per colleague the
     prompt names (several calls in one response run concurrently); once the calls have
     returned, a text answer quoting each colleague.
     """
-    last = messages[-1]
-    parts = last.parts if isinstance(last, ModelRequest) else []
-    returns = [part for part in parts if isinstance(part, ToolReturnPart)]
-    if returns:
-        lines = [str(part.content) for part in returns]
-        return ModelResponse(
-            parts=[TextPart("Here is what my colleagues said:\n" + "\n".join(lines))]
+    words = wording(lang)
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        last = messages[-1]
+        parts = last.parts if isinstance(last, ModelRequest) else []
+        returns = [part for part in parts if isinstance(part, ToolReturnPart)]
+        if returns:
+            intro = words.answer_many if len(returns) > 1 else words.answer_one
+            lines = [str(part.content) for part in returns]
+            return ModelResponse(parts=[TextPart("\n".join([intro, *lines]))])
+        prompt = next(
+            (part.content for part in reversed(parts) if isinstance(part, UserPromptPart)), ""
         )
-    prompt = next(
-        (part.content for part in reversed(parts) if isinstance(part, UserPromptPart)), ""
-    )
-    text = prompt if isinstance(prompt, str) else " ".join(str(item) for item in prompt)
-    return ModelResponse(
-        parts=[
-            ToolCallPart("ask_colleague", {"colleague": key, "question": text})
-            for key in colleagues_for(text)
-        ]
-    )
+        text = prompt if isinstance(prompt, str) else " ".join(str(item) for item in prompt)
+        return ModelResponse(
+            parts=[
+                ToolCallPart("ask_colleague", {"colleague": key, "question": text})
+                for key in colleagues_for(text)
+            ]
+        )
+
+    return model
 
 
 # -- the kernel's tool-event snapshots ---------------------------------------------------
@@ -226,20 +242,22 @@ def message_event(conversation_id: str, role: str, text: str) -> dict[str, Any]:
 async def _ask_colleague(ctx: RunContext[_Deps], colleague: str, question: str) -> str:
     """Ask a colleague (``orders`` or ``carrier``) a question; returns their answer."""
     deps = ctx.deps
+    words = deps.words
     spec = deps.colleagues.get(colleague)
     if spec is None:
-        return f"There is no colleague called {colleague!r}."
+        return words.no_such_colleague.format(key=repr(colleague))
+    title = words.titles.get(spec.key, spec.title)
     try:
         answer = await ask_colleague_over_a2a(
             spec.url,
             question,
             conversation_id=deps.conversation_id,
-            metadata={"kx.script": spec.script},
+            metadata={"kx.script": spec.script, LANG_KEY: words.lang},
             timeout=deps.timeout,
         )
     except ColleagueError as exc:  # the aborted block is out already; tell the model
-        return f"{spec.title} could not answer: {exc}"
-    return f"{spec.title}: {answer}"
+        return words.could_not_answer.format(title=title, error=exc)
+    return f"{title}{words.colon}{answer}"
 
 
 class DemoAgent:
@@ -253,6 +271,8 @@ class DemoAgent:
             adds one).
         hub: the stream hub (default: the process-wide one).
         timeout: the overall deadline of one colleague's answer, in seconds.
+        lang: the language it answers in and asks its colleagues to speak
+            (:data:`~kernel_ext.demo.script.LANGS`).
 
     Guarantees: messages of one conversation are answered one after the other, in arrival
     order; at most 4 wait per conversation (:meth:`submit` says ``busy`` beyond); an error in
@@ -266,12 +286,14 @@ class DemoAgent:
         *,
         hub: StreamHub | None = None,
         timeout: float = 120.0,
+        lang: str = DEFAULT_LANG,
     ) -> None:
         self.hub = hub if hub is not None else get_default_hub()
         self.colleagues = {c.key: c for c in colleagues}
         self.timeout = timeout
+        self.words = wording(lang)
         self.agent: Agent[_Deps, str] = Agent(
-            FunctionModel(scripted_model, model_name="scripted"),
+            FunctionModel(scripted_model(lang), model_name="scripted"),
             deps_type=_Deps,
             output_type=str,
             name="demo-agent",
@@ -321,7 +343,7 @@ class DemoAgent:
         try:
             result = await self.agent.run(
                 text,
-                deps=_Deps(self.colleagues, conversation_id, self.timeout),
+                deps=_Deps(self.colleagues, conversation_id, self.timeout, self.words),
                 message_history=history,
                 conversation_id=conversation_id,
             )
@@ -329,7 +351,7 @@ class DemoAgent:
             self._remember(conversation_id, result.all_messages())
         except Exception as exc:
             logger.exception("demo agent: the run failed")
-            answer = f"Sorry, the agent failed: {type(exc).__name__}: {exc}"
+            answer = self.words.failed.format(error=f"{type(exc).__name__}: {exc}")
         hub.publish_chat_event(
             message_event(conversation_id, "assistant", answer), conversation_id=conversation_id
         )
@@ -375,6 +397,7 @@ async def serve(
     *,
     stop: asyncio.Event | None = None,
     timeout: float = 120.0,
+    lang: str = DEFAULT_LANG,
 ) -> None:
     """Run the worker until ``stop`` is set (or the task is cancelled): connect the loopback
     emitter and the agent's control connection to the relay at ``relay_url``, answer every
@@ -385,7 +408,7 @@ async def serve(
     stop = stop if stop is not None else asyncio.Event()
     provider = TracerProvider()  # private: spans give callIds here and are exported nowhere
     wired = enable(relay_url=relay_url, secret=secret, tracer_provider=provider)
-    agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=timeout)
+    agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=timeout, lang=lang)
     control = socketio.AsyncClient(reconnection=True, reconnection_delay_max=2)
 
     async def on_user_message(data: Any = None) -> dict[str, Any]:
@@ -434,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         help="KEY=URL of a colleague (keys: " + ", ".join(s.key for s in COLLEAGUES) + ")",
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="per colleague answer (s)")
+    parser.add_argument("--lang", choices=LANGS, default=DEFAULT_LANG, help="the agent's language")
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="worker %(levelname)s %(message)s")
@@ -441,8 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     if not secret:
         parser.error(f"set {env_name('secret')} to the relay's internal secret")
     urls = dict(args.colleague)
+    words = wording(args.lang)
     colleagues = [
-        Colleague(spec.key, spec.title, urls[spec.key], spec.script)
+        Colleague(spec.key, words.title(spec.key), urls[spec.key], spec.script)
         for spec in COLLEAGUES
         if spec.key in urls
     ]
@@ -452,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await serve(args.relay, secret, colleagues, stop=stop, timeout=args.timeout)
+        await serve(args.relay, secret, colleagues, stop=stop, timeout=args.timeout, lang=args.lang)
 
     asyncio.run(run())
     return 0

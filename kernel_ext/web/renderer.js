@@ -444,9 +444,13 @@ export function attachSocket(socket, store, { conversationId = null, onJoin = nu
 // DOM views. Constant markup only; data goes in through textContent and attribute values.
 
 const STYLE_ID = "kx-renderer-style";
+// The font stack, in one place (the custom property --kx-font, which a page may use for its
+// own text too): Latin faces first, then common CJK faces (macOS, Windows, Linux). The
+// default labels are Chinese; without a CJK face in the stack a machine may show boxes.
 const STYLE = `
+:root { --kx-font: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei", "Noto Sans CJK SC", "Source Han Sans SC", "WenQuanYi Micro Hei", sans-serif; }
 .kx-room, .kx-room-panes, .kx-room-orphans { display: flex; flex-direction: column; gap: 12px; }
-.kx-pane { border: 1px solid #d0d4da; border-radius: 8px; padding: 10px 12px; font: 14px/1.45 system-ui, sans-serif; color: #1f2328; background: #fff; }
+.kx-pane { border: 1px solid #d0d4da; border-radius: 8px; padding: 10px 12px; font: 14px/1.45 var(--kx-font); color: #1f2328; background: #fff; }
 .kx-head { display: flex; gap: 8px; align-items: baseline; flex-wrap: wrap; }
 .kx-tool { font-weight: 600; overflow-wrap: anywhere; }
 .kx-call-id { color: #6e7781; font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
@@ -470,7 +474,7 @@ const STYLE = `
 .kx-other { color: #6e7781; font-size: 13px; }
 .kx-other-kind { font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
 .kx-empty, .kx-end { color: #6e7781; font-size: 12px; text-align: center; }
-.kx-orphan { border: 1px dashed #d0d4da; border-radius: 8px; padding: 8px 12px; font: 14px/1.45 system-ui, sans-serif; }
+.kx-orphan { border: 1px dashed #d0d4da; border-radius: 8px; padding: 8px 12px; font: 14px/1.45 var(--kx-font); }
 `;
 
 /** Put the renderer's stylesheet (constant text) into `doc` once. */

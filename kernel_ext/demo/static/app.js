@@ -1,5 +1,11 @@
 // The demo page: a chat flow with one node per tool call, each opening its live detail pane.
 //
+// * Socket: the official Socket.IO client (socket.io-client's ES-module build, vendored in
+//   kernel_ext/web/vendor and served at /vendor/): long-polling first, upgraded to WebSocket
+//   when the network allows it, reconnecting with jitter; it stops after the server refuses
+//   the connection or disconnects it. The indicator shows the state and the transport.
+// * Language: the web process's (`kernel-ext demo --lang`), from /demo/config.json: the
+//   page's words, the questions and the pane's labels (renderer.js's labelsFor).
 // * Conversation: `?c=demo-…` joins that conversation (nothing is sent); without it, the page
 //   starts a new conversation and sends the first question itself once joined (`?auto=0`
 //   starts one without sending).
@@ -9,16 +15,16 @@
 // * The box sends `user_message` {conversationId, text}; the web process forwards it to the
 //   agent. Nothing else can be sent from here but join_conversation.
 // * All data goes into the page through textContent and attribute values; never as markup.
-import { PaneStore, attachSocket, labelsFor, mountPane } from "/renderer.js";
-import { connect } from "/static/sio.js";
+import { PaneStore, attachSocket, ensureStyles, labelsFor, mountPane } from "/renderer.js";
+import { io } from "/vendor/socket.io.esm.min.js";
+
+ensureStyles(); // the panes' stylesheet, and --kx-font (the font stack) for the whole page
 
 const params = new URLSearchParams(location.search);
 const ID_PATTERN = /^demo-[A-Za-z0-9_-]{1,64}$/;
 const requested = params.get("c");
 const conversationId = requested && ID_PATTERN.test(requested) ? requested : `demo-${randomId()}`;
 const autoSend = requested === null && params.get("auto") !== "0";
-const locale = params.get("lang") === "en" ? "en" : "zh";
-const labels = labelsFor(locale);
 
 const flow = document.getElementById("flow");
 const notice = document.getElementById("notice");
@@ -28,10 +34,15 @@ const sendButton = document.getElementById("send");
 const connection = document.getElementById("connection");
 
 const config = await loadConfig();
+const locale = config.lang === "en" ? "en" : "zh";
+const labels = labelsFor(locale);
+const words = config.text;
+document.documentElement.lang = config.tag;
 const titles = new Map(config.colleagues.map((c) => [c.key, c.title]));
 input.maxLength = config.maxMessageChars;
 document.getElementById("tail-command").textContent =
-  `kernel-ext tail --url ${location.origin} --conversation ${conversationId}`;
+  `kernel-ext tail --url ${location.origin} --conversation ${conversationId}` +
+  (locale === "en" ? " --lang en" : "");
 for (const suggestion of config.suggestions) {
   const chip = element("button", "suggestion", suggestion);
   chip.type = "button";
@@ -43,7 +54,7 @@ for (const suggestion of config.suggestions) {
 }
 
 const store = new PaneStore();
-const socket = connect("/chat");
+const socket = io("/chat");
 const nodes = new Map(); // eventId -> tool node view
 const seenMessages = new Set();
 let firstSent = false;
@@ -52,7 +63,7 @@ attachSocket(socket, store, {
   conversationId,
   onJoin(ack) {
     if (!ack || ack.ok !== true) {
-      showNotice(`Could not join ${conversationId}: ${(ack && ack.error) || "no answer"}`);
+      showNotice(format(words.joinFailed, { id: conversationId, error: (ack && ack.error) || words.noAnswer }));
       return;
     }
     document.body.dataset.joined = "1";
@@ -63,9 +74,11 @@ attachSocket(socket, store, {
   },
 });
 socket.on("chat_event", onChatEvent);
-socket.on("connect", () => setConnection("connected", "connected"));
-socket.on("disconnect", () => setConnection("disconnected", "reconnecting…"));
-socket.on("connect_error", () => setConnection("disconnected", "refused"));
+socket.on("connect", showConnected);
+socket.io.on("open", () => socket.io.engine.on("upgrade", showConnected));
+// The client reconnects by itself unless the server refused or closed the connection.
+socket.on("disconnect", () => setConnection("disconnected", socket.active ? words.reconnecting : words.closedByServer));
+socket.on("connect_error", () => setConnection("disconnected", socket.active ? words.reconnecting : words.refused));
 store.subscribe((applied) => {
   if (applied.outcome === "orphan" && applied.final) addOrphan(applied.final);
 });
@@ -81,18 +94,19 @@ document.body.dataset.ready = "1";
 
 // ---------------------------------------------------------------------------------------
 
-async function send(text) {
+async function send(message) {
   sendButton.disabled = true;
   try {
-    const ack = await socket.request("user_message", { conversationId, text }, 15000);
+    // Sent now, or from the client's buffer once it is connected; no answer in 15 s rejects.
+    const ack = await socket.timeout(15000).emitWithAck("user_message", { conversationId, text: message });
     if (!ack || ack.ok !== true) {
-      showNotice(`The agent did not take the message: ${(ack && ack.error) || "no answer"}`);
+      showNotice(format(words.notTaken, { error: (ack && ack.error) || words.noAnswer }));
       return false;
     }
     notice.hidden = true;
     return true;
   } catch (error) {
-    showNotice(`The message was not sent: ${error.message}`);
+    showNotice(format(words.notSent, { error: error.message }));
     return false;
   } finally {
     sendButton.disabled = false;
@@ -111,11 +125,11 @@ function onChatEvent(event) {
   }
 }
 
-function addMessage(role, text) {
+function addMessage(role, message) {
   const item = element("li", "node node-message");
   item.dataset.role = role;
   const bubble = element("div", "bubble");
-  bubble.append(element("span", "who", role === "assistant" ? "agent" : "you"), document.createTextNode(text));
+  bubble.append(element("span", "who", role === "assistant" ? words.agent : words.you), document.createTextNode(message));
   item.append(bubble);
   append(item);
 }
@@ -172,14 +186,24 @@ function append(item) {
   if (follow) item.scrollIntoView({ block: "end" });
 }
 
-function showNotice(text) {
-  notice.textContent = text;
+function showNotice(message) {
+  notice.textContent = message;
   notice.hidden = false;
 }
 
-function setConnection(state, text) {
+function setConnection(state, label, transport = "") {
   connection.dataset.state = state;
-  connection.textContent = text;
+  connection.dataset.transport = transport;
+  connection.textContent = transport ? `${label} · ${transport}` : label;
+}
+
+function showConnected() {
+  if (socket.connected) setConnection("connected", words.connected, socket.io.engine.transport.name);
+}
+
+// Fills {name} placeholders of the page's words (plain text; the result goes in as text).
+function format(template, values) {
+  return template.replace(/\{(\w+)\}/g, (whole, name) => (Object.hasOwn(values, name) ? String(values[name]) : whole));
 }
 
 function element(tag, className, text) {
