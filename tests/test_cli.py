@@ -21,6 +21,8 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -30,6 +32,7 @@ from network import free_port
 from kernel_ext import __version__
 from kernel_ext._cli import exit_code_after, never_resolves
 from kernel_ext.cli import build_parser
+from kernel_ext.web import ASSETS, asset_path
 
 TESTS = Path(__file__).resolve().parent
 SECRET = "s3cret-for-cli-tests"
@@ -285,7 +288,10 @@ async def running(*args: str) -> AsyncIterator[Running]:
             await proc.wait()
 
 
-STARTUP = r"^kernel-ext relay: serving (http://127\.0\.0\.1:(\d+)), namespace /chat, auth: (.*)$"
+STARTUP = (
+    r"^kernel-ext relay: serving (http://127\.0\.0\.1:(\d+)), namespace /chat, auth: (.*?)"
+    r"(?:, page (\S+))?$"
+)
 STOPS = [signal.SIGTERM, signal.SIGINT]
 
 
@@ -299,6 +305,7 @@ async def test_relay_prints_one_startup_line_and_stops_on_a_signal(signum: int) 
             "hooks relay_cli_hooks:authenticate and relay_cli_hooks:authorize_join, "
             "no Redis (this process only)"
         )
+        assert found.group(4) == f"{found.group(1)}/kernel_ext/example.html?conversation=ID"
         assert relay.err == [found.group(0)]  # the only line
         code, err = await relay.stop(signum)
     assert code == exit_code_after(signum) == {signal.SIGTERM: 143, signal.SIGINT: 130}[signum]
@@ -310,15 +317,50 @@ async def test_relay_prints_one_startup_line_and_stops_on_a_signal(signum: int) 
 @pytest.mark.timeout(120)
 async def test_relay_startup_line_names_the_open_mode_and_redis_without_its_password() -> None:
     redis = "redis://:hunter2@127.0.0.1:1/0"  # not connected to before a block needs it
-    async with running("relay", "--port", "0", "--allow-anyone", "--redis-url", redis) as relay:
+    async with running(
+        "relay", "--port", "0", "--allow-anyone", "--redis-url", redis, "--no-page"
+    ) as relay:
         found = await relay.wait_for_line(STARTUP)
         assert found.group(3) == (
             "open: without hooks every browser may join any conversation, "
             "Redis redis://:***@127.0.0.1:1/0, channel socketio"
         )
+        assert found.group(4) is None  # --no-page
         code, err = await relay.stop(signal.SIGTERM)
     assert code == 143
     assert "hunter2" not in err
+
+
+def _get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, "", b""
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+async def test_relay_serves_the_shipped_page_and_its_scripts_and_nothing_else() -> None:
+    async with running("relay", "--port", "0", "--allow-anyone") as relay:
+        url = (await relay.wait_for_line(STARTUP)).group(1)
+        for name in ASSETS:
+            status, kind, body = await asyncio.to_thread(_get, f"{url}/kernel_ext/{name}")
+            assert status == 200, name
+            assert body == asset_path(name).read_bytes(), name
+            expected = {".js": "text/javascript", ".html": "text/html"}.get(
+                os.path.splitext(name)[1], "text/plain"
+            )
+            assert kind.startswith(expected), (name, kind)
+        for other in ("__init__.py", "typescript.py", "vendor/vendor.json", "../cli.py", ""):
+            status, _, _ = await asyncio.to_thread(_get, f"{url}/kernel_ext/{other}")
+            assert status == 404, other
+        await relay.stop(signal.SIGTERM)
+    async with running("relay", "--port", "0", "--allow-anyone", "--no-page") as relay:
+        url = (await relay.wait_for_line(STARTUP)).group(1)
+        status, _, _ = await asyncio.to_thread(_get, f"{url}/kernel_ext/example.html")
+        assert status == 404
+        await relay.stop(signal.SIGTERM)
 
 
 @pytest.mark.network

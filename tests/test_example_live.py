@@ -19,13 +19,17 @@ their own (:class:`network.LoopThread`): this thread belongs to Playwright's syn
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 import socketio
-from network import LoopThread, chromium, serve_asgi
+from network import LoopThread, chromium, free_port, serve_asgi, wait_listening
 from relay_helpers import CALL, CONV, NS, SECRET, emitter_for, in_call
 from starlette.applications import Starlette
 from starlette.routing import Mount
@@ -38,6 +42,7 @@ from kernel_ext.web import web_root
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(90)]
 
 WAIT_MS = 20_000
+TESTS = Path(__file__).resolve().parent
 TOKEN = "token-of-alice"
 STEPS = ("Looking the order up", "Order 42 left the warehouse on Tuesday")
 ANSWER = "Order 42 arrives on Friday."
@@ -235,3 +240,46 @@ def test_after_the_server_restarts_the_page_reconnects_rejoins_and_sends_what_wa
         _stream_and_check(server, page)
         assert [attempt["token"] for attempt in server.attempts] == [TOKEN, TOKEN]
         assert errors == []
+
+
+def test_the_page_kernel_ext_relay_serves_follows_a_worker_that_enabled_kernel_ext() -> None:
+    """docs/integrators.md §6 with a real browser: ``kernel-ext relay`` serves the example
+    page at /kernel_ext/; a worker process calls ``kernel_ext.enable(relay_url=…)``,
+    publishes a call and shuts down with ``adisable()``; the page's pane ends with it."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_EXT_")}
+    env["KERNEL_EXT_SECRET"] = SECRET
+    relay = subprocess.Popen(
+        [sys.executable, "-m", "kernel_ext.cli", "relay", "--port", str(port), "--allow-anyone"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_listening(port, process=relay, what="kernel-ext relay", timeout=30)
+        with chromium() as browser:
+            page = browser.new_page(viewport={"width": 900, "height": 700})
+            page.set_default_timeout(WAIT_MS)
+            errors: list[str] = []
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.goto(f"http://127.0.0.1:{port}/kernel_ext/example.html?conversation={CONV}")
+            page.wait_for_selector("body[data-joined='1']")
+            script = str(TESTS / "shutdown_worker.py")
+            worker = subprocess.run(
+                [sys.executable, script, "async-adisable", f"http://127.0.0.1:{port}", CONV, CALL],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            assert worker.returncode == 0, worker.stderr
+            pane = page.locator(f"section.kx-pane[data-call-id='{CALL}']")
+            pane.locator(".kx-end").wait_for(state="visible")
+            assert pane.locator(".kx-final-text").inner_text() == "the final answer"
+            assert pane.locator(".kx-text").all_inner_texts() == ["working on it"]
+            assert page.evaluate("window.kx.socket.io.engine.transport.name") == "websocket"
+            assert errors == []
+    finally:
+        relay.terminate()
+        relay.wait(timeout=10)

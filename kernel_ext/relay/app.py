@@ -41,6 +41,7 @@ def create_app(
     other_asgi_app: Any = None,
     cors_allowed_origins: str | list[str] | None = None,
     max_http_buffer_size: int = 4 * 1024 * 1024,
+    assets_prefix: str | None = None,
     **relay_options: Any,
 ) -> RelayApp:
     """An ``AsyncServer`` (Redis client manager when ``redis_url`` is given) with a
@@ -48,6 +49,9 @@ def create_app(
     ``worker_grace``, ``max_workers`` and ``max_worker_streams`` go to the Redis manager too.
 
     ``max_http_buffer_size`` bounds one incoming message (a whole ``kx_blocks`` frame).
+    ``assets_prefix`` (e.g. ``"/kernel_ext"``) also serves the shipped browser files there
+    (:func:`kernel_ext.web.static_files`: the example page, the renderer, the Socket.IO
+    client); ``None`` serves none.
     """
     manager = None
     if redis_url is not None:
@@ -63,5 +67,10 @@ def create_app(
         max_http_buffer_size=max_http_buffer_size,
     )
     relay = mount_relay(sio, secret, **relay_options)
-    app = socketio.ASGIApp(sio, other_asgi_app=other_asgi_app)
+    static = None
+    if assets_prefix is not None:
+        from kernel_ext.web import static_files
+
+        static = static_files(assets_prefix)
+    app = socketio.ASGIApp(sio, other_asgi_app=other_asgi_app, static_files=static)
     return RelayApp(app=app, sio=sio, relay=relay)

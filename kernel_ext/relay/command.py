@@ -11,7 +11,10 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   other than a loopback one even then (:func:`is_loopback_host`).
 * Every refusal — a bad option, a hook that does not load, no secret, a host that does not
   resolve, a port in use — is one line on stderr and exit status 2.
-* Once listening it prints one start-up line on stderr: URL, namespace, auth mode, Redis.
+* It serves the shipped browser files under ``/kernel_ext/`` (``--no-page``: none), so
+  ``<url>/kernel_ext/example.html?conversation=ID`` follows a conversation in a browser.
+* Once listening it prints one start-up line on stderr: URL, namespace, auth mode, Redis,
+  and the example page's URL.
 * SIGINT and SIGTERM stop it gracefully; it then exits with 130 or 143.
 """
 
@@ -52,6 +55,9 @@ _REDIS_URL = env_name("redis_url")
 _REDIS_CHANNEL = env_name("redis_channel")
 _NAMESPACE = env_name("namespace")
 _DEFAULT_PORT = 8765
+PAGE_PREFIX = "/kernel_ext"
+"""Where the relay serves the shipped browser files (:func:`kernel_ext.web.static_files`)."""
+PAGE = "example.html"
 _REDIS_CHANNEL_DEFAULT = Settings.model_fields["redis_channel"].default
 
 DESCRIPTION = (
@@ -136,6 +142,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start without both hooks, on a loopback --host only: every browser may then "
         "join any conversation (default: off, refuse to start)",
     )
+    parser.add_argument(
+        "--no-page",
+        action="store_true",
+        help=f"do not serve the example page, renderer.js and the Socket.IO client under "
+        f"{PAGE_PREFIX}/ (default: serve them; the page is {PAGE_PREFIX}/{PAGE}"
+        "?conversation=ID&token=T)",
+    )
 
 
 def _openness(authenticate: str | None, authorize_join: str | None) -> str:
@@ -187,7 +200,8 @@ def _startup_line(
     where = (
         f"Redis {_redacted(redis)}, channel {channel}" if redis else "no Redis (this process only)"
     )
-    return f"{prog}: serving {url}, namespace {namespace}, auth: {_auth_mode(args)}, {where}"
+    page = "" if args.no_page else f", page {url}{PAGE_PREFIX}/{PAGE}?conversation=ID"
+    return f"{prog}: serving {url}, namespace {namespace}, auth: {_auth_mode(args)}, {where}{page}"
 
 
 @contextlib.contextmanager
@@ -302,6 +316,7 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
             namespace=settings.namespace,
             authenticate=authenticate,
             authorize_join=authorize_join,
+            assets_prefix=None if args.no_page else PAGE_PREFIX,
         )
         line = _startup_line(
             prog, args, url, settings.namespace, settings.redis_url, settings.redis_channel

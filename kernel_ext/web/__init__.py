@@ -32,6 +32,7 @@ __all__ = [
     "SOCKET_IO_CLIENT",
     "asset_path",
     "asset_text",
+    "static_files",
     "vendored_client",
     "web_root",
 ]
@@ -64,6 +65,26 @@ def asset_path(name: str) -> Path:
 def asset_text(name: str) -> str:
     """The UTF-8 text of the shipped file ``name`` (see :func:`asset_path`)."""
     return asset_path(name).read_text(encoding="utf-8")
+
+
+_CONTENT_TYPES = {
+    ".js": "text/javascript; charset=utf-8",
+    ".html": "text/html; charset=utf-8",
+}
+
+
+def static_files(prefix: str = "/kernel_ext") -> dict[str, dict[str, str]]:
+    """:data:`ASSETS` as python-engineio's ``static_files`` (``socketio.ASGIApp``): each
+    file at ``<prefix>/<name>`` (``/kernel_ext/example.html`` …) and nothing else under the
+    prefix — an exact map, so no other file of the package can be asked for."""
+    base = "/" + prefix.strip("/")
+    return {
+        f"{base}/{name}": {
+            "filename": str(web_root() / name),
+            "content_type": _CONTENT_TYPES.get(Path(name).suffix, "text/plain; charset=utf-8"),
+        }
+        for name in ASSETS
+    }
 
 
 def vendored_client() -> dict[str, str]:
