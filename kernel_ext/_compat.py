@@ -13,6 +13,11 @@ shows up in one place:
   this module's probe passed).
 * **``SpanContext`` as a tuple** (:data:`SPAN_CONTEXT_INDEXED`): its span id is item 1 of the
   tuple it is; indexing saves the ``span_id`` property's Python call.
+* **OpenTelemetry's suppression keys** (:data:`SUPPRESS_KEYS`): the two context keys
+  ``suppress_instrumentation()`` sets and ``is_instrumentation_enabled()`` reads
+  (``opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY`` and the plain
+  ``"suppress_instrumentation"``). The tool-call wrapper reads them from the context it
+  looks up anyway, instead of five Python calls per wrapped call.
 * **python-socketio's Redis publish** (:class:`PublishResult`, probed on first use):
   ``AsyncRedisManager._publish`` returns what Redis's ``PUBLISH`` returned (the number of
   subscribers that received the message), which is how a sender or a relay learns that a
@@ -40,6 +45,7 @@ __all__ = [
     "ACTIVE",
     "SDK_SPAN_FIELDS",
     "SPAN_CONTEXT_INDEXED",
+    "SUPPRESS_KEYS",
     "PublishResult",
     "publish_result_supported",
 ]
@@ -85,6 +91,33 @@ def _probe_span_context_indexed() -> bool:
         return bool(SpanContext(1, 2, False)[1] == 2)
     except Exception:
         return False
+
+
+def _probe_suppress_keys() -> tuple[str, str] | None:
+    """The two context keys ``suppress_instrumentation()`` sets, when they are exactly what
+    ``is_instrumentation_enabled()`` reads (checked against both, each key alone)."""
+    try:
+        from opentelemetry import context
+        from opentelemetry.instrumentation import utils
+
+        keys = (context._SUPPRESS_INSTRUMENTATION_KEY, utils._SUPPRESS_INSTRUMENTATION_KEY_PLAIN)
+        if not all(isinstance(key, str) for key in keys):
+            return None
+        with utils.suppress_instrumentation():
+            inside = context.get_current()
+            agrees = all(inside.get(key) for key in keys) and not utils.is_instrumentation_enabled()
+        for key in keys:  # each key alone suppresses
+            token = context.attach(context.set_value(key, True))
+            try:
+                agrees = agrees and not utils.is_instrumentation_enabled()
+            finally:
+                context.detach(token)
+        outside = context.get_current()
+        if agrees and not any(outside.get(key) for key in keys):
+            return keys[0], keys[1]
+    except Exception:
+        pass
+    return None
 
 
 @functools.cache
@@ -139,8 +172,13 @@ only when this is true; else it takes the public properties."""
 SPAN_CONTEXT_INDEXED: bool = _probe_span_context_indexed()
 """Whether ``span_context[1]`` is the span id."""
 
+SUPPRESS_KEYS: tuple[str, str] | None = _probe_suppress_keys()
+"""The context keys of OpenTelemetry's ``suppress_instrumentation()``, or ``None`` (then the
+wrapper calls ``is_instrumentation_enabled()``)."""
+
 ACTIVE.update(
     span_fields="private" if SDK_SPAN_FIELDS else "public",
     span_context="private" if SPAN_CONTEXT_INDEXED else "public",
+    suppress_keys="private" if SUPPRESS_KEYS is not None else "public",
 )
 _log.debug("kernel_ext private-name paths: %s", ACTIVE)

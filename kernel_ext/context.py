@@ -44,12 +44,13 @@ __all__ = [
 
 class CallLife:
     """Whether a tool call has ended: one mutable flag shared by every copy of the context
-    that holds the call (set once, never cleared)."""
+    that holds the call (set once, never cleared).
 
-    __slots__ = ("ended",)
+    ``ended`` is a class default until :meth:`end` sets it on the instance: a new life is
+    then built without a Python ``__init__`` (one per wrapped tool call, on its hot path).
+    """
 
-    def __init__(self) -> None:
-        self.ended = False
+    ended: bool = False
 
     def end(self) -> None:
         """Mark the call ended."""

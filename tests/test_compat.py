@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 
 import pytest
 import socketio
@@ -26,6 +27,25 @@ def test_sdk_spans_keep_the_fields_the_processor_reads() -> None:
 def test_a_span_context_is_a_tuple_whose_item_1_is_the_span_id() -> None:
     assert _compat.SPAN_CONTEXT_INDEXED is True
     assert _compat.ACTIVE["span_context"] == "private"
+
+
+def test_the_suppression_keys_are_the_ones_opentelemetry_sets_and_reads() -> None:
+    import inspect
+
+    from opentelemetry import context
+    from opentelemetry.instrumentation import utils
+
+    assert _compat.SUPPRESS_KEYS == (
+        context._SUPPRESS_INSTRUMENTATION_KEY,
+        utils._SUPPRESS_INSTRUMENTATION_KEY_PLAIN,
+    )
+    assert _compat.ACTIVE["suppress_keys"] == "private"
+    # is_instrumentation_enabled() reads these two keys and nothing else.
+    source = inspect.getsource(utils.is_instrumentation_enabled)
+    assert set(re.findall(r"_SUPPRESS_\w+", source)) == {
+        "_SUPPRESS_INSTRUMENTATION_KEY",
+        "_SUPPRESS_INSTRUMENTATION_KEY_PLAIN",
+    }
 
 
 def test_python_socketio_redis_publish_returns_what_redis_returned() -> None:

@@ -32,7 +32,7 @@ from kernel_ext import (
     current_tool_call,
     use_tool_call,
 )
-from kernel_ext.instrument import ToolRuntimeInstrumentor, ToolTarget, tool_call_scope
+from kernel_ext.instrument import ToolRuntimeInstrumentor, ToolTarget, _wrappers, tool_call_scope
 
 _names = itertools.count()
 LOGGER = "kernel_ext.instrument"
@@ -341,8 +341,18 @@ async def test_concurrent_same_name_calls_each_see_their_own_span(
 # -- suppress_instrumentation ----------------------------------------------------------
 
 
+@pytest.fixture(params=["probed keys", "public check"])
+def suppress_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both ways the wrapper tells suppression: the context keys kernel_ext._compat probed,
+    and OpenTelemetry's is_instrumentation_enabled() where the probe failed (requested
+    before ``instrumented``, which builds the wrappers)."""
+    if request.param == "public check":
+        monkeypatch.setattr(_wrappers, "SUPPRESS_KEYS", None)
+    return str(request.param)
+
+
 def test_inside_suppress_instrumentation_sync_calls_and_generators_run_untouched(
-    tracing: Tracing, instrumented: types.ModuleType
+    suppress_path: str, tracing: Tracing, instrumented: types.ModuleType
 ) -> None:
     runtime = instrumented.Runtime
     with suppress_instrumentation():
@@ -360,7 +370,7 @@ def test_inside_suppress_instrumentation_sync_calls_and_generators_run_untouched
 
 
 async def test_inside_suppress_instrumentation_async_calls_and_generators_run_untouched(
-    tracing: Tracing, instrumented: types.ModuleType
+    suppress_path: str, tracing: Tracing, instrumented: types.ModuleType
 ) -> None:
     runtime = instrumented.Runtime
     with suppress_instrumentation():

@@ -25,9 +25,11 @@ import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Any, TypeVar
 
+from opentelemetry.context import Context, get_current
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Tracer
 
+from kernel_ext._compat import SUPPRESS_KEYS
 from kernel_ext._telemetry import RareLog
 from kernel_ext.instrument._call import ActiveCall, Describe, SinkOf, begin_described, log
 
@@ -80,9 +82,13 @@ def make_wrapper(
     rare = RareLog(log)
 
     def run_sync(
-        wrapped: Callable[..., _T], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+        wrapped: Callable[..., _T],
+        instance: Any,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        current: Context | None = None,
     ) -> _T:
-        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs)
+        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs, current)
         if active is None:
             return wrapped(*args, **kwargs)
         with active:
@@ -158,13 +164,29 @@ def make_wrapper(
         "async_generator": run_async_generator,
     }
     run = runs[kind]
+    # Suppressed (OpenTelemetry's suppress_instrumentation()): read from the context the
+    # call is described in, when the probe found its keys; else asked the public way.
+    key, plain = SUPPRESS_KEYS if SUPPRESS_KEYS is not None else ("", "")
+    public = SUPPRESS_KEYS is None
+
+    # A sync call begins now, in this context: begin() gets the context looked up here.
+    # The others begin later (the first step, the first await), in the context of then.
+    sync = kind == "sync"
 
     def wrapper(
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        if wrapping.active and is_instrumentation_enabled():
-            return run(wrapped, instance, args, kwargs)
-        return wrapped(*args, **kwargs)
+        current = get_current()
+        if (
+            not wrapping.active
+            or current.get(key)
+            or current.get(plain)
+            or (public and not is_instrumentation_enabled())
+        ):
+            return wrapped(*args, **kwargs)
+        if sync:
+            return run_sync(wrapped, instance, args, kwargs, current)
+        return run(wrapped, instance, args, kwargs)
 
     return wrapper
 
