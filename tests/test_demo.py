@@ -122,10 +122,8 @@ def test_a_negative_or_non_finite_step_delay_is_refused_with_exit_2(
     with pytest.raises(SystemExit) as exited:
         main(["demo", "--step-delay", value])
     assert exited.value.code == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.endswith(
-        f"argument --step-delay: must be 0 or a positive number of seconds, got {value!r}"
-    )
+    (error,) = capsys.readouterr().err.strip().splitlines()  # one line
+    assert f"argument --step-delay: must be a number of seconds, 0 or more, got {value!r}" in error
 
 
 @pytest.mark.parametrize(
