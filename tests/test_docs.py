@@ -487,6 +487,10 @@ def _resolves(dotted: str) -> bool:
     for cut in range(len(parts), 0, -1):
         try:
             value: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError as exc:
+            if exc.name and not exc.name.startswith("kernel_ext"):
+                return True  # an optional dependency not installed here (pydantic-ai on 3.10)
+            continue
         except ImportError:
             continue
         with warnings.catch_warnings():
