@@ -141,16 +141,21 @@ def example_server(transports: list[str] | None = None) -> Iterator[Server]:
 
 
 @contextlib.contextmanager
-def example_page(server: Server, token: str) -> Iterator[tuple[Any, list[str]]]:
-    """The example page following :data:`CONV` with ``token``; page errors are collected."""
+def page_at(url: str) -> Iterator[tuple[Any, list[str]]]:
+    """A page at ``url`` recording its blocks (:data:`RECORD`); page errors are collected."""
     with chromium() as browser:
         page = browser.new_page(viewport={"width": 900, "height": 700})
         page.set_default_timeout(WAIT_MS)
         errors: list[str] = []
         page.on("pageerror", lambda error: errors.append(str(error)))
         page.add_init_script(f"({RECORD})()")
-        page.goto(f"http://127.0.0.1:{server.port}/example.html?conversation={CONV}&token={token}")
+        page.goto(url)
         yield page, errors
+
+
+def example_page(server: Server, token: str) -> contextlib.AbstractContextManager[Any]:
+    """The example page following :data:`CONV` with ``token``."""
+    return page_at(f"http://127.0.0.1:{server.port}/example.html?conversation={CONV}&token={token}")
 
 
 def _stream_and_check(server: Server, page: Any) -> None:
@@ -258,12 +263,8 @@ def test_the_page_kernel_ext_relay_serves_follows_a_worker_that_enabled_kernel_e
     )
     try:
         wait_listening(port, process=relay, what="kernel-ext relay", timeout=30)
-        with chromium() as browser:
-            page = browser.new_page(viewport={"width": 900, "height": 700})
-            page.set_default_timeout(WAIT_MS)
-            errors: list[str] = []
-            page.on("pageerror", lambda error: errors.append(str(error)))
-            page.goto(f"http://127.0.0.1:{port}/kernel_ext/example.html?conversation={CONV}")
+        page_url = f"http://127.0.0.1:{port}/kernel_ext/example.html?conversation={CONV}"
+        with page_at(page_url) as (page, errors):
             page.wait_for_selector("body[data-joined='1']")
             script = str(TESTS / "shutdown_worker.py")
             worker = subprocess.run(

@@ -422,38 +422,11 @@ async def test_tail_json_prints_raw_blocks_and_exits_cleanly_on_ctrl_c() -> None
     assert "KeyboardInterrupt" not in stderr
 
 
-@pytest.mark.network
-@pytest.mark.timeout(60)
-async def test_tail_human_output_from_the_command_line() -> None:
+async def tail_the_story(*extra: str) -> tuple[list[str], int, str, str]:
+    """``kernel-ext tail`` (with ``extra`` options) following the story through a real
+    relay until Ctrl-C: its story lines, exit code, the rest of its stdout, its stderr."""
     async with relay() as url:
-        proc = await start_cli("--url", url, "--conversation", CONV, "--token", TOKEN)
-        try:
-            assert proc.stderr is not None
-            assert proc.stdout is not None
-            await asyncio.wait_for(proc.stderr.readline(), WAIT)
-            async with internal_sender(url) as sender:
-                await send_chat_event(sender, CONV, snapshot())
-                await send_blocks(sender, CONV, STORY)
-            lines = [await asyncio.wait_for(proc.stdout.readline(), WAIT) for _ in STORY_LINES]
-            assert [line.decode().rstrip("\n") for line in lines] == STORY_LINES
-            proc.send_signal(signal.SIGINT)
-            code, _, stderr = await finish(proc)
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-    assert code == EXIT_INTERRUPTED
-    assert "Traceback" not in stderr
-    assert "reconnecting" not in stderr  # our own goodbye is not a lost connection
-
-
-@pytest.mark.network
-@pytest.mark.timeout(60)
-async def test_tail_lang_en_prints_english_labels_and_no_chinese() -> None:
-    async with relay() as url:
-        proc = await start_cli(
-            "--url", url, "--conversation", CONV, "--token", TOKEN, "--lang", "en"
-        )
+        proc = await start_cli("--url", url, "--conversation", CONV, "--token", TOKEN, *extra)
         try:
             assert proc.stderr is not None
             assert proc.stdout is not None
@@ -468,8 +441,25 @@ async def test_tail_lang_en_prints_english_labels_and_no_chinese() -> None:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+    return [line.decode().rstrip("\n") for line in lines], code, rest, stderr
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_human_output_from_the_command_line() -> None:
+    lines, code, _, stderr = await tail_the_story()
+    assert lines == STORY_LINES
     assert code == EXIT_INTERRUPTED
-    assert [line.decode().rstrip("\n") for line in lines] == STORY_LINES_EN
+    assert "Traceback" not in stderr
+    assert "reconnecting" not in stderr  # our own goodbye is not a lost connection
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_lang_en_prints_english_labels_and_no_chinese() -> None:
+    lines, code, rest, stderr = await tail_the_story("--lang", "en")
+    assert code == EXIT_INTERRUPTED
+    assert lines == STORY_LINES_EN
     assert CJK.findall(rest + stderr) == []
 
 
