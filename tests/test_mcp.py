@@ -53,7 +53,7 @@ from kernel_ext.integrations.mcp import (  # noqa: E402
     result_text,
 )
 from kernel_ext.protocol import decode  # noqa: E402
-from kernel_ext.stream import StreamHub  # noqa: E402
+from kernel_ext.stream import Progress, StreamHub  # noqa: E402
 from kernel_ext.tap import Tap  # noqa: E402
 from kernel_ext.testing import MemoryEmitter  # noqa: E402
 from kernel_ext.view import PaneStore  # noqa: E402
@@ -91,6 +91,15 @@ async def _kill_process(reported: str) -> None:
     os.kill(int(reported), signal.SIGKILL)
 
 
+def _start_http_server(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, str(SERVER), "http", str(port)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 @asynccontextmanager
 async def served(transport: str) -> AsyncIterator[Served]:
     if transport == "memory":
@@ -116,12 +125,7 @@ async def served(transport: str) -> AsyncIterator[Served]:
             yield Served(session, _kill_process)
     else:
         port = free_port()
-        process = subprocess.Popen(
-            [sys.executable, str(SERVER), "http", str(port)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        process = _start_http_server(port)
         try:
             wait_listening(port, process=process, what="the MCP server")
             url = f"http://127.0.0.1:{port}/mcp"
@@ -301,7 +305,9 @@ async def test_a_hanging_tool_times_out_and_ends_the_stream_aborted(
 async def test_a_server_gone_mid_call_ends_the_stream_aborted(transport: str, pane: Pane) -> None:
     async with served(transport) as server:
 
-        async def kill_on_first_report(progress: float, total: float | None, pid: str | None) -> None:
+        async def kill_on_first_report(
+            progress: float, total: float | None, pid: str | None
+        ) -> None:
             assert pid is not None
             await server.kill(pid)
 
@@ -527,3 +533,22 @@ async def test_mcp_progress_reaches_a_browser_through_the_relay_with_one_termina
         await browser.close()
         await emitter.stop(timeout=5)
 
+
+async def test_a_published_progress_takes_the_streams_seq_and_a_bad_number_is_dropped(
+    pane: Pane,
+) -> None:
+    with in_call():
+        pane.hub.publish("a text block", task_id="t-1")
+        pane.hub.publish(Progress(2.0, 4.0, "half"), task_id="t-1")
+        pane.hub.publish(Progress(float("nan")), task_id="t-1")
+        pane.hub.publish(Progress(3, float("inf")), task_id="t-1")
+        pane.hub.publish("done", task_id="t-1", state="done")
+    await pane.wait_terminals()
+    blocks = pane.blocks()
+    assert [(b["envelope"]["kind"], b["envelope"]["seq"]) for b in blocks] == [
+        ("text", 1),
+        ("progress", 2),
+        ("text", 5),
+    ]
+    assert blocks[1]["envelope"]["payload"] == {"progress": 2, "total": 4, "message": "half"}
+    assert pane.hub.stats()["invalid"] == 2

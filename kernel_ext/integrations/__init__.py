@@ -2,6 +2,8 @@
 
 * :mod:`kernel_ext.integrations.pydantic_ai` — a pydantic-ai capability (extra
   ``kernel-ext[pydantic-ai]``, Python ≥ 3.11).
+* :mod:`kernel_ext.integrations.mcp` — ``call_mcp_tool``: an MCP tool call's progress as
+  blocks (extra ``kernel-ext[mcp]``).
 
 Each integration is imported explicitly; importing this package imports none of them.
 """

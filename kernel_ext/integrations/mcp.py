@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kernel_ext.context import ToolCall, current_tool_call, use_tool_call
+from kernel_ext.protocol import BlockState
 from kernel_ext.stream import Progress, PublishItem
 
 try:
@@ -159,7 +160,7 @@ class McpToolStream:
             from kernel_ext.stream import publish as default_publish
 
             publish = default_publish
-        self._publish = publish
+        self._publish: Callable[..., None] = publish
         self.tool_name = tool_name
         self.task_id = task_id or f"mcp-{tool_name[:64]}-{uuid.uuid4().hex[:12]}"
         """The stream's taskId (default ``mcp-<tool_name>-<12 hex digits>``)."""
@@ -198,13 +199,13 @@ class McpToolStream:
         """The terminal of a call that raised (or was cancelled): ``aborted``."""
         self._terminal("aborted", _error_text(error))
 
-    def _terminal(self, state: str, text: str) -> None:
+    def _terminal(self, state: BlockState, text: str) -> None:
         if self.ended:
             return
         self.stats.terminals += 1
         self._emit(text, state)
 
-    def _emit(self, item: PublishItem, state: str) -> None:
+    def _emit(self, item: PublishItem, state: BlockState) -> None:
         try:
             with use_tool_call(self._call):
                 self._publish(

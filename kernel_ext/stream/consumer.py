@@ -77,9 +77,9 @@ QueueItem = tuple[str, "str | None", str, str, int, Any, int]
 """One thing published and not yet taken by the sender: ``(room, call_id, task_id, state,
 ts_ns, item, seq)`` — ``state`` is ``running | done | aborted | chat_event``; ``item`` a str,
 an Envelope, an envelope mapping, a :class:`ToolCallItem`, a :class:`Progress` or a chat
-event; ``seq`` the stream's seq for a caller-made envelope (0 for the peer's own). A plain tuple, always
-unpacked by these names: a named tuple costs the publishing path about a sixth more
-(instruction counts under callgrind)."""
+event; ``seq`` the stream's seq for a caller-made envelope (0 for the peer's own). A plain
+tuple, always unpacked by these names: a named tuple costs the publishing path about a sixth
+more (instruction counts under callgrind)."""
 
 
 class ToolCallItem(NamedTuple):
