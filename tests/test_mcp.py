@@ -437,6 +437,12 @@ def test_an_error_result_without_text_gets_the_default_message() -> None:
     assert publish.calls[0][1]["state"] == "aborted"
 
 
+def test_a_result_of_another_shape_ends_the_stream_done_without_text() -> None:
+    publish = Recorder()
+    McpToolStream("crawl", publish=publish).finish(object())  # type: ignore[arg-type]
+    assert [(item, kw["state"]) for item, kw in publish.calls] == [("", "done")]
+
+
 def test_result_text_joins_texts_else_structured_content_else_nothing() -> None:
     image = ImageContent(type="image", data="aGk=", mime_type="image/png")
     two = [TextContent(type="text", text="a"), image, TextContent(type="text", text="b")]
