@@ -19,9 +19,9 @@ Rules pinned here (spec ``tool-event-stream.zh.md``, design.md §2, §4):
   a string in ``envelope.payload.text``, an ``aborted`` block a string in
   ``envelope.payload.message``.
 * ``callId`` is the 16 lower-case hex digit span id of the tool call, or ``null`` (T2).
-* Envelope kinds ``thinking``, ``tool_call``, ``text`` and ``tool_output_append`` are
-  known; any other kind is kept as it is (forward compatible). Unknown envelope fields
-  are kept too; unknown block fields are rejected (the block is ours).
+* Envelope kinds ``thinking``, ``tool_call``, ``text``, ``tool_output_append`` and
+  ``progress`` are known; any other kind is kept as it is (forward compatible). Unknown
+  envelope fields are kept too; unknown block fields are rejected (the block is ours).
 * ``seq`` is a non-negative integer; an integral float (``1.0``, as A2A data parts carry
   every number) is accepted as that integer; ``1.5``, negatives, booleans and strings
   are rejected.
@@ -115,7 +115,9 @@ KX_CHAT_EVENT = "kx_chat_event"
 # Why the relay refuses a connection: the ``message`` of its CONNECT error.
 REFUSED_UNAUTHORIZED = "unauthorized"
 REFUSED_BAD_WORKER = "bad worker id"
-KNOWN_KINDS: frozenset[str] = frozenset({"thinking", "tool_call", "text", "tool_output_append"})
+KNOWN_KINDS: frozenset[str] = frozenset(
+    {"thinking", "tool_call", "text", "tool_output_append", "progress"}
+)
 BlockState = Literal["running", "done", "aborted"]
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "aborted"})
 TERMINAL_KEYS: Mapping[str, str] = {"done": "text", "aborted": "message"}
@@ -197,8 +199,8 @@ class Envelope(_Wire):
     kind: StrictStr = Field(
         min_length=1,
         max_length=64,
-        description="thinking, tool_call, text, tool_output_append, or any other kind, kept "
-        "as it is",
+        description="thinking, tool_call, text, tool_output_append, progress, or any other "
+        "kind, kept as it is",
     )
     stream_key: StrictStr = Field(
         max_length=512, description="the peer's stream; the task id in a pseudo-envelope"

@@ -34,6 +34,7 @@ __all__ = [
     "DRAFT",
     "KIND_PAYLOADS",
     "NOT_EXPRESSIBLE",
+    "ProgressPayload",
     "TextPayload",
     "ThinkingPayload",
     "ToolCallPayload",
@@ -84,11 +85,22 @@ class ToolOutputAppendPayload(TypedDict, total=False):
     text: str
 
 
+class ProgressPayload(TypedDict, total=False):
+    """``progress``: a progress bar. ``progress`` so far out of ``total`` (absent when the
+    total is unknown: an indeterminate bar), and a ``message`` shown with it (an MCP server's
+    ``notifications/progress``, through :mod:`kernel_ext.integrations.mcp`)."""
+
+    progress: float
+    total: float
+    message: str
+
+
 KIND_PAYLOADS: Mapping[str, type[Any]] = {
     "thinking": ThinkingPayload,
     "tool_call": ToolCallPayload,
     "text": TextPayload,
     "tool_output_append": ToolOutputAppendPayload,
+    "progress": ProgressPayload,
 }
 """The payload of each of :data:`~kernel_ext.protocol.KNOWN_KINDS`."""
 

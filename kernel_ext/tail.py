@@ -7,7 +7,8 @@ acknowledgement) and prints what arrives, with the semantics of :mod:`kernel_ext
 * one header line per tool call; every line of a call starts with ``[<first 8 of callId>]``;
 * a run of ``thinking`` blocks folds to one line (``思考中…``); a ``tool_call`` is one line
   (marker, tool name, ``开始``); ``text`` is printed as it comes; ``tool_output_append``
-  lines are printed behind a ``│`` gutter;
+  lines are printed behind a ``│`` gutter; each ``progress`` block is one line with a bar
+  of ten cells (``▕███░░░░░░░▏ 3/10 · 30% message``; dots when the total is unknown);
 * at the terminal, the final answer and an end marker (``── 已结束 ──``); ``无过程详情`` for
   a call without blocks (after the timeout or once the tool returned);
 * ``--json``: every ``tool_event_stream`` block as received, one JSON object per line.
@@ -29,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import socket
@@ -55,6 +57,7 @@ __all__ = [
     "add_arguments",
     "clean",
     "follow",
+    "progress_line",
     "run",
 ]
 
@@ -76,6 +79,29 @@ def clean(text: str) -> str:
     """``text`` with every character that could steer a terminal shown as a visible escape
     (``\\x1b``, ``\\x0d``, ``\\u202e`` …); tabs and newlines are kept."""
     return _UNSAFE.sub(_escape, text)
+
+
+_BAR_CELLS = 10
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
+def progress_line(item: Item) -> str:
+    """One ``progress`` item as a line: a bar of ten cells, the count and percentage when the
+    total is a positive number (the value clamped to ``[0, total]``, the percentage rounded
+    down, as in ``renderer.js``), else dots and the progress alone; then the item's text."""
+    progress, total = item.progress, item.total
+    if progress is not None and total is not None and total > 0:
+        value = min(max(progress, 0), total)
+        filled = round(_BAR_CELLS * value / total)
+        bar = "█" * filled + "░" * (_BAR_CELLS - filled)
+        count = f"{_number(progress)}/{_number(total)} · {math.floor(100 * value / total)}%"
+    else:
+        bar = "·" * _BAR_CELLS
+        count = "" if progress is None else _number(progress)
+    return " ".join(part for part in (f"▕{bar}▏", count, item.text or "") if part)
 
 
 def _json_line(block: object) -> str:
@@ -200,6 +226,8 @@ class TailPrinter:
             return self._lines(tag, f"▶ {item.tool or '?'} {labels['toolStart']}")
         if item.kind == "tool_output_append":
             return self._lines(tag, item.text or "", gutter="│ ")
+        if item.kind == "progress":
+            return self._lines(tag, progress_line(item))
         if item.kind == "other":
             extra = f" {item.text}" if item.text is not None else ""
             return self._lines(tag, f"[{labels['unknownKind']}: {item.envelope_kind}]{extra}")

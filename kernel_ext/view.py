@@ -108,15 +108,19 @@ def labels_for(locale: str = "zh") -> dict[str, str]:
 @dataclass(frozen=True, slots=True)
 class Item:
     """One rendered block of a task: ``kind`` is ``thinking``, ``tool_call``, ``text``,
-    ``tool_output_append`` or ``other`` (an unknown envelope kind, named in
+    ``tool_output_append``, ``progress`` or ``other`` (an unknown envelope kind, named in
     ``envelope_kind``). ``text`` is the payload's text (``None`` for ``tool_call``, and for
-    ``other`` without a string ``payload.text``); ``tool`` the tool name of a ``tool_call``."""
+    ``other`` without a string ``payload.text``; for ``progress`` its ``message``, else its
+    ``text``, else ``None``); ``tool`` the tool name of a ``tool_call``; ``progress`` and
+    ``total`` a ``progress`` item's numbers (``None`` when not a finite number)."""
 
     kind: str
     seq: int
     text: str | None = None
     tool: str | None = None
     envelope_kind: str | None = None
+    progress: float | None = None
+    total: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The item in the vector format."""
@@ -124,6 +128,14 @@ class Item:
             return {"kind": "thinking", "seq": self.seq, "text": self.text, "folded": True}
         if self.kind == "tool_call":
             return {"kind": "tool_call", "seq": self.seq, "tool": self.tool}
+        if self.kind == "progress":
+            return {
+                "kind": "progress",
+                "seq": self.seq,
+                "progress": self.progress,
+                "total": self.total,
+                "text": self.text,
+            }
         if self.kind == "other":
             return {
                 "kind": "other",
@@ -296,6 +308,17 @@ def _str_or_none(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _number_or_none(value: object) -> float | None:
+    """A finite JSON number as it is, else ``None`` (an integer too large for a double is
+    not finite to a JavaScript renderer either)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:
+        return None
+
+
 def _item_of(parsed: _Parsed) -> Item:
     payload = parsed.payload
     kind, seq = parsed.kind, parsed.seq
@@ -307,6 +330,15 @@ def _item_of(parsed: _Parsed) -> Item:
             None,
         )
         return Item("tool_call", seq, tool=tool)
+    if kind == "progress":
+        message = _str_or_none(payload.get("message"))
+        return Item(
+            "progress",
+            seq,
+            text=message if message is not None else _str_or_none(payload.get("text")),
+            progress=_number_or_none(payload.get("progress")),
+            total=_number_or_none(payload.get("total")),
+        )
     return Item("other", seq, text=_str_or_none(payload.get("text")), envelope_kind=kind)
 
 

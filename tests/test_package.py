@@ -11,7 +11,16 @@ import pytest
 
 import kernel_ext
 
-HEAVY = ("socketio", "engineio", "aiohttp", "wrapt", "opentelemetry.sdk", "redis", "uvicorn")
+HEAVY = (
+    "socketio",
+    "engineio",
+    "aiohttp",
+    "wrapt",
+    "opentelemetry.sdk",
+    "redis",
+    "uvicorn",
+    "mcp",
+)
 
 
 def imported_after(statement: str) -> list[str]:

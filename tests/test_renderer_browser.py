@@ -177,6 +177,39 @@ def test_tool_call_is_one_line_with_name_and_start_marker(page: Any) -> None:
     assert line.bounding_box()["height"] < 30
 
 
+def test_progress_blocks_are_one_bar_showing_the_latest_report(page: Any) -> None:
+    feed(
+        page,
+        snapshot(),
+        block(1, "progress", {"progress": 1, "total": 4, "message": "page 1 of 4"}),
+        block(3, "progress", {"progress": 3, "total": 4, "message": "<b>page</b> 3 of 4"}),
+        block(2, "progress", {"progress": 2, "total": 4, "message": "page 2 of 4"}),
+    )
+    bars = pane(page).locator(".kx-progress")
+    assert bars.count() == 1  # a run of progress blocks is one bar
+    bar = bars.locator("progress.kx-progress-bar")
+    assert bar.evaluate("node => [node.value, node.max, node.position]") == [3, 4, 0.75]
+    assert bars.locator(".kx-progress-count").inner_text() == "3/4 · 75%"
+    assert bars.locator(".kx-progress-text").inner_text() == "<b>page</b> 3 of 4"  # as text
+    assert bars.locator("b").count() == 0
+    assert bars.first.bounding_box()["height"] < 30  # one line
+    # Another kind in between starts a new bar; no total: indeterminate, the count alone.
+    feed(page, block(4, "text", {"text": "between"}), block(5, "progress", {"progress": 7}))
+    assert bars.count() == 2
+    second = bars.nth(1)
+    assert second.locator("progress").evaluate("node => node.position") == -1  # indeterminate
+    assert second.locator(".kx-progress-count").inner_text() == "7"
+    # Over the total: clamped; the terminal pins the answer.
+    feed(
+        page,
+        block(6, "progress", {"progress": 12, "total": 10}),
+        block(7, "text", {"text": "crawled 4 pages"}, state="done"),
+    )
+    assert second.locator("progress").evaluate("node => [node.value, node.max]") == [10, 10]
+    assert second.locator(".kx-progress-count").inner_text() == "12/10 · 100%"
+    assert pane(page).locator(".kx-final-text").inner_text() == "crawled 4 pages"
+
+
 def test_final_answer_is_pinned_on_top_and_stream_marked_ended(page: Any) -> None:
     feed(
         page,

@@ -157,10 +157,27 @@ def test_printer_shows_unknown_kinds_neutrally() -> None:
     out = io.StringIO()
     printer = TailPrinter(out)
     printer.block(block(1, "chart", {"series": [1]}))
-    printer.block(block(2, "progress", {"text": "50%"}))
+    printer.block(block(2, "gauge", {"text": "50%"}))
     assert lines_of(out)[1:] == [
         "[00f067aa] [未知类型: chart]",
-        "[00f067aa] [未知类型: progress] 50%",
+        "[00f067aa] [未知类型: gauge] 50%",
+    ]
+
+
+def test_printer_draws_each_progress_block_as_a_bar_line() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out)
+    printer.block(block(1, "progress", {"progress": 3.0, "total": 10, "message": "page 3"}))
+    printer.block(block(2, "progress", {"progress": 2.5, "total": 4}))
+    printer.block(block(3, "progress", {"progress": 12, "total": 10, "message": "over"}))
+    printer.block(block(4, "progress", {"progress": 7, "message": "no total"}))
+    printer.block(block(5, "progress", {"progress": -1, "total": 0, "text": "\x1b[2Jx"}))
+    assert lines_of(out)[1:] == [
+        "[00f067aa] ▕███░░░░░░░▏ 3/10 · 30% page 3",
+        "[00f067aa] ▕██████░░░░▏ 2.5/4 · 62%",
+        "[00f067aa] ▕██████████▏ 12/10 · 100% over",
+        "[00f067aa] ▕··········▏ 7 no total",
+        "[00f067aa] ▕··········▏ -1 \\x1b[2Jx",
     ]
 
 

@@ -32,6 +32,7 @@ REQUIRED = {
     "huge_text",
     "html_text",
     "invalid_input",
+    "progress",
 }
 
 

@@ -4,6 +4,8 @@
   ``kernel-ext[pydantic-ai]``, Python ≥ 3.11).
 * :mod:`kernel_ext.integrations.langchain` — targets for LangChain tools and LangGraph's
   ``ToolNode`` (extra ``kernel-ext[langchain]``).
+* :mod:`kernel_ext.integrations.mcp` — ``call_mcp_tool``: an MCP tool call's progress as
+  blocks (extra ``kernel-ext[mcp]``).
 
 Each integration is imported explicitly; importing this package imports none of them.
 """

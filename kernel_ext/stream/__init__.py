@@ -20,9 +20,9 @@ Guarantees of :meth:`StreamHub.publish` (and the module-level :func:`kernel_ext.
   ``conversation_id`` argument. No room → dropped (``no_room``). A running block without a
   callId is not sent (``unattributed``); a terminal without one goes out with ``callId: null``.
 * A stream is one (callId, taskId); ``task_id=None`` means the callId (a local block). A
-  ``str`` item becomes a pseudo-envelope whose ``seq`` comes from the stream's counter,
-  strictly increasing; ``done`` text goes to ``payload.text``, ``aborted`` text to
-  ``payload.message``.
+  ``str`` item becomes a pseudo-envelope, a :class:`Progress` a ``progress`` envelope, each
+  with a ``seq`` from the stream's counter, strictly increasing; ``done`` text goes to
+  ``payload.text``, ``aborted`` text to ``payload.message``.
 * T4: at most ``max_running_per_second`` running blocks per stream in any window of one
   second (a strict sliding window); over it the newest block is dropped (``throttled``). A
   terminal is never throttled, never queued behind dropped blocks, and sent exactly once per
@@ -51,7 +51,13 @@ Counts (:mod:`.counts`: admitted, delivered, dropped by reason) are in
 
 from __future__ import annotations
 
-from kernel_ext.stream.consumer import HubConsumer, Outgoing, OutgoingBlock, OutgoingChatEvent
+from kernel_ext.stream.consumer import (
+    HubConsumer,
+    Outgoing,
+    OutgoingBlock,
+    OutgoingChatEvent,
+    Progress,
+)
 from kernel_ext.stream.counts import UNFLUSHED
 from kernel_ext.stream.hub import (
     ATTR_BLOCKS_ADMITTED,
@@ -81,6 +87,7 @@ __all__ = [
     "Outgoing",
     "OutgoingBlock",
     "OutgoingChatEvent",
+    "Progress",
     "PublishItem",
     "PublishState",
     "StreamHub",

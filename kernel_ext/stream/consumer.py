@@ -7,7 +7,7 @@ an :class:`OutgoingBlock` (the block's wire dict, valid and within the size boun
 
 * a running text block is the protocol's pseudo-envelope (:func:`kernel_ext.protocol.text_block`);
   an envelope (object or mapping) is validated and passed through; a nested tool call
-  becomes a ``tool_call`` envelope;
+  becomes a ``tool_call`` envelope; a :class:`Progress` a ``progress`` envelope;
 * over the size bound, payload strings are cut with the marker
   (:func:`kernel_ext.protocol.encode_wire`); a running block that cannot be built is dropped
   (``invalid`` / ``too_large``, counted on its call); a terminal that cannot be built is
@@ -58,6 +58,7 @@ __all__ = [
     "Outgoing",
     "OutgoingBlock",
     "OutgoingChatEvent",
+    "Progress",
     "QueueItem",
     "ToolCallItem",
     "build",
@@ -75,10 +76,10 @@ CHAT_EVENT_STATE = "chat_event"
 QueueItem = tuple[str, "str | None", str, str, int, Any, int]
 """One thing published and not yet taken by the sender: ``(room, call_id, task_id, state,
 ts_ns, item, seq)`` — ``state`` is ``running | done | aborted | chat_event``; ``item`` a str,
-an Envelope, an envelope mapping, a :class:`ToolCallItem` or a chat event; ``seq`` the
-stream's seq for a caller-made envelope (0 for the peer's own). A plain tuple, always
-unpacked by these names: a named tuple costs the publishing path about a sixth more
-(instruction counts under callgrind)."""
+an Envelope, an envelope mapping, a :class:`ToolCallItem`, a :class:`Progress` or a chat
+event; ``seq`` the stream's seq for a caller-made envelope (0 for the peer's own). A plain
+tuple, always unpacked by these names: a named tuple costs the publishing path about a sixth
+more (instruction counts under callgrind)."""
 
 
 class ToolCallItem(NamedTuple):
@@ -86,6 +87,32 @@ class ToolCallItem(NamedTuple):
 
     tool_name: str
     call_id: str
+
+
+class Progress(NamedTuple):
+    """A progress report to publish: built into a ``progress`` envelope whose seq is the
+    stream's own counter (like a text block's), with ``payload`` ``{progress, total,
+    message}`` — ``total`` and ``message`` only when given, an integral float as an int
+    (``3.0`` → ``3``). A non-finite number makes the block invalid (dropped, counted)."""
+
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+    def payload(self) -> dict[str, Any]:
+        """The envelope's payload (docs/protocol.md, kind ``progress``)."""
+        payload: dict[str, Any] = {"progress": _integral(self.progress)}
+        if self.total is not None:
+            payload["total"] = _integral(self.total)
+        if self.message is not None:
+            payload["message"] = self.message
+        return payload
+
+
+def _integral(number: float) -> float:
+    if isinstance(number, float) and number.is_integer():
+        return int(number)
+    return number
 
 
 @dataclass(slots=True)
@@ -227,6 +254,15 @@ def _wire(
             "status": "running",
             "payload": {"toolName": item.tool_name, "name": item.tool_name, "callId": item.call_id},
         }
+    elif isinstance(item, Progress):
+        envelope = {
+            "v": PROTOCOL_VERSION,
+            "kind": "progress",
+            "streamKey": task_id,
+            "seq": seq,
+            "status": "running",
+            "payload": item.payload(),
+        }
     elif isinstance(item, Envelope):
         envelope = item.model_dump(by_alias=True, mode="json")
     elif isinstance(item, Mapping):
@@ -235,7 +271,7 @@ def _wire(
         envelope = text_block(call_id, task_id, state, ts, seq, item)["envelope"]
     else:
         raise DecodeError(
-            f"invalid item: expected Envelope, mapping or str, got {type(item).__name__}"
+            f"invalid item: expected Envelope, mapping, Progress or str, got {type(item).__name__}"
         )
     wire = {
         "v": PROTOCOL_VERSION,

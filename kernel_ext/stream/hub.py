@@ -27,6 +27,7 @@ from kernel_ext.stream.consumer import (
     CHAT_EVENT_STATE,
     HubConsumer,
     Outgoing,
+    Progress,
     QueueItem,
     ToolCallItem,
     take,
@@ -76,7 +77,7 @@ ATTR_CALL_ID_PATH = "kernel_ext.call_id.path"
 ATTR_STREAMS = "kernel_ext.stream.streams"
 
 PublishState = Literal["running", "done", "aborted"]
-PublishItem = Envelope | Mapping[str, Any] | str
+PublishItem = Envelope | Mapping[str, Any] | Progress | str
 
 _current_tool_call = _CURRENT_CALL.get  # kernel_ext.current_tool_call without its call
 _time_ns = time.time_ns
@@ -225,7 +226,9 @@ class StreamHub:
                                 return
                     if not self._admit(stream, now):
                         return
-                    if item.__class__ is str:  # a pseudo-envelope: its seq is the stream's
+                    # A caller-made envelope (a pseudo-envelope, a progress report): its
+                    # seq is the stream's.
+                    if item.__class__ is str or item.__class__ is Progress:
                         seq = stream.seq = stream.seq + 1
                     else:
                         seq = 0

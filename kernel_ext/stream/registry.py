@@ -51,9 +51,10 @@ def publish(
     ``item``: an :class:`~kernel_ext.protocol.Envelope` or envelope mapping (passed
     through; a mapping is validated off the hot path, invalid → dropped, counted
     ``invalid``), or a ``str`` (running → pseudo-envelope text, done → ``payload.text``,
-    aborted → ``payload.message``). ``task_id`` ``None`` → the callId. ``provisional``
-    (``done``/``aborted`` only): the stream's terminal if its call ends before anything
-    else ends the stream. Never raises, never blocks.
+    aborted → ``payload.message``), or a :class:`~kernel_ext.stream.Progress` (running
+    only: a ``progress`` envelope with the stream's seq). ``task_id`` ``None`` → the
+    callId. ``provisional`` (``done``/``aborted`` only): the stream's terminal if its call
+    ends before anything else ends the stream. Never raises, never blocks.
     """
     hub = _default_hub
     if hub is None:

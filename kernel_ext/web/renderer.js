@@ -76,6 +76,10 @@ function strOrNull(value) {
   return typeof value === "string" ? value : null;
 }
 
+function numberOrNull(value) {
+  return typeof value === "number" && Number.isFinite(value) ? value : null;
+}
+
 // A2A data parts carry every number as a float: 3.0 is accepted as 3 (in JS they are equal).
 function seqOf(value) {
   if (typeof value !== "number" || !Number.isInteger(value) || value < 0) return null;
@@ -114,6 +118,16 @@ function itemOf(parsed) {
     }
     return Object.freeze({ kind, seq, tool });
   }
+  if (kind === "progress") {
+    const message = strOrNull(get(payload, "message"));
+    return Object.freeze({
+      kind,
+      seq,
+      progress: numberOrNull(get(payload, "progress")),
+      total: numberOrNull(get(payload, "total")),
+      text: message !== null ? message : strOrNull(get(payload, "text")),
+    });
+  }
   return Object.freeze({ kind: "other", seq, envelopeKind: kind, text: strOrNull(get(payload, "text")) });
 }
 
@@ -123,6 +137,8 @@ function itemJson(item) {
       return { kind: "thinking", seq: item.seq, text: item.text, folded: true };
     case "tool_call":
       return { kind: "tool_call", seq: item.seq, tool: item.tool };
+    case "progress":
+      return { kind: "progress", seq: item.seq, progress: item.progress, total: item.total, text: item.text };
     case "other":
       return { kind: "other", envelopeKind: item.envelopeKind, seq: item.seq, text: item.text };
     default:
@@ -471,6 +487,10 @@ const STYLE = `
 .kx-marker { color: #8250df; }
 .kx-tool-start { color: #6e7781; }
 .kx-output { background: #0d1117; color: #e6edf3; font: 12px/1.4 ui-monospace, monospace; padding: 6px 8px; border-radius: 4px; max-height: 14em; overflow: auto; white-space: pre-wrap; overflow-wrap: anywhere; }
+.kx-progress { display: flex; gap: 8px; align-items: center; font-size: 13px; color: #57606a; }
+.kx-progress-bar { flex: 0 0 12em; height: 0.8em; }
+.kx-progress-count { font: 12px ui-monospace, monospace; white-space: nowrap; }
+.kx-progress-text { overflow-wrap: anywhere; }
 .kx-other { color: #6e7781; font-size: 13px; }
 .kx-other-kind { font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
 .kx-empty, .kx-end { color: #6e7781; font-size: 12px; text-align: center; }
@@ -497,12 +517,15 @@ function atBottom(node) {
   return node.scrollHeight - node.scrollTop - node.clientHeight <= 4;
 }
 
-// Runs of consecutive thinking / tool_output_append items render as one segment each.
+// Runs of consecutive thinking / tool_output_append / progress items render as one segment
+// each (a run of progress items as one bar showing the latest).
+const RUN_KINDS = new Set(["thinking", "tool_output_append", "progress"]);
+
 function segmentsOf(items) {
   const segments = [];
   for (const item of items) {
     const last = segments[segments.length - 1];
-    const runs = item.kind === "thinking" || item.kind === "tool_output_append";
+    const runs = RUN_KINDS.has(item.kind);
     if (runs && last && last.kind === item.kind) {
       last.items.push(item);
       continue;
@@ -526,6 +549,24 @@ function placeChildren(parent, nodes) {
     const current = parent.children[index];
     if (current !== node) parent.insertBefore(node, current || null);
   });
+}
+
+// A progress bar shows the latest report of its run: determinate when the total is a
+// positive number (value clamped to [0, total]), indeterminate otherwise.
+function fillProgress(node, item) {
+  const [bar, count, text] = node.children;
+  const { progress, total } = item;
+  if (progress !== null && total !== null && total > 0) {
+    bar.max = total;
+    bar.value = Math.min(Math.max(progress, 0), total);
+    count.textContent = `${progress}/${total} · ${Math.floor((100 * bar.value) / total)}%`;
+  } else {
+    bar.removeAttribute("value");
+    count.textContent = progress === null ? "" : String(progress);
+  }
+  text.textContent = item.text === null ? "" : item.text;
+  node.dataset.progress = progress === null ? "" : String(progress);
+  node.dataset.total = total === null ? "" : String(total);
 }
 
 class PaneView {
@@ -648,6 +689,11 @@ class PaneView {
       }
       case "text":
         return el(doc, "p", "kx-text", first.text);
+      case "progress": {
+        const node = el(doc, "div", "kx-progress");
+        node.append(el(doc, "progress", "kx-progress-bar"), el(doc, "span", "kx-progress-count"), el(doc, "span", "kx-progress-text"));
+        return node;
+      }
       default: {
         const node = el(doc, "div", "kx-other");
         node.append(el(doc, "span", "kx-other-kind", `[${labels.unknownKind}: ${first.envelopeKind}]`));
@@ -662,6 +708,8 @@ class PaneView {
       const body = node.lastChild;
       placeChildren(body, []);
       for (const item of segment.items) body.appendChild(el(this.doc, "p", null, item.text));
+    } else if (segment.kind === "progress") {
+      fillProgress(node, segment.items[segment.items.length - 1]);
     } else if (segment.kind === "tool_output_append") {
       const follow = node.isConnected ? atBottom(node) : true;
       node.textContent = segment.items.map((item) => item.text).join("");

@@ -10,8 +10,8 @@ export interface Envelope {
   /** envelope version, 1 (an integer, at least 1) */
   v?: number;
   /**
-   * thinking, tool_call, text, tool_output_append, or any other kind, kept as it is (1 to 64
-   * characters)
+   * thinking, tool_call, text, tool_output_append, progress, or any other kind, kept as it is (1 to
+   * 64 characters)
    */
   kind: string;
   /** the peer's stream; the task id in a pseudo-envelope (at most 512 characters) */
@@ -92,6 +92,18 @@ export interface ToolOutputAppendPayload {
   [key: string]: unknown;
 }
 
+/**
+ * `progress`: a progress bar. `progress` so far out of `total` (absent when the total is unknown:
+ * an indeterminate bar), and a `message` shown with it (an MCP server's `notifications/progress`,
+ * through :mod:`kernel_ext.integrations.mcp`).
+ */
+export interface ProgressPayload {
+  progress?: number;
+  total?: number;
+  message?: string;
+  [key: string]: unknown;
+}
+
 /** The payload of a `done` block: the final answer. */
 export interface DonePayload {
   text: string;
@@ -128,12 +140,19 @@ export interface ToolOutputAppendEnvelope extends Envelope {
   payload?: ToolOutputAppendPayload;
 }
 
+/** An envelope of the known kind `progress`. */
+export interface ProgressEnvelope extends Envelope {
+  kind: "progress";
+  payload?: ProgressPayload;
+}
+
 /** An envelope of one of the known kinds; any other kind is an `Envelope`. */
 export type KnownEnvelope =
   | ThinkingEnvelope
   | ToolCallEnvelope
   | TextEnvelope
-  | ToolOutputAppendEnvelope;
+  | ToolOutputAppendEnvelope
+  | ProgressEnvelope;
 export type KnownKind = KnownEnvelope["kind"];
 
 /** A `running` block: progress of its stream. */
