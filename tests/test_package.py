@@ -12,6 +12,7 @@ import pytest
 import kernel_ext
 
 HEAVY = ("socketio", "engineio", "aiohttp", "wrapt", "opentelemetry.sdk", "redis", "uvicorn")
+HEAVY += ("agents", "openai")  # the OpenAI Agents SDK: kernel_ext.integrations.openai_agents
 
 
 def imported_after(statement: str) -> list[str]:

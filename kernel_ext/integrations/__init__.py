@@ -2,6 +2,8 @@
 
 * :mod:`kernel_ext.integrations.pydantic_ai` — a pydantic-ai capability (extra
   ``kernel-ext[pydantic-ai]``, Python ≥ 3.11).
+* :mod:`kernel_ext.integrations.openai_agents` — attributed function tools for the OpenAI
+  Agents SDK (extra ``kernel-ext[openai-agents]``).
 
 Each integration is imported explicitly; importing this package imports none of them.
 """
