@@ -394,10 +394,14 @@ async def test_a_broken_describe_hook_leaves_the_call_unattributed_and_is_logged
 async def test_the_sdks_own_trace_is_recorded_beside_the_otel_span(
     tracing: Tracing, sdk_traces: RecordingTraceProcessor
 ) -> None:
-    [seen] = await run_one_call(tracing, RunConfig(group_id="g-1"))
+    app = tracing.provider.get_tracer("app")
+    with app.start_as_current_span("request") as request:
+        [seen] = await run_one_call(tracing, RunConfig(group_id="g-1"))
     [span] = tracing.tool_spans()
     assert seen is not None
     assert seen.call_id == hex_id(span)
+    assert span.parent is not None
+    assert span.parent.span_id == request.get_span_context().span_id  # the current OTel span
     [sdk_trace] = sdk_traces.traces
     assert sdk_trace.export()["group_id"] == "g-1"  # type: ignore[index]
     function_spans = [s for s in sdk_traces.spans if s.span_data.type == "function"]
