@@ -58,6 +58,15 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
 from kernel_ext import _compat, resolve
+from kernel_ext._conventions import (
+    OI_KIND,
+    OI_SESSION,
+    OI_TOOL,
+    OI_TOOL_CALL_ID,
+    OI_TOOL_ID,
+    OI_TOOL_NAME,
+    openinference_tool_name,
+)
 from kernel_ext._telemetry import RareLog
 from kernel_ext.context import _CURRENT_CALL, span_id_hex
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
@@ -76,14 +85,6 @@ TOOL_NAME = "gen_ai.tool.name"
 TOOL_CALL_ID = "gen_ai.tool.call.id"
 CONVERSATION_ID = "gen_ai.conversation.id"
 _SPAN_NAME_PREFIX = "execute_tool "
-# The OpenInference conventions (openinference-semantic-conventions' SpanAttributes and
-# ToolCallAttributes; kernel_ext does not import it): a tool span is one whose kind is TOOL.
-OI_KIND = "openinference.span.kind"
-OI_TOOL = "TOOL"
-OI_TOOL_NAME = "tool.name"
-OI_SESSION = "session.id"
-OI_TOOL_ID = "tool.id"
-OI_TOOL_CALL_ID = "tool_call.id"
 _ENDED_MEMORY = 256
 
 
@@ -371,9 +372,10 @@ class ToolSpanProcessor(SpanProcessor):
         CrewAI writes it after start), ``"<name>.<method>"`` gives ``<name>``, any other
         span name is taken whole (no fault)."""
         name = span.name
-        if name_key is OI_TOOL_NAME and isinstance(name, str) and name.strip():
-            head, dot, _method = name.strip().rpartition(".")
-            return head.strip() if dot and head.strip() else name.strip()
+        if name_key is OI_TOOL_NAME:
+            from_name = openinference_tool_name(name)
+            if from_name is not None:
+                return from_name
         if _named_as_tool(name) and name[len(_SPAN_NAME_PREFIX) :].strip():
             tool_name: str = name[len(_SPAN_NAME_PREFIX) :].strip()
         else:

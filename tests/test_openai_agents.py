@@ -594,3 +594,32 @@ async def test_a_stream_a_failing_tool_left_open_ends_aborted() -> None:
     (_, running), (_, terminal) = records
     assert (running["state"], terminal["state"]) == ("running", "aborted")
     assert running["callId"] == terminal["callId"]
+
+
+async def test_with_openinferences_agents_instrumentation_its_tool_span_is_the_calls_span(
+    tracing: Tracing,
+) -> None:
+    # openinference-instrumentation-openai-agents turns the SDK's function span into an
+    # OpenTelemetry TOOL span, current while the tool runs: the call reuses it (one span,
+    # no spurious nested call).
+    instrumentation = need_module(
+        "openinference.instrumentation.openai_agents",
+        "pip install openinference-instrumentation-openai-agents",
+    )
+    instrumentor = instrumentation.OpenAIAgentsInstrumentor()
+    instrumentor.instrument(tracer_provider=tracing.provider)
+    try:
+        [seen] = await run_one_call(tracing, RunConfig(group_id="g-1"))
+    finally:
+        instrumentor.uninstrument()
+        set_trace_processors([])
+    [tool_span] = [
+        span
+        for span in tracing.spans()
+        if (span.attributes or {}).get("openinference.span.kind") == "TOOL"
+    ]
+    assert tool_span.name == "search"
+    assert seen == ToolCall(hex_id(tool_span), "search", "g-1", "llm-1", None)
+    assert tracing.tool_spans() == []  # no execute_tool span of its own
+    assert tracing.sink.started == []
+    assert {call.call_id for call, _ in tracing.sink.ended} == {hex_id(tool_span)}

@@ -39,6 +39,8 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.trace import Span  # noqa: E402
 
 import kernel_ext  # noqa: E402
+from kernel_ext import ToolCall, ToolDescription, _conventions  # noqa: E402
+from kernel_ext.instrument import tool_call_scope  # noqa: E402
 from kernel_ext.resolve import Resolution, ResolutionPath, resolve_call_id  # noqa: E402
 from kernel_ext.tap import LiveCall, Tap  # noqa: E402
 from kernel_ext.testing import MemoryEmitter  # noqa: E402
@@ -329,3 +331,87 @@ async def test_a_block_published_while_a_crewai_tool_span_runs_carries_its_span_
     assert room == "sess-1"
     assert running["callId"] == hex_id(span) == terminal["callId"]  # type: ignore[arg-type]
     assert (running["state"], terminal["state"]) == ("running", "aborted")
+
+
+# -- a tool call attributed inside an OpenInference tool span reuses it ------------------------
+
+
+def test_a_tool_call_scope_inside_this_calls_openinference_span_reuses_it(
+    tracing: Tracing,
+) -> None:
+    tracer = oi_tracer(tracing.provider)
+    with (
+        using_session("sess-1"),
+        tracer.start_as_current_span(
+            "SearchTool",
+            attributes={
+                KIND: TOOL,
+                SpanAttributes.TOOL_NAME: "search",
+                SpanAttributes.TOOL_ID: "c1",
+            },
+        ) as span,
+        tool_call_scope(
+            ToolDescription("search"), tracer_provider=tracing.provider, sink=tracing.sink
+        ) as call,
+    ):
+        assert call == ToolCall(hex_id(span), "search", "sess-1", "c1", None)  # type: ignore[arg-type]
+    assert [s.name for s in tracing.spans()] == ["SearchTool"]  # no span of its own
+    assert tracing.sink.started == []
+
+
+def test_an_openinference_span_named_after_its_tool_is_reused_without_tool_name(
+    tracing: Tracing,
+) -> None:
+    # The OpenAI Agents SDK instrumentation's function span: kind only, named after the tool.
+    tracer = oi_tracer(tracing.provider)
+    with (
+        tracer.start_as_current_span("search", attributes={KIND: TOOL}) as span,
+        tool_call_scope(
+            ToolDescription("search", "conv-1", "c1"), tracer_provider=tracing.provider
+        ) as call,
+    ):
+        assert call == ToolCall(hex_id(span), "search", "conv-1", "c1", None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "description",
+    [ToolDescription("fetch"), ToolDescription("search", llm_call_id="other")],
+    ids=["other-tool", "other-model-call"],
+)
+def test_an_openinference_span_of_another_call_is_not_reused(
+    tracing: Tracing, description: ToolDescription
+) -> None:
+    tracer = oi_tracer(tracing.provider)
+    with (
+        tracer.start_as_current_span(
+            "SearchTool",
+            attributes={
+                KIND: TOOL,
+                SpanAttributes.TOOL_NAME: "search",
+                SpanAttributes.TOOL_ID: "c1",
+            },
+        ) as span,
+        tool_call_scope(description, tracer_provider=tracing.provider, sink=tracing.sink) as call,
+    ):
+        assert call is not None
+        assert call.call_id != hex_id(span)  # type: ignore[arg-type]
+    [(parent, child)] = tracing.sink.started  # its own span, nested in the other call
+    assert (parent.call_id, child.call_id) == (hex_id(span), call.call_id)  # type: ignore[arg-type]
+
+
+def test_kernel_exts_names_are_the_conventions_own() -> None:
+    assert (
+        SpanAttributes.OPENINFERENCE_SPAN_KIND,
+        OpenInferenceSpanKindValues.TOOL.value,
+        SpanAttributes.TOOL_NAME,
+        SpanAttributes.SESSION_ID,
+        SpanAttributes.TOOL_ID,
+        ToolCallAttributes.TOOL_CALL_ID,
+    ) == (
+        _conventions.OI_KIND,
+        _conventions.OI_TOOL,
+        _conventions.OI_TOOL_NAME,
+        _conventions.OI_SESSION,
+        _conventions.OI_TOOL_ID,
+        _conventions.OI_TOOL_CALL_ID,
+    )

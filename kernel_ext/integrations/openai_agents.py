@@ -15,9 +15,11 @@ For each call the runner makes of such a tool it
   the SDK trace the run belongs to, e.g. ``with trace(..., group_id=...)``; none: the
   enclosing call's, if any) and the model's call id (``ToolContext.tool_call_id``); a hook
   that returns ``None`` leaves that call alone;
-* reuses the current span when it is this call's ``execute_tool`` span, else starts one
-  with the GenAI attributes (the SDK's own tracing is not OpenTelemetry, so there is
-  usually none to reuse);
+* reuses the current span when it is this call's tool span, else starts one with the
+  GenAI attributes: the SDK's own tracing is not OpenTelemetry, but with
+  openinference-instrumentation-openai-agents the SDK's function span becomes an
+  OpenTelemetry ``TOOL`` span, current while the tool runs, and that one is reused (one
+  span per call, no nested call reported);
 * sets :func:`kernel_ext.current_tool_call` while the tool's code runs, and writes the
   sink's ``call_attributes(call_id)`` on the span before the call returns.
 
