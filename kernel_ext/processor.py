@@ -2,13 +2,22 @@
 
 :class:`ToolSpanProcessor` watches tool spans, whoever opened them (the kernel_ext
 instrumentor, pydantic-ai's instrumentation, any framework that follows the GenAI
-semantic conventions). A span is a tool span when its ``gen_ai.operation.name`` attribute
-is ``execute_tool`` at start, or, lacking that attribute, when its name starts with
-``"execute_tool "``.
+semantic conventions, and the OpenInference instrumentations). A span is a tool span when,
+at start, its ``gen_ai.operation.name`` attribute is ``execute_tool``; or, lacking that
+attribute, its ``openinference.span.kind`` attribute is ``TOOL``; or, lacking both, its
+name starts with ``"execute_tool "``.
 
 * ``on_start``: the call enters the tap (call id = the span id as 16 lower-case hex digits,
-  tool name from ``gen_ai.tool.name``, conversation from ``gen_ai.conversation.id``, else
-  inherited from the enclosing live tool call). The enclosing call is the parent span when
+  tool name from ``gen_ai.tool.name``, conversation from ``gen_ai.conversation.id``, the
+  model's call id from ``gen_ai.tool.call.id``; for an OpenInference span ``tool.name``,
+  ``session.id`` and ``tool.id`` or else ``tool_call.id``, the names OpenInference's own
+  GenAI conversion maps; a conversation not given is inherited from the enclosing live tool
+  call). An OpenInference tool span without ``tool.name`` at start (DSPy never writes it,
+  CrewAI's tool wrapper writes it after start) is named from its span name:
+  ``"<name>.<method>"`` gives ``<name>``, another span name is taken whole. Attributes set
+  after start are not seen (the SDK calls no processor when they change): LlamaIndex's
+  instrumentation writes the span kind only when the span ends, so its tool spans never
+  enter the tap. The enclosing call is the parent span when
   that is a live tool span, else the active call of the contextvar (a tool that runs an
   agent that runs tools). A tool span that starts under a live tool call (a nested call) is
   reported to the sink: ``sink.tool_call_started(parent, child)``.
@@ -31,7 +40,8 @@ fault                      outcome
 ``duplicate_start``        the second start is ignored
 ``ended_twice``            the second end is ignored (recently ended spans are remembered)
 ``end_without_start``      the call is rebuilt from the ended span and the sink is told, so
-                           streams of an evicted call still get their terminal
+                           streams of an evicted call still get their terminal (also each
+                           LlamaIndex tool span: its kind is only there at its end)
 ``sink_error``             the sink's exception is swallowed
 ``internal_error``         anything else: swallowed
 =========================  =================================================================
@@ -48,6 +58,15 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
 from kernel_ext import _compat, resolve
+from kernel_ext._conventions import (
+    OI_KIND,
+    OI_SESSION,
+    OI_TOOL,
+    OI_TOOL_CALL_ID,
+    OI_TOOL_ID,
+    OI_TOOL_NAME,
+    openinference_tool_name,
+)
 from kernel_ext._telemetry import RareLog
 from kernel_ext.context import _CURRENT_CALL, span_id_hex
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
@@ -118,14 +137,30 @@ class ToolSpanProcessor(SpanProcessor):
                 context = span.context
                 parent_span = span.parent
                 start_time = span.start_time
-            # Is it a tool span, and its id? Written out again in on_end on purpose: a shared
-            # helper would cost every span (tool or not) a Python call on this hot path.
+            # Is it a tool span (of which convention), and its id? Written out again in on_end
+            # on purpose: a shared helper would cost every span (tool or not) a Python call on
+            # this hot path. A span with a GenAI operation pays one lookup, as before; one
+            # without pays one more (the OpenInference kind) before its name is read.
             operation = get(OPERATION)
             if operation is None:
-                if not _named_as_tool(span.name):
+                kind = get(OI_KIND)
+                if kind is None:
+                    name = span.name  # _named_as_tool(), inline
+                    if name.__class__ is not str or not name.startswith(_SPAN_NAME_PREFIX):
+                        return
+                    name_key, conversation_key, call_id_key = (
+                        TOOL_NAME,
+                        CONVERSATION_ID,
+                        TOOL_CALL_ID,
+                    )
+                elif kind == OI_TOOL:
+                    name_key, conversation_key, call_id_key = OI_TOOL_NAME, OI_SESSION, OI_TOOL_ID
+                else:
                     return
             elif operation != EXECUTE_TOOL:
                 return
+            else:
+                name_key, conversation_key, call_id_key = TOOL_NAME, CONVERSATION_ID, TOOL_CALL_ID
             span_id = (
                 context[1]  # type: ignore[index]
                 if context.__class__ is _INDEXED_CONTEXT
@@ -142,15 +177,22 @@ class ToolSpanProcessor(SpanProcessor):
                 if call_id is None:
                     self._rare("invalid_span_id", "tool span %r has no valid span id", span.name)
                     return
-            tool_name = get(TOOL_NAME)
+            tool_name = get(name_key)
             if tool_name.__class__ is not str or not tool_name:
-                tool_name = self._text(tool_name, TOOL_NAME) or self._name_from_span(span)
-            conversation_id = get(CONVERSATION_ID)
+                tool_name = self._text(tool_name, name_key) or self._name_from_span(span, name_key)
+            conversation_id = get(conversation_key)
             if conversation_id.__class__ is not str or not conversation_id:
-                conversation_id = self._text(conversation_id, CONVERSATION_ID)
-            llm_call_id = get(TOOL_CALL_ID)
+                conversation_id = (
+                    None
+                    if conversation_id is None
+                    else self._text(conversation_id, conversation_key)
+                )
+            llm_call_id = get(call_id_key)
+            if llm_call_id is None and call_id_key is OI_TOOL_ID:
+                call_id_key = OI_TOOL_CALL_ID  # OpenInference's other name for it
+                llm_call_id = get(call_id_key)
             if llm_call_id.__class__ is not str or not llm_call_id:
-                llm_call_id = self._text(llm_call_id, TOOL_CALL_ID)
+                llm_call_id = None if llm_call_id is None else self._text(llm_call_id, call_id_key)
 
             tap = self.tap
             parent: LiveCall | None = None
@@ -211,7 +253,12 @@ class ToolSpanProcessor(SpanProcessor):
             # As in on_start (kept twice on purpose: the hot path).
             operation = get(OPERATION)
             if operation is None:
-                if not _named_as_tool(span.name):
+                kind = get(OI_KIND)
+                if kind is None:
+                    name = span.name  # _named_as_tool(), inline
+                    if name.__class__ is not str or not name.startswith(_SPAN_NAME_PREFIX):
+                        return
+                elif kind != OI_TOOL:
                     return
             elif operation != EXECUTE_TOOL:
                 return
@@ -282,11 +329,18 @@ class ToolSpanProcessor(SpanProcessor):
                 call_id,
             )
             parent_span = span.parent
+            if get(OPERATION) is None and get(OI_KIND) == OI_TOOL:
+                name_key, conversation_key, call_id_key = OI_TOOL_NAME, OI_SESSION, OI_TOOL_ID
+            else:
+                name_key, conversation_key, call_id_key = TOOL_NAME, CONVERSATION_ID, TOOL_CALL_ID
+            llm_call_id = self._text(get(call_id_key), call_id_key)
+            if llm_call_id is None and call_id_key is OI_TOOL_ID:
+                llm_call_id = self._text(get(OI_TOOL_CALL_ID), OI_TOOL_CALL_ID)
             call = LiveCall(
                 call_id,
-                self._text(get(TOOL_NAME), TOOL_NAME) or self._name_from_span(span),
-                self._text(get(CONVERSATION_ID), CONVERSATION_ID),
-                self._text(get(TOOL_CALL_ID), TOOL_CALL_ID),
+                self._text(get(name_key), name_key) or self._name_from_span(span, name_key),
+                self._text(get(conversation_key), conversation_key),
+                llm_call_id,
                 _hex_span_id(parent_span.span_id) if parent_span is not None else None,
                 span.start_time or 0,
             )
@@ -311,8 +365,17 @@ class ToolSpanProcessor(SpanProcessor):
         )
         return None
 
-    def _name_from_span(self, span: ReadableSpan) -> str:
+    def _name_from_span(self, span: ReadableSpan, name_key: str) -> str:
+        """The tool name of a tool span without a usable ``name_key`` attribute, from its
+        span name: ``"execute_tool <name>"`` (GenAI), else ``"unknown"`` (a fault); for an
+        OpenInference span, where a missing ``tool.name`` is usual (DSPy never writes it,
+        CrewAI writes it after start), ``"<name>.<method>"`` gives ``<name>``, any other
+        span name is taken whole (no fault)."""
         name = span.name
+        if name_key is OI_TOOL_NAME:
+            from_name = openinference_tool_name(name)
+            if from_name is not None:
+                return from_name
         if _named_as_tool(name) and name[len(_SPAN_NAME_PREFIX) :].strip():
             tool_name: str = name[len(_SPAN_NAME_PREFIX) :].strip()
         else:
@@ -321,7 +384,7 @@ class ToolSpanProcessor(SpanProcessor):
             "no_tool_name",
             "tool span %r has no %s attribute; using %r",
             name,
-            TOOL_NAME,
+            name_key,
             tool_name,
         )
         return tool_name

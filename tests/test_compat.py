@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import re
 
 import pytest
 import socketio
-from network import RedisServer
+from network import RedisServer, need_module
 from timing import wait_until
 
 from kernel_ext import _compat
@@ -115,3 +116,31 @@ async def test_emit_tags_reach_the_channel_inside_the_emit_message(
         await pubsub.aclose()
         await subscriber.aclose()
         await manager.redis.aclose()
+
+
+def test_openai_agents_copies_a_function_tool_through_its_invokers_bind_hook() -> None:
+    # kernel_ext.integrations.openai_agents answers this hook so that a copy of an
+    # attributed tool (copy.copy, tool_namespace()) stays attributed.
+    agents = need_module("agents", "pip install openai-agents")
+    bound: list[object] = []
+
+    class Invoker:
+        async def __call__(self, context: object, arguments: str) -> str:
+            return arguments
+
+        def __agents_bind_function_tool__(self, tool: object) -> Invoker:
+            bound.append(tool)
+            return Invoker()
+
+    tool = agents.FunctionTool(
+        name="probe",
+        description="probe",
+        params_json_schema={"type": "object", "properties": {}, "additionalProperties": False},
+        on_invoke_tool=Invoker(),
+    )
+    assert bound == [tool]  # on construction
+    invoker = tool.on_invoke_tool
+    copied = copy.copy(tool)
+    assert bound == [tool, copied]
+    assert isinstance(copied.on_invoke_tool, Invoker)
+    assert copied.on_invoke_tool is not invoker

@@ -20,6 +20,8 @@ HEAVY = (
     "redis",
     "uvicorn",
     "mcp",
+    "agents",  # the OpenAI Agents SDK: kernel_ext.integrations.openai_agents
+    "openai",
 )
 
 

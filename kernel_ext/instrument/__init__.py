@@ -11,8 +11,10 @@ Around each call it
    (``gen_ai.operation.name``, ``gen_ai.tool.name``, ``gen_ai.tool.call.id``,
    ``gen_ai.conversation.id``): it *reuses* the current span when the runtime already opened
    the ``execute_tool`` span of this call (same tool name, and same ``gen_ai.tool.call.id``
-   when both are known, and not the span of the enclosing active call), and starts an
-   ``INTERNAL`` span otherwise;
+   when both are known, and not the span of the enclosing active call) — or an
+   OpenInference ``TOOL`` span of this call (tool name from ``tool.name``, else its span
+   name; call id from ``tool.id``/``tool_call.id``) — and starts an ``INTERNAL`` span
+   otherwise;
 3. sets the contextvar (:func:`kernel_ext.current_tool_call`) for the duration, with the
    enclosing active call as ``parent``;
 4. before the call returns, writes the sink's ``call_attributes(call_id)`` onto the span

@@ -5,7 +5,10 @@ contextvar, from the call's start to its end.
 
 1. it *reuses* the current span when the runtime already opened the ``execute_tool`` span
    of this call (same tool name, and same ``gen_ai.tool.call.id`` when both are known, and
-   not the span of the enclosing active call), and starts an ``INTERNAL`` span with the
+   not the span of the enclosing active call) — or an OpenInference ``TOOL`` span of this
+   call (tool name from ``tool.name``, else its span name; call id from ``tool.id`` or
+   ``tool_call.id``; conversation, when the description has none, from ``session.id``) —
+   and starts an ``INTERNAL`` span with the
    GenAI attributes (``gen_ai.operation.name``, ``gen_ai.tool.name``,
    ``gen_ai.tool.call.id``, ``gen_ai.conversation.id``) otherwise;
 2. the :class:`ActiveCall` makes that span current and the call active (the contextvar,
@@ -41,6 +44,15 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
+from kernel_ext._conventions import (
+    OI_KIND,
+    OI_SESSION,
+    OI_TOOL,
+    OI_TOOL_CALL_ID,
+    OI_TOOL_ID,
+    OI_TOOL_NAME,
+    openinference_tool_name,
+)
 from kernel_ext._telemetry import RareLog
 from kernel_ext._version import __version__
 from kernel_ext.context import (
@@ -307,11 +319,17 @@ def begin(
     else:
         span_attributes = getattr(span, "attributes", None) or {}
         if conversation_id is None:
-            conversation_id = _str_or_none(span_attributes.get(CONVERSATION_ID))
+            conversation_id = _str_or_none(span_attributes.get(CONVERSATION_ID)) or _str_or_none(
+                span_attributes.get(OI_SESSION)
+            )
             if conversation_id is None and parent is not None:
                 conversation_id = parent.conversation_id
         if llm_call_id is None:
-            llm_call_id = _str_or_none(span_attributes.get(TOOL_CALL_ID))
+            llm_call_id = (
+                _str_or_none(span_attributes.get(TOOL_CALL_ID))
+                or _str_or_none(span_attributes.get(OI_TOOL_ID))
+                or _str_or_none(span_attributes.get(OI_TOOL_CALL_ID))
+            )
     span_context = span.get_span_context()
     call: ToolCall | None = None
     if span_context.is_valid:
@@ -339,18 +357,30 @@ def begin(
 
 
 def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:
-    """Is ``span`` the ``execute_tool`` span the runtime opened for this very call?"""
+    """Is ``span`` the tool span the runtime opened for this very call: a GenAI
+    ``execute_tool`` span, or an OpenInference ``TOOL`` span (its tool name from
+    ``tool.name``, else its span name; its model call id from ``tool.id``/``tool_call.id``)?"""
     if not span.is_recording():  # no span, or one we cannot read
         return False
     attributes = getattr(span, "attributes", None)
-    if not attributes or attributes.get(OPERATION) != EXECUTE_TOOL:
+    if not attributes:
+        return False
+    operation = attributes.get(OPERATION)
+    if operation == EXECUTE_TOOL:
+        span_tool_name = attributes.get(TOOL_NAME)
+        span_llm_call_id = attributes.get(TOOL_CALL_ID)
+    elif operation is None and attributes.get(OI_KIND) == OI_TOOL:
+        span_tool_name = attributes.get(OI_TOOL_NAME) or openinference_tool_name(
+            getattr(span, "name", None)
+        )
+        span_llm_call_id = attributes.get(OI_TOOL_ID) or attributes.get(OI_TOOL_CALL_ID)
+    else:
         return False
     if parent is not None and parent.call_id == span_id_hex(span.get_span_context().span_id):
         return False  # the enclosing call's span: this is a nested call
-    span_llm_call_id = attributes.get(TOOL_CALL_ID)
     if description.llm_call_id is not None and span_llm_call_id is not None:
         return bool(span_llm_call_id == description.llm_call_id)
-    return bool(attributes.get(TOOL_NAME) == description.tool_name)
+    return bool(span_tool_name == description.tool_name)
 
 
 def begin_described(

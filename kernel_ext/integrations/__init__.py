@@ -6,6 +6,8 @@
   ``ToolNode`` (extra ``kernel-ext[langchain]``).
 * :mod:`kernel_ext.integrations.mcp` — ``call_mcp_tool``: an MCP tool call's progress as
   blocks (extra ``kernel-ext[mcp]``).
+* :mod:`kernel_ext.integrations.openai_agents` — attributed function tools for the OpenAI
+  Agents SDK (extra ``kernel-ext[openai-agents]``).
 
 Each integration is imported explicitly; importing this package imports none of them.
 """

@@ -1,0 +1,209 @@
+"""OpenAI Agents SDK integration: each function tool call's code sees its own call in the
+contextvar.
+
+Give the agent attributed copies of its function tools::
+
+    from agents import Agent
+    from kernel_ext.integrations.openai_agents import attributed_tools
+
+    agent = Agent(name="kernel", tools=attributed_tools([ask_colleague, lookup]))
+
+For each call the runner makes of such a tool it
+
+* describes the call (:func:`describe_tool_call`, or the ``describe`` hook given): the
+  tool's name, the conversation (the run's ``RunConfig.group_id``, else the ``group_id`` of
+  the SDK trace the run belongs to, e.g. ``with trace(..., group_id=...)``; none: the
+  enclosing call's, if any) and the model's call id (``ToolContext.tool_call_id``); a hook
+  that returns ``None`` leaves that call alone;
+* reuses the current span when it is this call's tool span, else starts one with the
+  GenAI attributes: the SDK's own tracing is not OpenTelemetry, but with
+  openinference-instrumentation-openai-agents the SDK's function span becomes an
+  OpenTelemetry ``TOOL`` span, current while the tool runs, and that one is reused (one
+  span per call, no nested call reported);
+* sets :func:`kernel_ext.current_tool_call` while the tool's code runs, and writes the
+  sink's ``call_attributes(call_id)`` on the span before the call returns.
+
+Where: the tool's ``FunctionTool.on_invoke_tool`` (the public field the runner awaits in
+the task that runs the tool's code). ``RunHooks``/``AgentHooks.on_tool_start`` cannot do
+it: the runner awaits those hooks in tasks of their own (``gather``) and only then creates
+the task that invokes the tool, so a contextvar a hook sets never reaches the tool
+(docs/contracts.md, checked by tests/test_openai_agents.py). Each tool call of a model turn
+runs in a task of its own (concurrently, up to ``ToolExecutionConfig.max_function_tool_
+concurrency``), and ``@function_tool`` runs a sync function in a worker thread with a copy
+of the context: each sees its own call. A tool with ``timeout_seconds`` runs in one more
+task, inside the scope too; a timeout cancels it and the call ends cancelled (its streams
+``aborted``). A tool's exception is caught by the SDK's own invoker, inside ours, and
+turned into the model-visible error text, as without kernel_ext: the call ends without an
+error, and a stream the tool left open still gets its ``aborted`` terminal when the call
+ends. A tool declared to take a plain ``RunContextWrapper`` (a hand-made ``FunctionTool``)
+is handed no ``ToolContext`` by the SDK: its calls have no model call id, and their
+conversation comes from the SDK trace only. A describe hook that raises, or returns
+something other than a :class:`~kernel_ext.ToolDescription`, leaves the call unattributed
+(logged).
+
+The attributed tool's invoker is a proxy of the SDK's (wrapt): what the runner reads from
+its invoker (its type, the argument preparation of approvals, the sync marker, its
+signature) reads through to the SDK's own. The one private name it relies on is the
+invoker's ``__agents_bind_function_tool__`` hook, which the SDK calls when a ``FunctionTool``
+is copied (``copy.copy``, ``tool_namespace()``): the proxy answers it, so a copy of an
+attributed tool stays attributed (contract test in tests/test_compat.py).
+
+MCP server tools (``Agent(mcp_servers=...)``) are made anew by the runner each turn and are
+not attributed; nor are hosted tools, which do not run here.
+
+Requires openai-agents ≥ 0.24 (Python ≥ 3.10).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import wrapt
+from agents import FunctionTool, RunContextWrapper, Tool
+from agents.tool_context import ToolContext
+from agents.tracing import get_current_trace
+from opentelemetry.trace import TracerProvider
+
+from kernel_ext._telemetry import RareLog
+from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
+from kernel_ext.instrument._call import begin_described, tracer_of
+from kernel_ext.tap import CallSink
+
+__all__ = ["AgentsDescribe", "attributed_tool", "attributed_tools", "describe_tool_call"]
+
+_rare = RareLog(logging.getLogger(__name__))
+
+AgentsDescribe = Callable[
+    ["ToolContext[Any] | RunContextWrapper[Any]", FunctionTool], "ToolDescription | None"
+]
+"""``describe(context, tool)``: the :class:`~kernel_ext.ToolDescription` of one call of
+``tool`` (``context`` is what the runner passes the tool: a ``ToolContext``, or a plain
+``RunContextWrapper`` for a tool declared to take one), or ``None`` to leave the call
+alone. Runs once per call, in the call's task."""
+
+
+def describe_tool_call(
+    context: ToolContext[Any] | RunContextWrapper[Any], tool: FunctionTool
+) -> ToolDescription:
+    """The default describe hook (see the module docstring): tool name, conversation
+    (``RunConfig.group_id``, else the current SDK trace's ``group_id``) and the model's call
+    id, from the ``ToolContext`` (the tool's own name when the context is a plain
+    ``RunContextWrapper``)."""
+    tool_name = tool.name
+    llm_call_id: str | None = None
+    group_id: str | None = None
+    if isinstance(context, ToolContext):
+        tool_name = context.tool_name or tool_name
+        llm_call_id = context.tool_call_id or None
+        if context.run_config is not None:
+            group_id = context.run_config.group_id or None
+    if group_id is None:
+        trace_group = getattr(get_current_trace(), "group_id", None)
+        group_id = trace_group if isinstance(trace_group, str) and trace_group else None
+    return ToolDescription(tool_name, group_id, llm_call_id)
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    describe: AgentsDescribe
+    sink: CallSink | None
+    tracer_provider: TracerProvider | None
+
+    def sink_of(self) -> CallSink | None:
+        return self.sink if self.sink is not None else ToolRuntimeInstrumentor().sink
+
+
+if TYPE_CHECKING:
+    _Proxy = wrapt.ObjectProxy[Any]
+else:  # wrapt < 2 has no subscriptable ObjectProxy
+    _Proxy = wrapt.ObjectProxy
+
+
+class _AttributedInvoker(_Proxy):
+    """``on_invoke_tool`` of an attributed tool: the SDK's invoker behind a proxy, called
+    inside the call's attribution (module docstring)."""
+
+    def __init__(self, invoker: Any, tool: FunctionTool, options: _Options) -> None:
+        super().__init__(invoker)
+        self._self_tool = tool
+        self._self_options = options
+
+    async def __call__(self, context: Any, arguments: str) -> Any:
+        options = self._self_options
+        tool = self._self_tool
+        active = begin_described(
+            tracer_of(options.tracer_provider),
+            lambda instance, args, kwargs: options.describe(context, tool),
+            _rare,
+            options.sink_of,
+            None,
+            (),
+            {},
+        )
+        if active is None:
+            return await self.__wrapped__(context, arguments)
+        with active:
+            return await self.__wrapped__(context, arguments)
+
+    def __agents_bind_function_tool__(self, function_tool: FunctionTool) -> _AttributedInvoker:
+        """The SDK's copy hook: bind the SDK's invoker to the copy, and stay around it."""
+        bind = getattr(self.__wrapped__, "__agents_bind_function_tool__", None)
+        invoker = bind(function_tool) if callable(bind) else self.__wrapped__
+        if invoker is self.__wrapped__ and function_tool is self._self_tool:
+            return self
+        return _AttributedInvoker(invoker, function_tool, self._self_options)
+
+
+def attributed_tool(
+    tool: FunctionTool,
+    *,
+    describe: AgentsDescribe | None = None,
+    sink: CallSink | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> FunctionTool:
+    """A copy of ``tool`` whose calls are attributed (the module docstring); ``tool`` itself
+    is left as it was. A tool that is already attributed is attributed anew with these
+    arguments (not twice).
+
+    Args:
+        describe: the describe hook (default :func:`describe_tool_call`).
+        sink: where ``call_attributes`` come from; ``None`` uses the sink attached to
+            :class:`kernel_ext.instrument.ToolRuntimeInstrumentor` (the plugin attaches the
+            stream hub there), read at each call's end.
+        tracer_provider: for the span started when there is none to reuse (default: the
+            global provider).
+
+    Raises:
+        TypeError: ``tool`` is not a ``FunctionTool``.
+    """
+    if not isinstance(tool, FunctionTool):
+        raise TypeError(f"attributed_tool() takes a FunctionTool, got {type(tool).__name__}")
+    options = _Options(describe or describe_tool_call, sink, tracer_provider)
+    attributed = copy.copy(tool)  # the SDK's __copy__: its invoker is bound to the copy
+    invoker = attributed.on_invoke_tool
+    if isinstance(invoker, _AttributedInvoker):
+        invoker = invoker.__wrapped__
+    attributed.on_invoke_tool = _AttributedInvoker(invoker, attributed, options)
+    return attributed
+
+
+def attributed_tools(
+    tools: Iterable[Tool],
+    *,
+    describe: AgentsDescribe | None = None,
+    sink: CallSink | None = None,
+    tracer_provider: TracerProvider | None = None,
+) -> list[Tool]:
+    """:func:`attributed_tool` of each ``FunctionTool`` in ``tools`` (agents as tools,
+    ``agent.as_tool()``, are ones); other tools (hosted tools, computer, shell) are passed
+    through unchanged, in order."""
+    return [
+        attributed_tool(tool, describe=describe, sink=sink, tracer_provider=tracer_provider)
+        if isinstance(tool, FunctionTool)
+        else tool
+        for tool in tools
+    ]
