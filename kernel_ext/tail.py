@@ -17,11 +17,12 @@ Peer text is never trusted with the terminal: control characters (escape sequenc
 carriage returns, C1 controls) and bidirectional overrides are printed as visible escapes.
 Messages about the connection go to stderr, so stdout holds only the stream.
 
-Exit codes: 1 when the relay cannot be reached (the message says why: the host does not
-resolve, nothing listens on the port, no answer, or a server that is not a Socket.IO
-relay), refuses the connection (e.g. a bad token) or refuses the join; 2 for a bad command
-line (one line); 130 after Ctrl-C (SIGINT), 143 after SIGTERM, with no traceback; 0 when
-stdout is closed (a pipe into ``head``).
+Exit codes: 2 for a command line that cannot be used — a bad option, or a ``--url`` where
+no relay can be reached at start (the one line says why: the host does not resolve,
+nothing listens on the port, no answer, or a server that is not a Socket.IO relay), as the
+other commands treat a ``--host``/``--port`` they cannot serve on; 1 when the relay refuses
+the connection (e.g. a bad token) or the join; 130 after Ctrl-C (SIGINT), 143 after
+SIGTERM, with no traceback; 0 when stdout is closed (a pipe into ``head``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from kernel_ext._cli import (
+    EXIT_USAGE,
     STOP_SIGNALS,
     exit_code_after,
     http_url,
@@ -274,9 +276,9 @@ async def follow(
 ) -> int:
     """Join ``conversation_id``'s room at ``url`` and feed ``printer`` until cancelled.
 
-    Returns :data:`EXIT_FAILED` (after a one-line message on ``err``) when the relay cannot
-    be reached within ``timeout`` seconds, refuses the connection or refuses the join; 0
-    when the printer's output is closed. On a dropped connection it reconnects and joins
+    Returns 2 (after a one-line message on ``err``) when no relay can be reached at ``url``
+    within ``timeout`` seconds, :data:`EXIT_FAILED` when it refuses the connection or the
+    join; 0 when the printer's output is closed. On a dropped connection it reconnects and joins
     again (the relay forgets rooms with the old connection). Cancelling it disconnects.
     """
     import socketio
@@ -334,7 +336,7 @@ async def follow(
     if never_resolves(host):
         reason = f"the host name {host!r} does not resolve (no name under .invalid does)"
         say(f"cannot connect to {url}: {reason}")
-        return EXIT_FAILED
+        return EXIT_USAGE
     try:
         try:
             await sio.connect(
@@ -351,6 +353,7 @@ async def follow(
                 say(f"the relay at {url} refused the connection: {reason}{hint}")
             else:
                 say(f"cannot connect to {url}: {await _why_unreachable(url, timeout, exc)}")
+                return EXIT_USAGE
             return EXIT_FAILED
         try:
             ack = await join()

@@ -183,7 +183,7 @@ def test_a_host_that_is_not_this_machines_is_one_line_and_exit_2() -> None:
 @pytest.mark.timeout(120)
 def test_tail_against_a_dead_relay_says_it_could_not_connect_to_the_url() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    line = one_line(kernel_ext("tail", "--url", url, "--conversation", "c"), 1)
+    line = one_line(kernel_ext("tail", "--url", url, "--conversation", "c"), 2)
     assert line.startswith(f"kernel-ext tail: cannot connect to {url}: "), line
     assert "nothing is listening on 127.0.0.1:" in line
     assert "ssl" not in line
@@ -192,7 +192,7 @@ def test_tail_against_a_dead_relay_says_it_could_not_connect_to_the_url() -> Non
 @pytest.mark.timeout(120)
 def test_tail_against_a_host_that_does_not_resolve_says_so() -> None:
     url = "http://nosuchhost.invalid:8765"
-    line = one_line(kernel_ext("tail", "--url", url, "--conversation", "c"), 1)
+    line = one_line(kernel_ext("tail", "--url", url, "--conversation", "c"), 2)
     assert line.startswith(f"kernel-ext tail: cannot connect to {url}: "), line
     assert "the host name 'nosuchhost.invalid' does not resolve" in line
 
