@@ -26,7 +26,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
         sys.stdout.write(declarations())
         return 0
-    from kernel_ext.protocol import block_json_schema
+    from kernel_ext.schema import block_json_schema
 
     json.dump(block_json_schema(), sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")

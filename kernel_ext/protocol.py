@@ -88,7 +88,6 @@ __all__ = [
     "Block",
     "BlockState",
     "Envelope",
-    "block_json_schema",
     "block_size",
     "decode",
     "decode_envelope",
@@ -571,10 +570,21 @@ def text_block(
     }
 
 
-def block_json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a block as it appears on the wire, in standard
-    keywords only (:func:`kernel_ext.schema.block_json_schema`, which says what JSON Schema
-    cannot express)."""
-    from kernel_ext.schema import block_json_schema as build
+# Names that moved out of this module, and their homes. The schema's home is
+# kernel_ext.schema: it reads this module's models, so this module must not import it.
+_MOVED = {"block_json_schema": "kernel_ext.schema"}
 
-    return build()
+
+def __getattr__(name: str) -> Any:
+    home = _MOVED.get(name)
+    if home is None:
+        raise AttributeError(f"module 'kernel_ext.protocol' has no attribute {name!r}")
+    import importlib
+    import warnings
+
+    warnings.warn(
+        f"kernel_ext.protocol.{name} moved: import it from {home}",
+        DeprecationWarning,
+        stacklevel=2,
+    )
+    return getattr(importlib.import_module(home), name)

@@ -1,5 +1,8 @@
 """``kernel-ext tail``: follow a conversation's tool calls live in the terminal, like ``tail -f``.
 
+(About 530 lines in one module on purpose: the printer and the connection loop are the one
+command, and every line either writes is escaped by the same rule, :func:`clean`.)
+
 It joins the conversation's room on the ``/chat`` relay (docs/contracts.md: connect with
 ``auth={"token": T}`` when a token is given, then ``join_conversation`` with an
 acknowledgement) and prints what arrives, with the semantics of :mod:`kernel_ext.view`:

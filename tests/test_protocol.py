@@ -18,7 +18,6 @@ from kernel_ext.protocol import (
     MAX_PAYLOAD_DEPTH,
     Block,
     Envelope,
-    block_json_schema,
     block_size,
     decode,
     decode_envelope,
@@ -28,6 +27,7 @@ from kernel_ext.protocol import (
     pseudo_envelope,
     terminal_envelope,
 )
+from kernel_ext.schema import block_json_schema
 
 CALL_ID = "00f067aa0ba902b7"
 

@@ -26,13 +26,8 @@ from test_protocol import CALL_ID, nested, wire_block
 from test_vectors import VECTOR_FILES, load
 
 from kernel_ext.errors import BlockTooLargeError, DecodeError
-from kernel_ext.protocol import (
-    DEFAULT_MAX_BLOCK_BYTES,
-    MAX_PAYLOAD_DEPTH,
-    block_json_schema,
-    decode,
-)
-from kernel_ext.schema import DRAFT, NOT_EXPRESSIBLE
+from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, MAX_PAYLOAD_DEPTH, decode
+from kernel_ext.schema import DRAFT, NOT_EXPRESSIBLE, block_json_schema
 from kernel_ext.web import DECLARATIONS, asset_path
 from kernel_ext.web.typescript import declarations
 

@@ -1,5 +1,8 @@
 """``kernel-ext demo``: start the whole path as separate processes, watch them, stop them.
 
+(About 510 lines in one module on purpose: starting, watching and stopping the children share
+one process table and one exit path, which is what its no-orphans guarantee rests on.)
+
 Processes (each ``sys.executable -m …``, output to a log file in a temporary directory):
 
 * two colleagues (:mod:`kernel_ext.demo.colleague`), on free ports of 127.0.0.1;

@@ -1,5 +1,8 @@
 // kernel_ext detail-pane renderer: the tool_event_stream rendering semantics for browsers.
 //
+// (About 790 lines in one file on purpose: pages import it as one ES module with no build
+// step, and the store and its DOM view change together.)
+//
 // An ES module with no dependencies and no build step. Two parts:
 //
 //   * PaneStore — applies the spec's semantics (group by callId, order each task's blocks by
