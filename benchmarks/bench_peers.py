@@ -23,10 +23,18 @@ same 64-character string, and a consumer drains every event into a no-op countin
   the event loop, as kernel_ext's here), and a plain ``def`` tool under the synchronous
   ``graph.stream``; the better of the two is LangGraph's best case, and both are held
   against the target.
-* **pydantic-ai**: an ``Agent`` on ``TestModel`` whose async tool awaits
-  ``ctx.emit(<CustomEvent subclass>)`` per event (``RunContext.emit`` exists under that name in
-  pydantic-ai-slim 2.68; it must be awaited, so sync tools cannot emit), consumed by an
-  ``event_stream_handler`` that iterates the events.
+* **OpenAI Agents SDK** (``benchmarks/peer_openai_agents.py``): the SDK gives a function tool
+  no way to stream progress (``Runner.run_streamed`` carries the model's stream and items the
+  runner makes, ``tool_output`` once the tool has returned; ``ToolContext`` has no emit), so
+  there is no like-for-like path and no ratio. Reported as information instead, both in the
+  real ``Runner.run`` on a no-network ``Model``: kernel_ext's per-event cost from an async
+  function tool attributed with ``attributed_tools`` (a contender in the rounds below, same
+  sender), and the SDK's own cost per function tool call (rounds of their own: a turn of
+  ``1 + CALLS`` no-op calls minus a turn of one, divided by ``CALLS``).
+* **pydantic-ai** (``benchmarks/peer_pydantic_ai.py``): an ``Agent`` on ``TestModel`` whose
+  async tool awaits ``ctx.emit(<CustomEvent subclass>)`` per event (``RunContext.emit`` exists
+  under that name in pydantic-ai-slim 2.68; it must be awaited, so sync tools cannot emit),
+  consumed by an ``event_stream_handler`` that iterates the events.
 
 A round times every contender once with the burst and once with zero events (in rotating
 order, so drift hits all alike); the per-event cost of a round is
@@ -40,7 +48,7 @@ whichever contender triggers it, 15 µs per event in that round); each trial sta
 ``gc.collect()``, and the garbage a contender makes during its trial is collected and
 counted as usual. The time spent inside the tool's emit loop, per event, is reported too
 (information: the caller-side part of the end-to-end cost). Target: kernel_ext faster than
-every peer (ratio < 1).
+every peer that has a streaming path (ratio < 1).
 
 What reaches the sink differs, and the figures include it: kernel_ext's sender gets a
 finished wire block (callId resolved from the contextvar, taskId, per-stream seq, ts, the
@@ -62,6 +70,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import peer_openai_agents as agents_sdk
+import peer_pydantic_ai
 from opentelemetry.sdk.trace import TracerProvider
 
 from kernel_ext import ToolDescription
@@ -255,55 +265,6 @@ def _langgraph_trials() -> dict[str, Trial] | str:
     )
 
 
-# -- pydantic-ai --------------------------------------------------------------------------
-
-
-def _pydantic_ai_trial() -> Trial | str:
-    """The pydantic-ai contender, or why it cannot run."""
-    try:
-        from pydantic_ai import Agent, CustomEvent, RunContext
-        from pydantic_ai.models.test import TestModel
-    except ImportError as exc:
-        return f"pydantic-ai not installed ({exc.name}); install the `pydantic-ai` extra"
-
-    @dataclasses.dataclass(kw_only=True)
-    class Progress(CustomEvent):
-        text: str
-
-    agent: Any = Agent(TestModel(call_tools=["emit_events"]))
-    wanted: dict[str, int] = {"n": 0}
-    box: dict[str, float] = {}
-
-    async def emit_events(ctx: RunContext[None], n: int) -> str:
-        """Emit the wanted number of custom events."""
-        emit = ctx.emit
-        start = time.perf_counter()
-        for _ in range(wanted["n"]):
-            await emit(Progress(text=PAYLOAD))
-        box["in_tool"] = time.perf_counter() - start
-        return "final answer"
-
-    emit_events.__annotations__ = {"ctx": RunContext[None], "n": int, "return": str}
-    agent.tool(emit_events)
-
-    async def trial(n: int) -> tuple[float, float, int]:
-        wanted["n"] = n
-        seen = 0
-
-        async def handler(ctx: Any, events: Any) -> None:
-            nonlocal seen
-            async for event in events:
-                if isinstance(event, Progress):
-                    seen += 1
-
-        start = time.perf_counter()
-        await agent.run("go", event_stream_handler=handler)
-        total = time.perf_counter() - start
-        return total, box.pop("in_tool", 0.0), seen
-
-    return trial
-
-
 # -- measuring ----------------------------------------------------------------------------
 
 
@@ -375,7 +336,7 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-async def _run_async(events: int, repeats: int) -> list[dict[str, Any]]:
+async def _run_async(events: int, n_calls: int, repeats: int) -> list[dict[str, Any]]:
     async with KernelExtContender() as ours:
         trials: dict[str, Trial] = {"kernel_ext publish()": ours.trial}
         missing: dict[str, str] = {}
@@ -384,16 +345,22 @@ async def _run_async(events: int, repeats: int) -> list[dict[str, Any]]:
             missing.update(dict.fromkeys(LANGGRAPH, langgraph))
         else:
             trials.update(langgraph)
-        pydantic_ai = _pydantic_ai_trial()
+        pydantic_ai = peer_pydantic_ai.pydantic_ai_trial(PAYLOAD)
         if isinstance(pydantic_ai, str):
             missing["pydantic-ai ctx.emit + event_stream_handler"] = pydantic_ai
         else:
             trials["pydantic-ai ctx.emit + event_stream_handler"] = pydantic_ai
+        agents = agents_sdk.agents_trials(ours, PAYLOAD)
+        calls: dict[str, Measured] = {}
+        if not isinstance(agents, str):  # no like-for-like peer path: info only
+            trials[agents_sdk.PER_EVENT] = agents.per_event
+            calls = await _measure({agents_sdk.PER_CALL: agents.per_call}, n_calls, repeats)
         measured = await _measure(trials, events, repeats)
         dropped = ours.hub.stats()
     if dropped["throttled"] or dropped["queue_full"]:
         raise RuntimeError(f"kernel_ext dropped blocks during the benchmark: {dropped.counts}")
     mine = measured.pop("kernel_ext publish()")
+    in_agents = measured.pop(agents_sdk.PER_EVENT, None)
     figures: list[dict[str, Any]] = []
     for name, theirs in measured.items():
         for clock, ours_us, theirs_us in (
@@ -429,6 +396,8 @@ async def _run_async(events: int, repeats: int) -> list[dict[str, Any]]:
             }
         )
     everyone = {"kernel_ext publish()": mine, **measured}
+    if in_agents is not None:
+        everyone[agents_sdk.PER_EVENT] = in_agents
     for name, m in everyone.items():
         figures.append(
             {
@@ -444,6 +413,7 @@ async def _run_async(events: int, repeats: int) -> list[dict[str, Any]]:
                 ),
             }
         )
+    figures.append(agents_sdk.agents_figure(agents, calls, in_agents, n_calls, repeats))
     figures.append(
         {
             "name": "peer versions (info)",
@@ -453,7 +423,7 @@ async def _run_async(events: int, repeats: int) -> list[dict[str, Any]]:
             "ok": None,
             "detail": ", ".join(
                 f"{dist} {_version(dist)}"
-                for dist in ("langgraph", "langchain-core", "pydantic-ai-slim")
+                for dist in ("langgraph", "langchain-core", "pydantic-ai-slim", "openai-agents")
             ),
         }
     )
@@ -465,7 +435,8 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
     detail (and ``target_text``/``profile`` where they apply)."""
     repeats = QUICK_REPEATS if quick else REPEATS
     events = EVENTS // 2 if quick else EVENTS
-    return asyncio.run(_run_async(events, repeats))
+    n_calls = agents_sdk.QUICK_CALLS if quick else agents_sdk.CALLS
+    return asyncio.run(_run_async(events, n_calls, repeats))
 
 
 def profile_target(name: str) -> Callable[[], object] | None:

@@ -85,6 +85,7 @@ VERSIONED = (
     "langgraph",
     "langchain-core",
     "pydantic-ai-slim",
+    "openai-agents",
     "pyinstrument",
 )
 
