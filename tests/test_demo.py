@@ -491,6 +491,56 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
     assert last_start < first_end
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+async def test_the_agent_remembers_the_last_64_conversations(kernel: str) -> None:
+    """Without colleagues every call returns "no such colleague": no network needed."""
+    _kernel(kernel)
+    from kernel_ext.demo.agent import MAX_CONVERSATIONS, ConversationAgent
+    from kernel_ext.stream import StreamHub
+
+    agent: ConversationAgent
+    remembered: Any
+    if kernel == "langgraph":
+        from kernel_ext.demo.graph_agent import GraphAgent
+
+        graph = agent = GraphAgent([], hub=StreamHub(), lang="en")
+
+        def remembered(room: str) -> int:  # the user's messages in the thread's checkpoint
+            saved = graph.checkpointer.get_tuple({"configurable": {"thread_id": room}})
+            if saved is None:
+                return 0
+            messages = saved.checkpoint["channel_values"]["messages"]
+            return sum(1 for m in messages if m.type == "human")
+
+    else:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from kernel_ext.demo.worker import DemoAgent
+
+        typed = agent = DemoAgent([], TracerProvider(), hub=StreamHub(), lang="en")
+
+        def remembered(room: str) -> int:
+            return sum(
+                1
+                for m in typed._history.get(room, [])
+                for p in m.parts
+                if p.part_kind == "user-prompt"
+            )
+
+    words = wording("en")
+    expected = f"{words.answer_one}\n{words.no_such_colleague.format(key=repr('orders'))}"
+    assert await agent.answer("demo-0", "hello") == expected
+    assert await agent.answer("demo-0", "hello again") == expected
+    assert remembered("demo-0") == 2
+    for n in range(1, MAX_CONVERSATIONS):
+        await agent.answer(f"demo-{n}", "hello")
+    assert remembered("demo-0") == 2  # 64 conversations: all kept
+    await agent.answer(f"demo-{MAX_CONVERSATIONS}", "hello")
+    assert remembered("demo-0") == 0  # the 65th: the least recently answered is forgotten
+    assert remembered("demo-1") == 1
+    assert remembered(f"demo-{MAX_CONVERSATIONS}") == 1
+
+
 # -- the whole demo as a subprocess --------------------------------------------------------
 
 

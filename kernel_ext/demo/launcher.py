@@ -1,6 +1,6 @@
 """``kernel-ext demo``: start the whole path as separate processes, watch them, stop them.
 
-(About 510 lines in one module on purpose: starting, watching and stopping the children share
+(About 525 lines in one module on purpose: starting, watching and stopping the children share
 one process table and one exit path, which is what its no-orphans guarantee rests on.)
 
 Processes (each ``sys.executable -m …``, output to a log file in a temporary directory):
