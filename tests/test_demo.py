@@ -1,5 +1,6 @@
 """``kernel-ext demo``: the scripted agent, the demo relay's browser → worker path, and the
 whole demo as a subprocess (``--headless``, ``--redis``, a child that dies, Ctrl-C/SIGTERM).
+The agent and the headless demo run on each kernel (``--kernel``: pydantic-ai, langgraph).
 
 The agent needs pydantic-ai (Python ≥ 3.11): those tests skip without it; the relay and
 the "needs Python 3.11" message are tested everywhere.
@@ -31,6 +32,7 @@ from kernel_ext.demo import EXIT_UNAVAILABLE, add_arguments, run
 from kernel_ext.demo.script import (
     DEFAULT_BEAT,
     FAST_BEAT,
+    KERNELS,
     LANGS,
     MAX_MESSAGE_CHARS,
     colleagues_for,
@@ -51,6 +53,13 @@ def _pydantic_ai() -> None:
     pytest.importorskip("pydantic_ai", reason=PY_REASON)
 
 
+def _kernel(kernel: str) -> None:
+    """Skip unless the demo can run with its agent on ``kernel`` here."""
+    _pydantic_ai()
+    if kernel == "langgraph":
+        pytest.importorskip("langgraph", reason="--kernel langgraph needs langgraph")
+
+
 # -- what runs everywhere -----------------------------------------------------------------
 
 
@@ -67,6 +76,33 @@ def test_demo_on_python_3_10_exits_with_a_clear_message(monkeypatch: pytest.Monk
     message = err.getvalue()
     assert "Python 3.11 or newer" in message
     assert "3.10.13" in message
+
+
+def test_the_kernel_is_pydantic_ai_by_default_or_langgraph_on_request(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert KERNELS == ("pydantic-ai", "langgraph")
+    assert _args().kernel == "pydantic-ai"
+    assert _args("--kernel", "langgraph").kernel == "langgraph"
+    with pytest.raises(SystemExit):
+        _args("--kernel", "crewai")
+    # Without langgraph (a fault this environment cannot cause: it is installed) the
+    # langgraph kernel says what to install, and the default kernel still runs.
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "langgraph" else real(name, *a),
+    )
+    err = io.StringIO()
+    assert run(_args("--headless", "--kernel", "langgraph"), err=err) == EXIT_UNAVAILABLE
+    assert "kernel-ext demo needs langgraph: install the demo extra" in err.getvalue()
+    from kernel_ext.demo import missing_requirements
+
+    if sys.version_info >= (3, 11):
+        assert missing_requirements() is None
 
 
 @pytest.mark.parametrize("lang", LANGS)
@@ -212,6 +248,26 @@ async def _say(client: socketio.AsyncClient, room: str, text: Any) -> Any:
 
 @pytest.mark.network
 @pytest.mark.timeout(30)
+async def test_health_says_whether_the_agent_is_connected_and_on_which_kernel() -> None:
+    import httpx
+
+    async with _web() as rig, httpx.AsyncClient(timeout=5) as http:
+        health = f"http://127.0.0.1:{rig.port}/demo/health"
+        assert (await http.get(health)).json() == {"agent": False}
+        unsaid = await rig.agent()
+        assert (await http.get(health)).json() == {"agent": True, "kernel": None}
+        await rig.agent(internal=SECRET, role="agent", kernel="crewai")  # not a demo kernel
+        assert (await http.get(health)).json() == {"agent": True, "kernel": None}
+        newest = await rig.agent(internal=SECRET, role="agent", kernel="langgraph")
+        assert (await http.get(health)).json() == {"agent": True, "kernel": "langgraph"}
+        await newest.client.disconnect()  # the agent before it answers again
+        await wait_until(lambda: rig.web.relay.agent_kernel is None, 5, "the agent left")
+        assert (await http.get(health)).json() == {"agent": True, "kernel": None}
+        await unsaid.client.disconnect()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(30)
 async def test_a_joined_browsers_message_reaches_the_agent() -> None:
     async with _web() as rig:
         agent = await rig.agent()
@@ -336,10 +392,14 @@ async def test_with_lang_en_the_page_and_its_words_are_english() -> None:
 
 @pytest.mark.network
 @pytest.mark.timeout(60)
-async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_both() -> None:
-    _pydantic_ai()
+@pytest.mark.parametrize("kernel", KERNELS)
+async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_both(
+    kernel: str,
+) -> None:
+    _kernel(kernel)
     from opentelemetry.sdk.trace import TracerProvider
 
+    from kernel_ext.demo.agent import ConversationAgent
     from kernel_ext.demo.colleague import CARRIER, ORDERS_DESK, demo_peer
     from kernel_ext.demo.script import COLLEAGUES
     from kernel_ext.demo.worker import Colleague, DemoAgent
@@ -357,11 +417,19 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
     ]
     provider = TracerProvider()
     emitter = MemoryEmitter()
-    wired = enable(emitter=emitter, tracer_provider=provider)
+    agent: ConversationAgent
+    if kernel == "langgraph":
+        from kernel_ext.demo.graph_agent import GraphAgent
+        from kernel_ext.integrations.langchain import langchain_targets
+
+        wired = enable(emitter=emitter, tracer_provider=provider, targets=langchain_targets())
+        agent = GraphAgent(colleagues, hub=wired.hub, timeout=30)
+    else:
+        wired = enable(emitter=emitter, tracer_provider=provider)
+        agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=30)
     try:
         async with serve_asgi(peers[0].app, ports[0]), serve_asgi(peers[1].app, ports[1]):
             await emitter.start()
-            agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=30)
             answer = await agent.answer("demo-room", FIRST_QUESTION)
             assert await emitter.flush(5)
     finally:
@@ -421,6 +489,56 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
         for c in calling
     )
     assert last_start < first_end
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+async def test_the_agent_remembers_the_last_64_conversations(kernel: str) -> None:
+    """Without colleagues every call returns "no such colleague": no network needed."""
+    _kernel(kernel)
+    from kernel_ext.demo.agent import MAX_CONVERSATIONS, ConversationAgent
+    from kernel_ext.stream import StreamHub
+
+    agent: ConversationAgent
+    remembered: Any
+    if kernel == "langgraph":
+        from kernel_ext.demo.graph_agent import GraphAgent
+
+        graph = agent = GraphAgent([], hub=StreamHub(), lang="en")
+
+        def remembered(room: str) -> int:  # the user's messages in the thread's checkpoint
+            saved = graph.checkpointer.get_tuple({"configurable": {"thread_id": room}})
+            if saved is None:
+                return 0
+            messages = saved.checkpoint["channel_values"]["messages"]
+            return sum(1 for m in messages if m.type == "human")
+
+    else:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from kernel_ext.demo.worker import DemoAgent
+
+        typed = agent = DemoAgent([], TracerProvider(), hub=StreamHub(), lang="en")
+
+        def remembered(room: str) -> int:
+            return sum(
+                1
+                for m in typed._history.get(room, [])
+                for p in m.parts
+                if p.part_kind == "user-prompt"
+            )
+
+    words = wording("en")
+    expected = f"{words.answer_one}\n{words.no_such_colleague.format(key=repr('orders'))}"
+    assert await agent.answer("demo-0", "hello") == expected
+    assert await agent.answer("demo-0", "hello again") == expected
+    assert remembered("demo-0") == 2
+    for n in range(1, MAX_CONVERSATIONS):
+        await agent.answer(f"demo-{n}", "hello")
+    assert remembered("demo-0") == 2  # 64 conversations: all kept
+    await agent.answer(f"demo-{MAX_CONVERSATIONS}", "hello")
+    assert remembered("demo-0") == 0  # the 65th: the least recently answered is forgotten
+    assert remembered("demo-1") == 1
+    assert remembered(f"demo-{MAX_CONVERSATIONS}") == 1
 
 
 # -- the whole demo as a subprocess --------------------------------------------------------
@@ -532,9 +650,10 @@ def _assert_no_child_left(running: Demo) -> None:
 
 @pytest.mark.network
 @pytest.mark.timeout(120)
-def test_headless_demo_streams_every_call_to_its_terminal_and_exits_0() -> None:
-    _pydantic_ai()
-    with demo("--headless", "--fast", "--time-limit", "60") as running:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_headless_demo_streams_every_call_to_its_terminal_and_exits_0(kernel: str) -> None:
+    _kernel(kernel)
+    with demo("--headless", "--fast", "--kernel", kernel, "--time-limit", "60") as running:
         code = running.finish()
         assert code == 0, "\n".join(running.out + running.err)
         calls = _calls(running.out)

@@ -8,7 +8,8 @@ concurrent calls each streaming into its own pane before any final answer, think
 folded, the final answers pinned on top with the stream marked ended (已结束), and one more
 call filling live after the message. Three ways in:
 
-* over WebSocket (the client starts on long-polling and upgrades), in Chinese (default);
+* over WebSocket (the client starts on long-polling and upgrades), in Chinese (default),
+  with the agent on each kernel (``--kernel pydantic-ai``, the default, and ``langgraph``);
 * behind a proxy that refuses WebSocket upgrades: the client stays on long-polling and the
   page works the same;
 * with ``--lang en``: ``<html lang="en">`` and no Chinese character in the visible text.
@@ -32,7 +33,7 @@ from test_demo import PY_REASON, Demo, demo
 from test_renderer_browser import CJK_FACES
 
 from kernel_ext.demo.colleague import CARRIER, ORDERS_DESK
-from kernel_ext.demo.script import wording
+from kernel_ext.demo.script import DEFAULT_KERNEL, KERNELS, wording
 
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(180)]
 
@@ -170,10 +171,14 @@ def _send_second_question(page: Any, lang: str, ended: str) -> dict[str, Any]:
     return third  # type: ignore[no-any-return]
 
 
-def test_the_page_shows_colleagues_working_live_in_each_calls_pane() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_page_shows_colleagues_working_live_in_each_calls_pane(kernel: str) -> None:
     pytest.importorskip("pydantic_ai", reason=PY_REASON)
+    if kernel == "langgraph":
+        pytest.importorskip("langgraph", reason="--kernel langgraph needs langgraph")
     ARTIFACTS.mkdir(exist_ok=True)
-    with demo("--fast", "--time-limit", "150") as running:
+    shot = "" if kernel == DEFAULT_KERNEL else f"-{kernel}"
+    with demo("--fast", "--kernel", kernel, "--time-limit", "150") as running:
         with demo_page(running) as (page, console):
             assert page.evaluate("document.documentElement.lang") == "zh-CN"
             family = page.evaluate("getComputedStyle(document.body).fontFamily")
@@ -187,14 +192,14 @@ def test_the_page_shows_colleagues_working_live_in_each_calls_pane() -> None:
             first = _check_first_question(page, "zh", "思考中…", "已结束")
             live = page.evaluate("() => window.__kx.liveBeforeFinal")
             assert set(first) <= set(live)  # blocks were on screen before each answer
-            page.screenshot(path=str(ARTIFACTS / "demo.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / f"demo{shot}.png"), full_page=True)
 
             third = _send_second_question(page, "zh", "已结束")
             assert third["callId"] in page.evaluate("() => window.__kx.liveBeforeFinal")
             assert third["callId"] not in first
             assert third["thinking"] == [{"open": False, "summary": "思考中…"}] * 3
             assert page.evaluate(TRANSPORT) == "websocket"
-            page.screenshot(path=str(ARTIFACTS / "demo-after-message.png"), full_page=True)
+            page.screenshot(path=str(ARTIFACTS / f"demo{shot}-after-message.png"), full_page=True)
             assert console.exceptions == []
             assert console.errors == []
         running.proc.send_signal(signal.SIGTERM)

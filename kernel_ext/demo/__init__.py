@@ -1,7 +1,8 @@
 """``kernel-ext demo``: the whole path on one machine.
 
 An agent conversation whose ``ask_colleague`` calls stream their colleague's work live into
-the browser: two A2A colleagues, a pydantic-ai worker instrumented by kernel_ext, and the
+the browser: two A2A colleagues, a worker instrumented by kernel_ext (its agent on
+pydantic-ai, or on LangGraph with ``--kernel langgraph``), and the
 ``/chat`` relay serving a page that shows one node per tool call, each with its live detail
 pane (:mod:`kernel_ext.demo.launcher` for what runs and what is guaranteed).
 
@@ -18,7 +19,14 @@ import sys
 from typing import TextIO
 
 from kernel_ext._cli import port, positive_seconds, seconds
-from kernel_ext.demo.script import DEFAULT_BEAT, DEFAULT_LANG, FAST_BEAT, LANGS
+from kernel_ext.demo.script import (
+    DEFAULT_BEAT,
+    DEFAULT_KERNEL,
+    DEFAULT_LANG,
+    FAST_BEAT,
+    KERNELS,
+    LANGS,
+)
 
 __all__ = ["EXIT_UNAVAILABLE", "add_arguments", "missing_requirements", "run"]
 
@@ -30,17 +38,22 @@ _NEEDED = {
     "uvicorn": "uvicorn",
     "starlette": "starlette",
 }
+_NEEDED_BY_KERNEL = {
+    "langgraph": {"langgraph": "langgraph", "langchain_core": "langchain-core"},
+}
 
 
-def missing_requirements() -> str | None:
-    """Why the demo cannot run on this interpreter, or ``None`` when it can."""
+def missing_requirements(kernel: str = DEFAULT_KERNEL) -> str | None:
+    """Why the demo cannot run on this interpreter with its agent on ``kernel``, or
+    ``None`` when it can."""
     if sys.version_info < (3, 11):
         version = ".".join(str(n) for n in sys.version_info[:3])
         return (
             f"kernel-ext demo needs Python 3.11 or newer (its agent uses pydantic-ai, which "
             f"requires 3.11); this is Python {version}. The library itself works here."
         )
-    missing = [dist for module, dist in _NEEDED.items() if importlib.util.find_spec(module) is None]
+    needed = {**_NEEDED, **_NEEDED_BY_KERNEL.get(kernel, {})}
+    missing = [dist for module, dist in needed.items() if importlib.util.find_spec(module) is None]
     if missing:
         return (
             f"kernel-ext demo needs {', '.join(missing)}: install the demo extra, "
@@ -76,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"the page's, the agent's and the colleagues' language ({DEFAULT_LANG}, the "
         "spec's; en: English)",
     )
+    parser.add_argument(
+        "--kernel",
+        choices=KERNELS,
+        default=DEFAULT_KERNEL,
+        help=f"the agent's kernel ({DEFAULT_KERNEL}; langgraph: a LangGraph graph with "
+        "ToolNode, instrumented through kernel_ext.integrations.langchain)",
+    )
     pace = parser.add_mutually_exclusive_group()
     pace.add_argument(
         "--step-delay",
@@ -97,7 +117,7 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
     """Run ``kernel-ext demo`` with parsed ``args``; returns the exit code
     (:data:`EXIT_UNAVAILABLE` when the demo cannot run on this interpreter)."""
     err = err if err is not None else sys.stderr
-    problem = missing_requirements()
+    problem = missing_requirements(args.kernel)
     if problem is not None:
         err.write(problem + "\n")
         return EXIT_UNAVAILABLE
@@ -118,5 +138,6 @@ def run(args: argparse.Namespace, err: TextIO | None = None) -> int:
         time_limit=time_limit,
         step_delay=step_delay,
         lang=args.lang,
+        kernel=args.kernel,
     )
     return launch(options, err=err)

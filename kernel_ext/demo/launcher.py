@@ -1,13 +1,14 @@
 """``kernel-ext demo``: start the whole path as separate processes, watch them, stop them.
 
-(About 510 lines in one module on purpose: starting, watching and stopping the children share
+(About 525 lines in one module on purpose: starting, watching and stopping the children share
 one process table and one exit path, which is what its no-orphans guarantee rests on.)
 
 Processes (each ``sys.executable -m …``, output to a log file in a temporary directory):
 
 * two colleagues (:mod:`kernel_ext.demo.colleague`), on free ports of 127.0.0.1;
 * the web process (:mod:`kernel_ext.demo.web`) on ``--host``/``--port``;
-* the worker (:mod:`kernel_ext.demo.worker`), connected to the web process.
+* the worker (:mod:`kernel_ext.demo.worker`), connected to the web process, its agent on
+  ``--kernel`` (pydantic-ai, or LangGraph: :mod:`kernel_ext.demo.graph_agent`).
 
 Guarantees:
 
@@ -16,7 +17,8 @@ Guarantees:
   died (then the demo stops the others and exits 1, showing the end of that child's log).
   On Linux each child also gets SIGTERM if the demo process itself is killed outright.
   Children run in their own sessions, so a terminal's Ctrl-C reaches the demo only.
-* The URL is printed once every process is ready (colleagues listening, agent connected).
+* The URL is printed once every process is ready (colleagues listening, the agent
+  connected and running on ``--kernel``, as the web process's ``/demo/health`` says).
 * ``--headless``: one scripted conversation (the questions of
   :func:`kernel_ext.demo.script.wording` in ``--lang``), sent over ``/chat`` as a browser
   would, printed as ``kernel-ext tail --lang`` prints (plus the user's and the agent's
@@ -53,7 +55,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kernel_ext._cli import EXIT_USAGE, CommandLineError, exit_code_after, listen
-from kernel_ext.demo.script import COLLEAGUES, DEFAULT_BEAT, DEFAULT_LANG, wording
+from kernel_ext.demo.script import COLLEAGUES, DEFAULT_BEAT, DEFAULT_KERNEL, DEFAULT_LANG, wording
 from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.tail import TailPrinter, clean
 
@@ -208,10 +210,12 @@ async def _listening(port: int) -> bool:
     return True
 
 
-async def _agent_connected(client: Any, url: str) -> bool:
+async def _agent_connected(client: Any, url: str, kernel: str) -> bool:
+    """Whether the worker's agent is connected, on ``kernel``."""
     try:
         response = await client.get(url + "/demo/health")
-        return bool(response.status_code == 200 and response.json().get("agent") is True)
+        health = response.json()
+        return bool(response.status_code == 200 and health == {"agent": True, "kernel": kernel})
     except Exception:
         return False
 
@@ -369,6 +373,7 @@ class Options:
     time_limit: float | None = None
     step_delay: float = DEFAULT_BEAT
     lang: str = DEFAULT_LANG
+    kernel: str = DEFAULT_KERNEL
 
 
 def _url_host(host: str) -> str:
@@ -419,7 +424,7 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
         if options.redis:
             web_args += ["--redis", options.redis]
         supervisor.start("web", "kernel_ext.demo.web", *web_args)
-        worker_args = ["--relay", url, "--lang", options.lang]
+        worker_args = ["--relay", url, "--lang", options.lang, "--kernel", options.kernel]
         for spec, colleague_url in zip(COLLEAGUES, colleague_urls, strict=True):
             worker_args += ["--colleague", f"{spec.key}={colleague_url}"]
         supervisor.start("worker", "kernel_ext.demo.worker", *worker_args)
@@ -436,10 +441,16 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
                 )
             async with httpx.AsyncClient(timeout=2.0) as client:
                 await _until(
-                    supervisor, "the agent", lambda: _agent_connected(client, url), deadline
+                    supervisor,
+                    f"the agent (on {options.kernel})",
+                    lambda: _agent_connected(client, url, options.kernel),
+                    deadline,
                 )
             if options.headless:
-                err.write(f"kernel-ext demo: ready at {url}; running the scripted conversation\n")
+                err.write(
+                    f"kernel-ext demo: ready at {url}, the agent on {options.kernel}; "
+                    "running the scripted conversation\n"
+                )
                 err.flush()
                 return await _converse(url, out, err, options.lang)
             out.write(

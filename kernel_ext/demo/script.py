@@ -13,14 +13,16 @@ same, checked by a test), never copied here.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
     "COLLEAGUES",
     "DEFAULT_BEAT",
+    "DEFAULT_KERNEL",
     "DEFAULT_LANG",
     "FAST_BEAT",
+    "KERNELS",
     "LANGS",
     "LANG_KEY",
     "MAX_MESSAGE_CHARS",
@@ -39,6 +41,12 @@ LANGS: tuple[str, ...] = ("zh", "en")
 
 DEFAULT_LANG = "zh"
 """The spec's language, the default of the page, the colleagues and ``tail``."""
+
+KERNELS: tuple[str, ...] = ("pydantic-ai", "langgraph")
+"""The agent kernels the demo's worker can run (``--kernel``): a pydantic-ai ``Agent``
+(:mod:`kernel_ext.demo.worker`) or a LangGraph graph (:mod:`kernel_ext.demo.graph_agent`)."""
+
+DEFAULT_KERNEL = "pydantic-ai"
 
 DEFAULT_BEAT = 1.2
 """The colleagues' pace by default, in seconds per beat (a step takes 1–2.5 beats): a call
@@ -95,6 +103,12 @@ class Wording:
     def title(self, key: str) -> str:
         """The colleague ``key``'s name in this language (the key itself if unknown)."""
         return self.titles.get(key, key)
+
+    def answer(self, returns: Sequence[str]) -> str:
+        """The scripted model's answer once its tool calls returned ``returns``: an intro
+        (one colleague or several), then each return on its own line."""
+        intro = self.answer_many if len(returns) > 1 else self.answer_one
+        return "\n".join([intro, *returns])
 
 
 WORDING: dict[str, Wording] = {

@@ -10,7 +10,8 @@
   ``AsyncRedisManager``. Browsers must come from the page's own origin.
 * ``/demo/config.json`` — the language, questions, colleagues and page words of
   :mod:`kernel_ext.demo.script`;
-  ``/demo/health`` — ``{"agent": bool}``, whether the worker's agent is connected.
+  ``/demo/health`` — ``{"agent": bool}``, whether the worker's agent is connected, and
+  while it is, ``"kernel"``: the kernel it said it runs on (``--kernel``), else ``null``.
 
 The browser → worker path (the only thing a browser may send besides join/leave):
 a browser that has joined conversation ``C`` emits ``user_message`` ``{conversationId: C,
@@ -47,6 +48,7 @@ from starlette.staticfiles import StaticFiles
 from kernel_ext.demo.script import (
     COLLEAGUES,
     DEFAULT_LANG,
+    KERNELS,
     LANGS,
     MAX_MESSAGE_CHARS,
     USER_MESSAGE_TO_AGENT,
@@ -111,7 +113,8 @@ class DemoRelay(ChatRelay):
     def __init__(self, secret: str, **options: Any) -> None:
         options.setdefault("authorize_join", _join_allowed)
         super().__init__(secret, **options)
-        self._agents: dict[str, None] = {}  # insertion-ordered: the newest agent answers
+        # sid -> the kernel it runs on; insertion-ordered: the newest agent answers
+        self._agents: dict[str, str | None] = {}
         self._browser_sids: set[str] = set()
 
     @property
@@ -119,12 +122,19 @@ class DemoRelay(ChatRelay):
         """Whether an agent's internal connection is up."""
         return bool(self._agents)
 
+    @property
+    def agent_kernel(self) -> str | None:
+        """The kernel the answering agent said it runs on (one of
+        :data:`~kernel_ext.demo.script.KERNELS`), or ``None``."""
+        return next(reversed(self._agents.values())) if self._agents else None
+
     async def on_connect(self, sid: str, environ: Mapping[str, Any], auth: Any = None) -> bool:
         """The relay's checks (a refused connection raises), then note who connected."""
         accepted = await super().on_connect(sid, environ, auth)
         internal = isinstance(auth, Mapping) and "internal" in auth
         if internal and auth.get("role") == "agent":
-            self._agents[sid] = None
+            kernel = auth.get("kernel")
+            self._agents[sid] = kernel if kernel in KERNELS else None
         elif not internal:
             self._browser_sids.add(sid)
         return accepted
@@ -222,7 +232,10 @@ def create_demo_app(
         )
 
     def health(request: Request) -> Response:
-        return JSONResponse({"agent": relay.agent_connected})
+        health: dict[str, Any] = {"agent": relay.agent_connected}
+        if relay.agent_connected:
+            health["kernel"] = relay.agent_kernel
+        return JSONResponse(health)
 
     starlette = Starlette(
         routes=[

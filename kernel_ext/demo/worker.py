@@ -1,4 +1,5 @@
-"""The demo's worker process: a real pydantic-ai agent whose ``ask_colleague`` tool streams
+"""The demo's worker process: a real pydantic-ai agent (or, with ``--kernel langgraph``, a
+LangGraph graph: :mod:`kernel_ext.demo.graph_agent`) whose ``ask_colleague`` tool streams
 each colleague's work, live, into that tool call's detail pane.
 
 * The model is a scripted :class:`~pydantic_ai.models.function.FunctionModel` (no network,
@@ -12,7 +13,8 @@ each colleague's work, live, into that tool call's detail pane.
   ``execute_tool`` span on that provider;
   :class:`~kernel_ext.integrations.pydantic_ai.KernelExtCapability` sets the active tool
   call (callId = that span's id) while the tool runs.
-* :class:`ChatEventCapability` plays the kernel's part: the tool-event snapshot
+* :class:`ChatEventCapability` plays the kernel's part
+  (:func:`kernel_ext.demo.agent.with_tool_snapshots`): the tool-event snapshot
   (``chat_event``, scene ``tool``, status ``calling``) is queued when the call starts, so
   it leaves before any block of the call, and again with ``toolReturn`` (status
   ``finished``) when it returns. User and assistant messages are ``chat_event`` snapshots
@@ -21,16 +23,18 @@ each colleague's work, live, into that tool call's detail pane.
   (``kx_blocks`` / ``kx_chat_event``, internal credential).
 
 User messages arrive over a second internal connection to the relay, made with
-``auth={"internal": <secret>, "role": "agent"}``: the web process forwards a joined
-browser's ``user_message`` to it as ``kx_user_message`` (see :mod:`kernel_ext.demo.web`).
+``auth={"internal": <secret>, "role": "agent", "kernel": <kernel>}``: the web process
+forwards a joined browser's ``user_message`` to it as ``kx_user_message`` (see
+:mod:`kernel_ext.demo.web`, whose ``/demo/health`` says the kernel).
 
 Run by ``kernel-ext demo``; on its own::
 
     KERNEL_EXT_SECRET=s python -m kernel_ext.demo.worker --relay http://127.0.0.1:8000 \\
         --colleague orders=http://127.0.0.1:8801/ --colleague carrier=http://127.0.0.1:8802/ \\
-        [--lang en]
+        [--lang en] [--kernel langgraph]
 
-Requires Python ≥ 3.11 (pydantic-ai-slim) and the ``a2a`` extra.
+Requires Python ≥ 3.11 (pydantic-ai-slim) and the ``a2a`` extra; ``--kernel langgraph``
+langgraph and langchain-core (all in the ``demo`` extra).
 """
 
 from __future__ import annotations
@@ -40,7 +44,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,20 +71,26 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 from pydantic_ai.tools import ToolDefinition
 
-from kernel_ext.a2a import ask_colleague as ask_colleague_over_a2a
-from kernel_ext.context import current_tool_call
+from kernel_ext.demo.agent import (
+    MAX_CONVERSATIONS,
+    AskContext,
+    Colleague,
+    ConversationAgent,
+    ask,
+    message_event,
+    with_tool_snapshots,
+)
 from kernel_ext.demo.script import (
     COLLEAGUES,
+    DEFAULT_KERNEL,
     DEFAULT_LANG,
-    LANG_KEY,
+    KERNELS,
     LANGS,
     MAX_MESSAGE_CHARS,
     USER_MESSAGE_TO_AGENT,
-    Wording,
     colleagues_for,
     wording,
 )
-from kernel_ext.errors import ColleagueError
 from kernel_ext.integrations.pydantic_ai import KernelExtCapability
 from kernel_ext.plugin import adisable, enable
 from kernel_ext.protocol import NAMESPACE
@@ -97,29 +106,14 @@ __all__ = [
     "scripted_model",
     "serve",
 ]
+# Colleague and message_event live in kernel_ext.demo.agent, shared with the LangGraph agent.
 
 logger = logging.getLogger(__name__)
-
-_MAX_CONVERSATIONS = 64
-_MAX_QUEUED_PER_CONVERSATION = 4
-
-
-@dataclass(frozen=True)
-class Colleague:
-    """A colleague the agent can ask: its A2A URL and the peer script to request."""
-
-    key: str
-    title: str
-    url: str
-    script: str
 
 
 @dataclass(frozen=True)
 class _Deps:
-    colleagues: Mapping[str, Colleague]
-    conversation_id: str
-    timeout: float
-    words: Wording
+    ask: AskContext
 
 
 # -- the scripted model ------------------------------------------------------------------
@@ -143,9 +137,7 @@ def scripted_model(lang: str = DEFAULT_LANG) -> ModelFunction:
         parts = last.parts if isinstance(last, ModelRequest) else []
         returns = [part for part in parts if isinstance(part, ToolReturnPart)]
         if returns:
-            intro = words.answer_many if len(returns) > 1 else words.answer_one
-            lines = [str(part.content) for part in returns]
-            return ModelResponse(parts=[TextPart("\n".join([intro, *lines]))])
+            return ModelResponse(parts=[TextPart(words.answer([str(p.content) for p in returns]))])
         prompt = next(
             (part.content for part in reversed(parts) if isinstance(part, UserPromptPart)), ""
         )
@@ -193,47 +185,10 @@ class ChatEventCapability(AbstractCapability[Any]):
         args: ValidatedToolArgs,
         handler: WrapToolExecuteHandler,
     ) -> Any:
-        active = current_tool_call()
         hub = self.hub if self.hub is not None else get_default_hub()
-        if active is None or active.conversation_id is None:
-            return await handler(args)
-        room = active.conversation_id
-        event: dict[str, Any] = {
-            "eventId": active.call_id,
-            "eventScene": "tool",
-            "status": "calling",
-            "conversationId": room,
-            "content": {
-                "toolCall": {
-                    "toolId": tool_def.name,
-                    "functionCall": {"name": call.tool_name, "arguments": call.args_as_dict()},
-                },
-            },
-        }
-        hub.publish_chat_event(event, conversation_id=room)
-        try:
-            result = await handler(args)
-        except Exception as exc:
-            finished = {**event, "status": "finished"}
-            finished["content"] = {**event["content"], "toolReturn": f"error: {exc}"}
-            hub.publish_chat_event(finished, conversation_id=room)
-            raise
-        finished = {**event, "status": "finished"}
-        finished["content"] = {**event["content"], "toolReturn": str(result)}
-        hub.publish_chat_event(finished, conversation_id=room)
-        return result
-
-
-def message_event(conversation_id: str, role: str, text: str) -> dict[str, Any]:
-    """A ``chat_event`` snapshot of a chat message (scene ``message``; ``role`` is ``user``
-    or ``assistant``). Renderers of tool panes ignore it; the demo page shows it."""
-    return {
-        "eventId": f"msg-{uuid.uuid4().hex}",
-        "eventScene": "message",
-        "status": "finished",
-        "conversationId": conversation_id,
-        "content": {"role": role, "text": text},
-    }
+        return await with_tool_snapshots(
+            hub, tool_def.name, call.tool_name, call.args_as_dict(), lambda: handler(args)
+        )
 
 
 # -- the agent ---------------------------------------------------------------------------
@@ -241,42 +196,17 @@ def message_event(conversation_id: str, role: str, text: str) -> dict[str, Any]:
 
 async def _ask_colleague(ctx: RunContext[_Deps], colleague: str, question: str) -> str:
     """Ask a colleague (``orders`` or ``carrier``) a question; returns their answer."""
-    deps = ctx.deps
-    words = deps.words
-    spec = deps.colleagues.get(colleague)
-    if spec is None:
-        return words.no_such_colleague.format(key=repr(colleague))
-    title = words.titles.get(spec.key, spec.title)
-    try:
-        answer = await ask_colleague_over_a2a(
-            spec.url,
-            question,
-            conversation_id=deps.conversation_id,
-            metadata={"kx.script": spec.script, LANG_KEY: words.lang},
-            timeout=deps.timeout,
-        )
-    except ColleagueError as exc:  # the aborted block is out already; tell the model
-        return words.could_not_answer.format(title=title, error=exc)
-    return f"{title}{words.colon}{answer}"
+    return await ask(ctx.deps.ask, colleague, question)
 
 
-class DemoAgent:
-    """The demo's agent: one pydantic-ai ``Agent``, instrumented, and per-conversation
-    message history (the last 64 conversations).
+class DemoAgent(ConversationAgent):
+    """The demo's pydantic-ai agent: one ``Agent``, instrumented, and per-conversation
+    message history (the last 64 conversations); turn-taking and errors as
+    :class:`~kernel_ext.demo.agent.ConversationAgent`.
 
-    Args:
-        colleagues: who can be asked, by key.
-        tracer_provider: where tool spans go; it must carry a
-            :class:`~kernel_ext.processor.ToolSpanProcessor` for the tap (:func:`kernel_ext.enable`
-            adds one).
-        hub: the stream hub (default: the process-wide one).
-        timeout: the overall deadline of one colleague's answer, in seconds.
-        lang: the language it answers in and asks its colleagues to speak
-            (:data:`~kernel_ext.demo.script.LANGS`).
-
-    Guarantees: messages of one conversation are answered one after the other, in arrival
-    order; at most 4 wait per conversation (:meth:`submit` says ``busy`` beyond); an error in
-    a run becomes an assistant message, never an exception out of :meth:`answer`.
+    ``tracer_provider`` is where tool spans go; it must carry a
+    :class:`~kernel_ext.processor.ToolSpanProcessor` for the tap (:func:`kernel_ext.enable`
+    adds one). The other arguments are :class:`~kernel_ext.demo.agent.ConversationAgent`'s.
     """
 
     def __init__(
@@ -288,10 +218,7 @@ class DemoAgent:
         timeout: float = 120.0,
         lang: str = DEFAULT_LANG,
     ) -> None:
-        self.hub = hub if hub is not None else get_default_hub()
-        self.colleagues = {c.key: c for c in colleagues}
-        self.timeout = timeout
-        self.words = wording(lang)
+        super().__init__(colleagues, hub=hub, timeout=timeout, lang=lang)
         self.agent: Agent[_Deps, str] = Agent(
             FunctionModel(scripted_model(lang), model_name="scripted"),
             deps_type=_Deps,
@@ -305,72 +232,20 @@ class DemoAgent:
             ],
         )
         self._history: OrderedDict[str, list[ModelMessage]] = OrderedDict()
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._waiting: dict[str, int] = {}
-        self._tasks: set[asyncio.Task[str]] = set()
 
-    def submit(self, conversation_id: str, text: str) -> str | None:
-        """Queue a user message for answering; ``None`` when queued, else the reason it was
-        not (``busy``). Call on the event loop; the answer goes out as ``chat_event``s."""
-        if self._waiting.get(conversation_id, 0) >= _MAX_QUEUED_PER_CONVERSATION:
-            return "busy"
-        self._waiting[conversation_id] = self._waiting.get(conversation_id, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._answer_in_turn(conversation_id, text))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return None
-
-    async def _answer_in_turn(self, conversation_id: str, text: str) -> str:
-        lock = self._locks.setdefault(conversation_id, asyncio.Lock())
-        try:
-            async with lock:
-                return await self.answer(conversation_id, text)
-        finally:
-            left = self._waiting.get(conversation_id, 1) - 1
-            if left > 0:
-                self._waiting[conversation_id] = left
-            else:
-                self._waiting.pop(conversation_id, None)
-                self._locks.pop(conversation_id, None)
-
-    async def answer(self, conversation_id: str, text: str) -> str:
-        """Show the user's message, run the agent on it, show and return the answer."""
-        hub = self.hub
-        hub.publish_chat_event(
-            message_event(conversation_id, "user", text), conversation_id=conversation_id
+    async def run(self, conversation_id: str, text: str) -> str:
+        """One pydantic-ai run on ``text`` with the conversation's message history."""
+        result = await self.agent.run(
+            text,
+            deps=_Deps(self.ask_context(conversation_id)),
+            message_history=self._history.get(conversation_id),
+            conversation_id=conversation_id,
         )
-        history = self._history.get(conversation_id)
-        try:
-            result = await self.agent.run(
-                text,
-                deps=_Deps(self.colleagues, conversation_id, self.timeout, self.words),
-                message_history=history,
-                conversation_id=conversation_id,
-            )
-            answer = result.output
-            self._remember(conversation_id, result.all_messages())
-        except Exception as exc:
-            logger.exception("demo agent: the run failed")
-            answer = self.words.failed.format(error=f"{type(exc).__name__}: {exc}")
-        hub.publish_chat_event(
-            message_event(conversation_id, "assistant", answer), conversation_id=conversation_id
-        )
-        return answer
-
-    def _remember(self, conversation_id: str, messages: list[ModelMessage]) -> None:
-        self._history[conversation_id] = messages
+        self._history[conversation_id] = result.all_messages()
         self._history.move_to_end(conversation_id)
-        while len(self._history) > _MAX_CONVERSATIONS:
+        while len(self._history) > MAX_CONVERSATIONS:
             self._history.popitem(last=False)
-
-    async def aclose(self) -> None:
-        """Cancel the runs still going (their tool calls get their aborted terminals)."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        return result.output
 
 
 # -- the process -------------------------------------------------------------------------
@@ -398,6 +273,7 @@ async def serve(
     stop: asyncio.Event | None = None,
     timeout: float = 120.0,
     lang: str = DEFAULT_LANG,
+    kernel: str = DEFAULT_KERNEL,
 ) -> None:
     """Run the worker until ``stop`` is set (or the task is cancelled): connect the loopback
     emitter and the agent's control connection to the relay at ``relay_url``, answer every
@@ -407,8 +283,23 @@ async def serve(
     with an aborted terminal), queued blocks flushed for up to 5 s, connections closed."""
     stop = stop if stop is not None else asyncio.Event()
     provider = TracerProvider()  # private: spans give callIds here and are exported nowhere
-    wired = enable(relay_url=relay_url, secret=secret, tracer_provider=provider)
-    agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=timeout, lang=lang)
+    agent: ConversationAgent
+    if kernel == "langgraph":
+        from kernel_ext.demo.graph_agent import GraphAgent
+        from kernel_ext.integrations.langchain import langchain_targets
+
+        wired = enable(
+            relay_url=relay_url,
+            secret=secret,
+            tracer_provider=provider,
+            targets=langchain_targets(),
+        )
+        agent = GraphAgent(colleagues, hub=wired.hub, timeout=timeout, lang=lang)
+    elif kernel == "pydantic-ai":
+        wired = enable(relay_url=relay_url, secret=secret, tracer_provider=provider)
+        agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=timeout, lang=lang)
+    else:
+        raise ValueError(f"the demo's kernels are {', '.join(KERNELS)}, not {kernel!r}")
     control = socketio.AsyncClient(reconnection=True, reconnection_delay_max=2)
 
     async def on_user_message(data: Any = None) -> dict[str, Any]:
@@ -422,7 +313,7 @@ async def serve(
     try:
         await control.connect(
             relay_url,
-            auth={"internal": secret, "role": "agent"},
+            auth={"internal": secret, "role": "agent", "kernel": kernel},
             namespaces=[NAMESPACE],
             transports=["websocket"],
             wait_timeout=10,
@@ -458,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="per colleague answer (s)")
     parser.add_argument("--lang", choices=LANGS, default=DEFAULT_LANG, help="the agent's language")
+    parser.add_argument(
+        "--kernel", choices=KERNELS, default=DEFAULT_KERNEL, help="the agent's kernel"
+    )
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="worker %(levelname)s %(message)s")
@@ -477,7 +371,15 @@ def main(argv: list[str] | None = None) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await serve(args.relay, secret, colleagues, stop=stop, timeout=args.timeout, lang=args.lang)
+        await serve(
+            args.relay,
+            secret,
+            colleagues,
+            stop=stop,
+            timeout=args.timeout,
+            lang=args.lang,
+            kernel=args.kernel,
+        )
 
     asyncio.run(run())
     return 0
