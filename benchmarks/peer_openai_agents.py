@@ -22,10 +22,17 @@ import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
-if TYPE_CHECKING:
-    from bench_peers import KernelExtContender, Measured
+
+class Measured(Protocol):
+    """What ``bench_peers.Measured`` gives this module (kept as a protocol: importing
+    bench_peers here would make the two modules import each other)."""
+
+    per_event_us: float
+    cpu_us: float
+    spread_us: tuple[float, float]
+
 
 PER_EVENT = "kernel_ext publish() in an Agents SDK function tool (Runner.run)"
 PER_CALL = "Agents SDK function tool call (Runner.run)"
@@ -42,8 +49,9 @@ class AgentsTrials(NamedTuple):
     """``trial(n)``: one turn of ``n + 1`` calls of a no-op tool (one is the baseline's)."""
 
 
-def agents_trials(ours: KernelExtContender, payload: str) -> AgentsTrials | str:
-    """The SDK contenders, publishing into ``ours``' hub, or why they cannot run."""
+def agents_trials(ours: Any, payload: str) -> AgentsTrials | str:
+    """The SDK contenders, publishing into ``ours``' hub (a ``bench_peers.KernelExtContender``),
+    or why they cannot run."""
     try:
         from agents import Agent, Model, ModelResponse, RunConfig, Runner, Usage, function_tool
         from openai.types.responses import (
