@@ -1,5 +1,8 @@
 """The detail-pane reducer: the spec's rendering semantics as plain data.
 
+(About 540 lines in one module on purpose: it mirrors ``renderer.js``'s store rule for rule,
+and the conformance vectors hold the two against each other.)
+
 This is the Python twin of ``kernel_ext/web/renderer.js``; both pass the conformance
 vectors in ``tests/vectors`` (format: ``tests/vectors/README.md``). It is the one truth
 for ``kernel-ext tail`` and for tests of the producer side.
