@@ -22,10 +22,9 @@ Names the root exported before they moved to their modules still resolve, with a
 
 from __future__ import annotations
 
-import importlib
-import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kernel_ext._lazy import module_getattr
 from kernel_ext._version import __version__
 from kernel_ext.context import (
     ToolCall,
@@ -110,21 +109,7 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(module), name)
-        globals()[name] = value  # the next access is a plain module attribute
-        return value
-    module = _MOVED.get(name)
-    if module is not None:
-        warnings.warn(
-            f"kernel_ext.{name} moved: import it from {module}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(module), name)
-    raise AttributeError(f"module 'kernel_ext' has no attribute {name!r}")
+__getattr__ = module_getattr(__name__, _LAZY, _MOVED)
 
 
 def __dir__() -> list[str]:

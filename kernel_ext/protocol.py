@@ -63,6 +63,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kernel_ext._lazy import module_getattr
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 
 __all__ = [
@@ -575,16 +576,4 @@ def text_block(
 _MOVED = {"block_json_schema": "kernel_ext.schema"}
 
 
-def __getattr__(name: str) -> Any:
-    home = _MOVED.get(name)
-    if home is None:
-        raise AttributeError(f"module 'kernel_ext.protocol' has no attribute {name!r}")
-    import importlib
-    import warnings
-
-    warnings.warn(
-        f"kernel_ext.protocol.{name} moved: import it from {home}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return getattr(importlib.import_module(home), name)
+__getattr__ = module_getattr(__name__, {}, _MOVED)

@@ -20,9 +20,9 @@ worker side: ``stream``, ``emit``, ``plugin``):
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kernel_ext._lazy import module_getattr
 from kernel_ext.protocol import (
     CHAT_EVENT,
     JOIN_EVENT,
@@ -79,13 +79,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is not None:
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-        globals()[name] = value  # the next access is a plain module attribute
-        return value
-    raise AttributeError(f"module 'kernel_ext.relay' has no attribute {name!r}")
+__getattr__ = module_getattr(__name__, {name: f"{__name__}.{home}" for name, home in _LAZY.items()})
 
 
 def __dir__() -> list[str]:
