@@ -12,6 +12,10 @@ A benchmark module is a ``bench_<name>.py`` file beside this one exposing
 (``None`` for information), ``ok`` (``True``/``False``, ``None`` when there is no verdict) and
 ``detail``; optionally ``target_text`` (how to print the target) and ``profile`` (a key for
 the module's ``profile_target``). A module's docstring is its method, copied into the report.
+A module may also expose ``sections() -> str``: markdown (tables, plots) printed under its
+figures, called after ``run()``; plots go to the directory named by ``KERNEL_EXT_BENCH_PLOTS``
+(``plots/`` beside the report), linked relative to the report. A module whose run takes
+longer than the common limit declares its own ``TIMEOUT = <seconds>`` at the top level.
 ``--quick`` calls ``run(quick=True)`` when ``run`` takes that argument, otherwise lowers the
 module's ``REPEATS`` constant; ``KERNEL_EXT_BENCH_QUICK=1`` is set in the environment either
 way.
@@ -31,6 +35,7 @@ target is reported, not an error.
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import importlib
 import importlib.metadata
@@ -57,7 +62,8 @@ DEFAULT_OUTPUT = ROOT / "docs" / "performance.md"
 MODULE_TIMEOUT = 420.0
 QUICK_MODULE_TIMEOUT = 180.0
 PROFILE_TIMEOUT = 120.0
-TOTAL_BUDGET = 900.0
+TOTAL_BUDGET = 2_700.0
+PLOT_DIR_ENV = "KERNEL_EXT_BENCH_PLOTS"
 MAX_PROFILES = 6
 QUICK_ENV = "KERNEL_EXT_BENCH_QUICK"
 PROFILE_INTERVAL = 0.0002  # a targeted path: short, sample densely
@@ -75,6 +81,8 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
     ("latency p99 at 100 streams × 10 blocks/s vs plain relay", "≤ 1.5×", "stream"),
     ("memory after 100,000 finished calls", "≤ 1 MB growth", "memory"),
     ("CPU of a flooding peer (10,000 running blocks/s)", "report; terminal arrives", "memory"),
+    ("every point of the scale curves (issue 17): throughput vs plain relay", "≥ 1.0×", "scale"),
+    ("every point of the scale curves: p99 latency vs plain relay", "≤ 1.5×", "scale"),
 )
 
 VERSIONED = (
@@ -134,6 +142,7 @@ class ModuleResult:
     error: str | None = None
     load_at_start: tuple[float, float, float] | None = None
     profile_hook: bool = False
+    sections: str = ""
 
 
 # -- formatting (pure, tested) ------------------------------------------------------------
@@ -307,6 +316,8 @@ def render_report(
                 "|---|---|---|---|---|---|",
             ]
             lines += [format_row(f) for f in r.figures]
+        if r.sections:
+            lines += ["", r.sections.strip()]
         if r.error:
             lines += ["", "Failed:", "", "```", r.error.strip(), "```"]
         if r.method:
@@ -395,13 +406,39 @@ def _normalise(name: str) -> str:
     return name.removeprefix("bench_")
 
 
-def _run_child(args: list[str], timeout: float) -> tuple[int | None, str]:
+def module_timeout(path: Path, default: float) -> float:
+    """The module's own top-level ``TIMEOUT = <number>`` when it declares one (read from its
+    source, not imported), else ``default``."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return default
+    for node in tree.body:
+        if (
+            isinstance(node, ast.Assign)
+            and [getattr(t, "id", None) for t in node.targets] == ["TIMEOUT"]
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, (int, float))
+            and not isinstance(node.value.value, bool)
+            and node.value.value > 0
+        ):
+            return float(node.value.value)
+    return default
+
+
+def _run_child(
+    args: list[str], timeout: float, env: dict[str, str] | None = None
+) -> tuple[int | None, str]:
     """Run ``run.py --child …`` in its own process group; kill the group on timeout.
     Returns (exit code or ``None`` on timeout, combined output tail)."""
     command = [sys.executable, str(Path(__file__).resolve()), *args]
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
         )
         try:
             code: int | None = proc.wait(timeout=timeout)
@@ -422,8 +459,11 @@ def _run_child(args: list[str], timeout: float) -> tuple[int | None, str]:
     return code, output[-4000:]
 
 
-def run_module(name: str, bench_dir: Path, *, quick: bool, timeout: float) -> ModuleResult:
-    """Run one module in a child process and collect its figures."""
+def run_module(
+    name: str, bench_dir: Path, *, quick: bool, timeout: float, plots: Path | None = None
+) -> ModuleResult:
+    """Run one module in a child process and collect its figures (plots, if any, are
+    written to ``plots``)."""
     path = bench_dir / f"bench_{name}.py"
     shown = os.path.relpath(path, ROOT) if path.is_relative_to(ROOT) else str(path)
     result = ModuleResult(name=name, path=shown)
@@ -433,7 +473,8 @@ def run_module(name: str, bench_dir: Path, *, quick: bool, timeout: float) -> Mo
         if quick:
             args.append("--quick")
         started = time.perf_counter()
-        code, output = _run_child(args, timeout)
+        env = {PLOT_DIR_ENV: str(plots)} if plots is not None else None
+        code, output = _run_child(args, timeout, env)
         result.seconds = time.perf_counter() - started
         data: dict[str, Any] = {}
         if out.exists():
@@ -443,6 +484,7 @@ def run_module(name: str, bench_dir: Path, *, quick: bool, timeout: float) -> Mo
                 result.error = f"unreadable result: {exc}"
     result.method = str(data.get("method") or "")
     result.profile_hook = bool(data.get("profile_hook"))
+    result.sections = str(data.get("sections") or "")
     result.figures = [Figure.from_dict(f) for f in data.get("figures") or []]
     load = data.get("load_at_start")
     result.load_at_start = (float(load[0]), float(load[1]), float(load[2])) if load else None
@@ -558,6 +600,9 @@ def child_main(args: argparse.Namespace) -> int:
         result["method"] = inspect.getdoc(module) or ""
         result["profile_hook"] = callable(getattr(module, "profile_target", None))
         result["figures"] = _call_run(module, args.quick)
+        sections = getattr(module, "sections", None)
+        if callable(sections):
+            result["sections"] = str(sections())
     except BaseException:
         import traceback
 
@@ -617,7 +662,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             continue
         print(f"bench_{name} …", flush=True)
-        result = run_module(name, bench_dir, quick=args.quick, timeout=min(per_module, remaining))
+        limit = module_timeout(bench_dir / f"bench_{name}.py", per_module)
+        result = run_module(
+            name,
+            bench_dir,
+            quick=args.quick,
+            timeout=min(limit, remaining),
+            plots=output.parent / "plots",
+        )
         results.append(result)
         for f in result.figures:
             print(f"  {verdict(f):<12} {f.name}: {format_value(f.value, f.unit)}", flush=True)

@@ -129,3 +129,54 @@ def test_quick_only_runs_one_module_in_a_child_and_writes_the_report(
 
 def test_an_unknown_module_is_refused(runner: ModuleType, tmp_path: Path) -> None:
     assert runner.main(["--only", "nope", "--bench-dir", str(tmp_path)]) == 2
+
+
+SECTIONED = textwrap.dedent(
+    '''
+    """A benchmark with tables and a plot under its figures."""
+    import os
+    from pathlib import Path
+
+    TIMEOUT = 33.5
+
+
+    def run():
+        plots = Path(os.environ["KERNEL_EXT_BENCH_PLOTS"])
+        plots.mkdir(parents=True, exist_ok=True)
+        (plots / "curve.svg").write_text("<svg/>")
+        return [{"name": "one point", "value": 1.2, "unit": "×", "target": 1.0, "ok": True}]
+
+
+    def sections():
+        return "#### Curve\\n\\n| x | y |\\n|---|---|\\n| 1 | 2 |\\n\\n![curve](plots/curve.svg)"
+    '''
+)
+
+
+def test_a_module_s_sections_and_plots_go_beside_its_figures(
+    runner: ModuleType, tmp_path: Path
+) -> None:
+    bench_dir = tmp_path / "benchmarks"
+    bench_dir.mkdir()
+    (bench_dir / "bench_curves.py").write_text(SECTIONED)
+    output = tmp_path / "docs" / "performance.md"
+    args = ["--quick", "--only", "curves", "--bench-dir", str(bench_dir), "--output", str(output)]
+    assert runner.main([*args, "--no-profile"]) == 0
+    text = output.read_text()
+    figures = text.index("| one point | 1.2× |")
+    table = text.index("| 1 | 2 |")
+    method = text.index("A benchmark with tables")
+    assert figures < table < method  # the module's tables sit between its figures and method
+    assert "![curve](plots/curve.svg)" in text
+    assert (output.parent / "plots" / "curve.svg").read_text() == "<svg/>"
+
+
+def test_a_module_may_declare_its_own_time_limit(runner: ModuleType, tmp_path: Path) -> None:
+    declared = tmp_path / "bench_slow.py"
+    declared.write_text("import os\nTIMEOUT = 1_500.0\n\n\ndef run():\n    return []\n")
+    assert runner.module_timeout(declared, 420.0) == 1500.0
+    for body in ("TIMEOUT = 'long'\n", "TIMEOUT = -1\n", "TIMEOUT = True\n", "X = 5\n", "def ("):
+        other = tmp_path / "bench_other.py"
+        other.write_text(body)
+        assert runner.module_timeout(other, 420.0) == 420.0, body
+    assert runner.module_timeout(tmp_path / "missing.py", 7.0) == 7.0

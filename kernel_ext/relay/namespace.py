@@ -71,9 +71,14 @@ _ROOM_MAX = 512
 
 class _Internal:
     """One internal sender's connection: its ordered emit queue and worker task, and the
-    worker it belongs to (its ``worker`` auth field, else ``sid/<sid>``)."""
+    worker it belongs to (its ``worker`` auth field, else ``sid/<sid>``).
 
-    __slots__ = ("queue", "task", "worker")
+    A frame is emitted at once by its own handler when nothing of the connection is queued,
+    held or being emitted (``idle`` set, ``holding`` false; the common case, without a hop
+    through the worker task); otherwise it is queued behind the others. The worker task
+    takes a job (``holding``), waits for ``idle`` and emits it: frames keep arrival order."""
+
+    __slots__ = ("holding", "idle", "queue", "task", "worker")
 
     def __init__(self, worker: str = "") -> None:
         self.queue: asyncio.Queue[tuple[str, str, Any, asyncio.Future[int]] | None] = (
@@ -81,6 +86,13 @@ class _Internal:
         )
         self.task: asyncio.Task[None] | None = None
         self.worker = worker
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.holding = False
+
+    def free(self) -> bool:
+        """Whether a new job may run at once (nothing queued, held or running)."""
+        return self.idle.is_set() and not self.holding and self.queue.empty()
 
 
 class ChatRelay(GuardedNamespace):
@@ -347,11 +359,9 @@ class ChatRelay(GuardedNamespace):
         if conn.queue.qsize() >= self.max_pending_frames:
             self._reject(sid, "busy", KX_BLOCKS)
             return {"ok": False, "error": "busy"}
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        conn.queue.put_nowait(("blocks", room, valid, done))
         self._count("frames")
         count_frame("accepted")
-        await done
+        await self._submit(conn, "blocks", room, valid)
         ack: dict[str, Any] = {"ok": True, "accepted": len(valid), "rejected": len(refused)}
         if refused:
             ack["refused"] = refused
@@ -369,9 +379,7 @@ class ChatRelay(GuardedNamespace):
         if not isinstance(room, str) or not room or not isinstance(event, Mapping):
             self._reject(sid, "bad_frame", KX_CHAT_EVENT)
             return {"ok": False, "error": "a chat event frame is {room, event}"}
-        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        conn.queue.put_nowait(("chat_event", room, dict(event), done))
-        await done
+        await self._submit(conn, "chat_event", room, dict(event))
         return {"ok": True}
 
     def _check_block(self, raw: Any) -> str | None:
@@ -408,40 +416,69 @@ class ChatRelay(GuardedNamespace):
         for raw in blocks:
             await self.emit(TOOL_EVENT_STREAM, raw, room=room)
 
+    async def _submit(self, conn: _Internal, kind: str, room: str, payload: Any) -> int:
+        """Emit a job now when the connection is free, else queue it behind the others (in
+        arrival order either way: :class:`_Internal`); how many blocks went out."""
+        if conn.free():
+            conn.idle.clear()
+            try:
+                return await self._run(conn, kind, room, payload)
+            finally:
+                conn.idle.set()
+        done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        conn.queue.put_nowait((kind, room, payload, done))
+        return await done
+
+    async def _run(self, conn: _Internal, kind: str, room: str, payload: Any) -> int:
+        """Emit one job: a frame's valid blocks (``kind == "blocks"``) or a chat event."""
+        emitted = 0
+        try:
+            if kind == "blocks":
+                blocks = []
+                for raw in payload:
+                    if not self._track(conn, raw, room):
+                        continue
+                    if raw.get("state") in TERMINAL_STATES and not self.terminals.admit(
+                        raw, room, self._listeners(room), self._browsers
+                    ):
+                        self._count("duplicate_terminal")
+                        continue
+                    blocks.append(raw)
+                await self._emit_in_order(blocks, room)
+                emitted = len(blocks)
+                self._count("blocks_emitted", emitted)
+            else:
+                await self.emit(CHAT_EVENT, payload, room=room)
+                self._count("chat_events")
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+        return emitted
+
     async def _worker(self, sid: str, conn: _Internal) -> None:
-        """Emit one connection's frames in arrival order, one after the other."""
+        """Emit one connection's queued frames in arrival order, one after the other."""
         while True:
             job = await conn.queue.get()
+            conn.holding = True
+            try:
+                await conn.idle.wait()  # a frame its handler is emitting goes first
+            finally:
+                conn.holding = False
             if job is None:
                 if self._grace is not None:
                     self._grace.left(conn.worker)
                 return
             kind, room, payload, done = job
-            emitted = 0
+            conn.idle.clear()
             try:
-                if kind == "blocks":
-                    blocks = []
-                    for raw in payload:
-                        if not self._track(conn, raw, room):
-                            continue
-                        if raw.get("state") in TERMINAL_STATES and not self.terminals.admit(
-                            raw, room, self._listeners(room), self._browsers
-                        ):
-                            self._count("duplicate_terminal")
-                            continue
-                        blocks.append(raw)
-                    await self._emit_in_order(blocks, room)
-                    emitted = len(blocks)
-                    self._count("blocks_emitted", emitted)
-                else:
-                    await self.emit(CHAT_EVENT, payload, room=room)
-                    self._count("chat_events")
+                emitted = await self._run(conn, kind, room, payload)
             except asyncio.CancelledError:
                 if not done.done():
                     done.cancel()
                 raise
-            except Exception:
-                rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+            finally:
+                conn.idle.set()
             if not done.done():
                 done.set_result(emitted)
 

@@ -1,0 +1,1149 @@
+"""Scale: how the relay's cost grows with browsers, conversations, web processes and tool
+calls (issue 17), each point measured side by side with a plain python-socketio relay.
+
+Run: ``python benchmarks/bench_scale.py [--quick]``. Every point starts real processes on
+127.0.0.1: the relay (uvicorn), one or more *browser* processes hosting python-socketio
+``AsyncClient`` s (one per browser tab, each joined to its conversation's room, as the web
+page's Socket.IO client would be), one worker process and, for the scale-out curve, a real
+``redis-server``. The *plain* contender is the relay of ``bench_stream.py``: python-socketio
+with one ``emit`` per message to the room and no validation; its worker emits one event per
+block (through a python-socketio client, or through a write-only ``AsyncRedisManager``).
+kernel_ext's side is the library as shipped: ``StreamHub`` + ``LoopbackEmitter`` (or
+``RedisEmitter``) in the worker, ``create_app``'s relay validating every block.
+
+Two loads per point, on the same connected browsers:
+
+* **paced**: every stream publishes 10 running blocks/s (the T4 limit; the throttle itself is
+  off so that pacing jitter drops nothing, as in ``bench_stream.py``) for ``SECONDS`` s, in
+  10 ms ticks. Latency is taken from the ``publish()`` (plain: ``emit``) call to the
+  browser's handler (the time travels in the block's text); p50/p99 over every delivery.
+  Blocks still missing ``DRAIN`` s after the load ends count as not delivered. The relay's
+  CPU time (``/proc``) over the load, divided by the deliveries, is its CPU per delivered
+  block; its resident memory is read idle, with the browsers connected, and at the end of
+  the load (streams live).
+* **burst**: the worker publishes ``N`` blocks round-robin over the streams as fast as it
+  can; delivered blocks/s counted at the browsers from the first publish to the last
+  delivery. This is the capacity figure the ≥ 1.0× throughput ratio is held against.
+
+The curves: (1) fan-out — one conversation, 10 streams, watched by 1–200 browsers;
+(2) breadth — 1–5,000 conversations with one stream and one browser each (the offered load
+grows with them, up to and past saturation); (3) scale-out — 1,000 conversations through one
+web process vs two behind Redis, the worker on the ``RedisEmitter`` path or looping back
+into one web process, with redis-server's CPU per published block; (4) workers — one worker
+with 10–1,000 concurrent tool calls at 10 blocks/s each: its CPU share, and the hub's memory
+per live call (``tracemalloc``, in process). On a 2-core machine the browsers, the worker and
+the relay share the cores, so beyond a few thousand deliveries per second every side is
+saturated at once; the plots and the capacity guide say which saturates first.
+
+Every point's ratio is held against the plain relay: throughput ≥ 1.0×, p99 ≤ 1.5×. Plots are
+written with matplotlib (the ``bench`` extra) beside the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import contextlib
+import contextvars
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SECRET = "bench-secret"
+NS = "/chat"
+EVENT = "tool_event_stream"
+RATE = 10  # blocks/s per stream
+SECONDS = 3.0
+DRAIN = 8.0
+CONNECT_BATCH = 50
+PROCESS_TIMEOUT = 180.0
+QUICK = os.environ.get("KERNEL_EXT_BENCH_QUICK") == "1"
+PLOT_DIR_ENV = "KERNEL_EXT_BENCH_PLOTS"
+# the runner: a longer limit than the other modules (many processes per point)
+TIMEOUT = 1_500.0
+
+FANOUT = (1, 10, 50, 200)
+BREADTH = (1, 100, 1_000, 5_000)
+SCALE_OUT_ROOMS = 1_000
+WORKER_CALLS = (10, 100, 1_000)
+QUICK_FANOUT = (1, 10)
+QUICK_BREADTH = (1, 100)
+QUICK_SCALE_OUT_ROOMS = 100
+QUICK_WORKER_CALLS = (10, 100)
+THROUGHPUT_TARGET = 1.0
+P99_TARGET = 1.5
+
+
+# ---------------------------------------------------------------------------------------
+# /proc readings (Linux)
+# ---------------------------------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process now."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# ---------------------------------------------------------------------------------------
+# Roles (each a child process of this script)
+# ---------------------------------------------------------------------------------------
+
+
+def role_relay(kind: str, port: int, redis_url: str | None) -> None:
+    import uvicorn
+
+    if kind == "kx":
+        from kernel_ext.relay import allow_all, create_app
+
+        app = create_app(SECRET, authorize_join=allow_all, redis_url=redis_url).app
+    else:
+        import socketio
+
+        manager = socketio.AsyncRedisManager(redis_url) if redis_url else None
+        sio = socketio.AsyncServer(async_mode="asgi", client_manager=manager)
+
+        @sio.on("connect", namespace=NS)  # type: ignore[misc]
+        async def connect(sid: str, environ: Any, auth: Any = None) -> bool:
+            return True
+
+        @sio.on("join_conversation", namespace=NS)  # type: ignore[misc]
+        async def join(sid: str, data: Any) -> dict[str, Any]:
+            await sio.enter_room(sid, data["conversationId"], namespace=NS)
+            return {"ok": True}
+
+        @sio.on("relay_in", namespace=NS)  # type: ignore[misc]
+        async def relay_in(sid: str, data: Any) -> None:
+            await sio.emit(EVENT, data["block"], room=data["room"], namespace=NS)
+
+        app = socketio.ASGIApp(sio)
+    profile = os.environ.get("KX_BENCH_PROFILE")  # a path: cProfile the relay (debugging)
+    if profile:
+        import cProfile
+        import signal
+
+        profiler = cProfile.Profile()
+        signal.signal(signal.SIGUSR1, lambda *_: profiler.dump_stats(f"{profile}.{kind}.{port}"))
+        profiler.enable()
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+
+
+async def _stdin_lines() -> asyncio.StreamReader:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
+
+
+async def role_browsers(ports: list[int], rooms: list[str], per_room: int) -> None:
+    """Connect ``per_room`` clients to each room (round-robin over the web processes), then
+    answer ``MARK`` (start counting afresh), ``COUNT`` and ``REPORT`` lines on stdin."""
+    import socketio
+
+    state = {"count": 0, "first": 0, "last": 0, "mark": 0}
+    latencies = array.array("q")
+
+    def on_block(block: dict[str, Any]) -> None:
+        if block.get("state") != "running":
+            return  # the worker's closing terminals are not part of the load
+        now = time.time_ns()
+        published = int(block["envelope"]["payload"]["text"].split(" ", 1)[0])
+        if published < state["mark"]:
+            return  # a straggler of an earlier load
+        if not state["count"]:
+            state["first"] = now
+        state["count"] += 1
+        state["last"] = now
+        latencies.append(now - published)
+
+    clients: list[Any] = []
+
+    async def one(index: int, room: str) -> None:
+        client = socketio.AsyncClient(reconnection=False)
+        client.on(EVENT, on_block, namespace=NS)
+        port = ports[index % len(ports)]
+        await client.connect(
+            f"http://127.0.0.1:{port}", namespaces=[NS], transports=["websocket"], wait_timeout=30
+        )
+        ack = await client.call("join_conversation", {"conversationId": room}, namespace=NS)
+        assert ack == {"ok": True}, ack
+        clients.append(client)
+
+    wanted = [(i, room) for i, room in enumerate(r for r in rooms for _ in range(per_room))]
+    for start in range(0, len(wanted), CONNECT_BATCH):
+        await asyncio.gather(*(one(i, room) for i, room in wanted[start : start + CONNECT_BATCH]))
+    print(f"READY {len(clients)}", flush=True)
+    reader = await _stdin_lines()
+    while line := (await reader.readline()).decode().strip():
+        if line == "MARK":
+            state.update(count=0, first=0, last=0, mark=time.time_ns())
+            del latencies[:]
+            print("MARKED", flush=True)
+        elif line == "COUNT":
+            print(f"COUNT {state['count']}", flush=True)
+        elif line == "REPORT":
+            ordered = sorted(latencies)
+            # 1,000 quantiles are enough to merge the processes' latencies
+            step = max(1, len(ordered) // 1000)
+            print("RESULT " + json.dumps({**state, "latencies": ordered[::step]}), flush=True)
+        elif line == "QUIT":
+            break
+    await asyncio.gather(*(c.disconnect() for c in clients), return_exceptions=True)
+
+
+def _block(seq: int, text: str, task: str, call_id: str, state: str = "running") -> dict[str, Any]:
+    return {
+        "v": 1,
+        "callId": call_id,
+        "taskId": task,
+        "state": state,
+        "ts": time.time_ns() // 1_000_000,
+        "envelope": {
+            "v": 1,
+            "kind": "text",
+            "streamKey": task,
+            "seq": seq,
+            "status": state,
+            "payload": {"text": text},
+        },
+    }
+
+
+async def _paced(seconds: float, streams: int, send: Any) -> int:
+    """Call ``await send(stream)`` for every stream ``RATE`` times a second, in 10 ms ticks
+    (a tenth of the streams per tick), for ``seconds``; the number of sends."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    sent = 0
+    for tick in range(int(seconds * 100)):
+        delay = start + tick * 0.01 - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        slot = tick % (100 // RATE)
+        for stream in range(slot, streams, 100 // RATE):
+            await send(stream)
+            sent += 1
+    return sent
+
+
+async def role_worker(
+    kind: str,
+    target: str,
+    rooms: list[str],
+    streams_per_room: int,
+    mode: str,
+    seconds: float,
+    n: int,
+) -> None:
+    """Publish the load; print ``START`` when the first block goes out, ``LOADED`` when the
+    load is over (before the terminals), then ``DONE`` with the worker's own figures."""
+    streams = [(room, f"t{i}") for room in rooms for i in range(streams_per_room)]
+    call_ids = [f"{i + 1:016x}" for i in range(len(streams))]
+    seqs = [0] * len(streams)
+    finish: Any
+    if kind == "plain":
+        import socketio
+
+        if target.startswith("redis://"):
+            manager = socketio.AsyncRedisManager(target, write_only=True)
+
+            async def emit(room: str, block: dict[str, Any]) -> None:
+                await manager.emit(EVENT, block, room=room, namespace=NS)
+
+            async def finish() -> None:
+                return None
+        else:
+            client = socketio.AsyncClient(reconnection=False)
+            await client.connect(target, namespaces=[NS], transports=["websocket"])
+
+            async def emit(room: str, block: dict[str, Any]) -> None:
+                await client.emit("relay_in", {"room": room, "block": block}, namespace=NS)
+
+            async def finish() -> None:
+                # a call round trip: everything emitted before it has reached the relay
+                await client.call("join_conversation", {"conversationId": "-"}, namespace=NS)
+                await client.disconnect()
+
+        async def send(stream: int) -> None:
+            room, task = streams[stream]
+            seqs[stream] += 1
+            text = f"{time.time_ns()} progress of {task}"
+            await emit(room, _block(seqs[stream], text, task, call_ids[stream]))
+
+        async def end(stream: int) -> None:
+            room, task = streams[stream]
+            seqs[stream] += 1
+            await emit(room, _block(seqs[stream], "done", task, call_ids[stream], "done"))
+
+    else:
+        from kernel_ext.context import ToolCall, set_tool_call
+        from kernel_ext.emit import LoopbackEmitter, RedisEmitter
+        from kernel_ext.stream import StreamHub
+        from kernel_ext.tap import Tap
+
+        hub = StreamHub(max_running_per_second=None, max_queue=max(100_000, n), tap=Tap())
+        emitter: Any
+        if target.startswith("redis://"):
+            emitter = RedisEmitter(target, hub=hub)
+        else:
+            emitter = LoopbackEmitter(target, SECRET, hub=hub)
+        await emitter.start()
+        await emitter._ready()  # the first connection attempt is over
+        contexts = []
+        for (room, _), call_id in zip(streams, call_ids, strict=True):
+            ctx = contextvars.copy_context()
+            ctx.run(set_tool_call, ToolCall(call_id, "ask_colleague", room))
+            contexts.append(ctx)
+        publish = hub.publish
+
+        async def send(stream: int) -> None:
+            contexts[stream].run(
+                publish,
+                f"{time.time_ns()} progress of {streams[stream][1]}",
+                task_id=streams[stream][1],
+            )
+
+        async def end(stream: int) -> None:
+            contexts[stream].run(publish, "done", task_id=streams[stream][1], state="done")
+
+        async def finish() -> None:
+            await emitter.flush(60)
+            await emitter.stop(timeout=10)
+
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    print(f"START {time.time_ns()}", flush=True)
+    if mode == "burst":
+        for i in range(n):
+            await send(i % len(streams))
+            if i % 200 == 199:
+                await asyncio.sleep(0)
+        sent = n
+    else:
+        sent = await _paced(seconds, len(streams), send)
+    cpu1, wall1 = time.process_time(), time.perf_counter()
+    print(
+        "LOADED " + json.dumps({"sent": sent, "cpu": cpu1 - cpu0, "wall": wall1 - wall0}),
+        flush=True,
+    )
+    for stream in range(len(streams)):
+        await end(stream)
+    await finish()
+    print("DONE", flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# Orchestration
+# ---------------------------------------------------------------------------------------
+
+_SCRIPT = os.path.abspath(__file__)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _spawn(*args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        _SCRIPT,
+        *args,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=None,
+    )
+
+
+async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        if proc.returncode is not None:
+            raise RuntimeError(f"process on port {port} exited before listening")
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.close()
+            await writer.wait_closed()
+            return
+        except OSError:
+            if loop.time() > deadline:
+                raise TimeoutError(f"nothing listened on {port} in time") from None
+            await asyncio.sleep(0.05)
+
+
+async def _line(proc: asyncio.subprocess.Process, prefix: str, timeout: float) -> str:
+    assert proc.stdout is not None
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            raise TimeoutError(f"no {prefix} line in time")
+        raw = await asyncio.wait_for(proc.stdout.readline(), remaining)
+        if not raw:
+            raise RuntimeError(f"process ended before its {prefix} line")
+        line = raw.decode().strip()
+        if line.startswith(prefix):
+            return line[len(prefix) :].strip()
+
+
+async def _ask(proc: asyncio.subprocess.Process, command: str, answer: str) -> str:
+    assert proc.stdin is not None
+    proc.stdin.write(f"{command}\n".encode())
+    await proc.stdin.drain()
+    return await _line(proc, answer, PROCESS_TIMEOUT)
+
+
+class Redis:
+    """A real redis-server on 127.0.0.1 for one point."""
+
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.dir = tempfile.mkdtemp(prefix="kx-bench-redis-")
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def __aenter__(self) -> Redis:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RuntimeError("redis-server is not installed (apt package redis-server)")
+        self.proc = await asyncio.create_subprocess_exec(
+            binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            self.dir,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+        )
+        await _wait_port(self.port, self.proc)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.terminate()
+            await self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@dataclass
+class Setup:
+    """One point's arrangement."""
+
+    rooms: int
+    per_room: int = 1
+    streams_per_room: int = 1
+    web_processes: int = 1
+    redis: bool = False
+    worker_path: str = "loopback"  # or "redis"
+    burst_n: int = 20_000
+    seconds: float = SECONDS
+
+
+@dataclass
+class Load:
+    """What one load (paced or burst) delivered."""
+
+    sent: int = 0
+    expected: int = 0
+    delivered: int = 0
+    rate: float = 0.0
+    p50: float | None = None
+    p99: float | None = None
+    relay_cpu: float = 0.0
+    redis_cpu: float = 0.0
+    worker_cpu: float = 0.0
+    worker_wall: float = 0.0
+    relay_rss_loaded: int = 0
+
+
+@dataclass
+class Point:
+    kind: str
+    setup: Setup
+    relay_rss_idle: int = 0
+    relay_rss_connected: int = 0
+    loads: dict[str, Load] = field(default_factory=dict)
+
+
+def _browser_processes(browsers: int) -> int:
+    return 1 if browsers < 50 else min(4, max(2, math.ceil(browsers / 1_250)))
+
+
+def _quantile(values: Sequence[int], q: float) -> float | None:
+    if not values:
+        return None
+    return values[min(len(values) - 1, int(len(values) * q))] / 1e6
+
+
+async def _load(
+    kind: str,
+    setup: Setup,
+    mode: str,
+    rooms: list[str],
+    target: str,
+    relays: list[asyncio.subprocess.Process],
+    browsers: list[asyncio.subprocess.Process],
+    redis: Redis | None,
+) -> Load:
+    for proc in browsers:
+        await _ask(proc, "MARK", "MARKED")
+    cpu_before = sum(cpu_seconds(p.pid) for p in relays)
+    redis_before = cpu_seconds(redis.proc.pid) if redis and redis.proc else 0.0
+    worker = await _spawn(
+        "--role",
+        "worker",
+        "--kind",
+        kind,
+        "--target",
+        target,
+        "--rooms",
+        json.dumps(rooms),
+        "--streams-per-room",
+        str(setup.streams_per_room),
+        "--mode",
+        mode,
+        "--seconds",
+        str(setup.seconds),
+        "--n",
+        str(setup.burst_n),
+    )
+    loop = asyncio.get_running_loop()
+    try:
+        start_ns = int(await _line(worker, "START", PROCESS_TIMEOUT))
+        done = json.loads(await _line(worker, "LOADED", PROCESS_TIMEOUT))
+        loaded_rss = sum(rss_bytes(p.pid) for p in relays)
+        # The same time for both contenders: deliveries DRAIN s after the load count.
+        expected = done["sent"] * setup.per_room
+        deadline = loop.time() + DRAIN
+        while loop.time() < deadline:
+            delivered = 0
+            for proc in browsers:
+                delivered += int(await _ask(proc, "COUNT", "COUNT"))
+            if delivered >= expected:
+                break
+            await asyncio.sleep(0.1)  # polling for the stragglers, bounded by DRAIN
+        relay_cpu = sum(cpu_seconds(p.pid) for p in relays) - cpu_before
+        redis_cpu = (cpu_seconds(redis.proc.pid) - redis_before) if redis and redis.proc else 0.0
+        results = [json.loads(await _ask(p, "REPORT", "RESULT")) for p in browsers]
+        with contextlib.suppress(asyncio.TimeoutError, RuntimeError):
+            await _line(worker, "DONE", DRAIN)  # its terminals sent; else it is killed
+    finally:
+        if worker.returncode is None:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(worker.wait(), 5)
+        if worker.returncode is None:
+            worker.kill()
+            await worker.wait()
+    delivered = sum(r["count"] for r in results)
+    last = max((r["last"] for r in results if r["count"]), default=start_ns)
+    merged = sorted(x for r in results for x in r["latencies"])
+    return Load(
+        sent=done["sent"],
+        expected=expected,
+        delivered=delivered,
+        rate=delivered / ((last - start_ns) / 1e9) if last > start_ns else 0.0,
+        p50=_quantile(merged, 0.5),
+        p99=_quantile(merged, 0.99),
+        relay_cpu=relay_cpu,
+        redis_cpu=redis_cpu,
+        worker_cpu=done["cpu"],
+        worker_wall=done["wall"],
+        relay_rss_loaded=loaded_rss,
+    )
+
+
+async def measure(kind: str, setup: Setup, modes: Sequence[str] = ("paced", "burst")) -> Point:
+    """Start the processes of one point, run its loads, stop everything."""
+    point = Point(kind, setup)
+    rooms = [f"conv-{i}" for i in range(setup.rooms)]
+    procs: list[asyncio.subprocess.Process] = []
+    browsers: list[asyncio.subprocess.Process] = []
+    async with contextlib.AsyncExitStack() as stack:
+        redis = await stack.enter_async_context(Redis()) if setup.redis else None
+        try:
+            ports = [_free_port() for _ in range(setup.web_processes)]
+            relays = []
+            for port in ports:
+                args = ["--role", "relay", "--kind", kind, "--port", str(port)]
+                if redis is not None:
+                    args += ["--redis", redis.url]
+                relays.append(await _spawn(*args))
+            procs += relays
+            for port, relay in zip(ports, relays, strict=True):
+                await _wait_port(port, relay)
+            point.relay_rss_idle = sum(rss_bytes(p.pid) for p in relays)
+            count = _browser_processes(setup.rooms * setup.per_room)
+            for i in range(count):
+                share = rooms[i::count]
+                browsers.append(
+                    await _spawn(
+                        "--role",
+                        "browsers",
+                        "--ports",
+                        ",".join(map(str, ports)),
+                        "--rooms",
+                        json.dumps(share),
+                        "--per-room",
+                        str(setup.per_room),
+                    )
+                )
+            procs += browsers
+            for proc in browsers:
+                await _line(proc, "READY", PROCESS_TIMEOUT)
+            point.relay_rss_connected = sum(rss_bytes(p.pid) for p in relays)
+            if setup.worker_path == "redis":
+                assert redis is not None
+                target = redis.url
+            else:
+                target = f"http://127.0.0.1:{ports[0]}"
+            for mode in modes:
+                point.loads[mode] = await _load(
+                    kind, setup, mode, rooms, target, relays, browsers, redis
+                )
+            for proc in browsers:
+                assert proc.stdin is not None
+                proc.stdin.write(b"QUIT\n")
+                with contextlib.suppress(ConnectionError):
+                    await proc.stdin.drain()
+        finally:
+            for proc in reversed(procs):  # the browsers (asked to quit), then the relays
+                if proc not in browsers and proc.returncode is None:
+                    if os.environ.get("KX_BENCH_PROFILE"):
+                        proc.send_signal(signal.SIGUSR1)
+                        await asyncio.sleep(1)  # debugging only: time to write the profile
+                    proc.terminate()  # uvicorn stops gracefully
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 10)
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+    return point
+
+
+async def side_by_side(setup: Setup, modes: Sequence[str] = ("paced", "burst")) -> dict[str, Point]:
+    """The plain relay's point, then kernel_ext's, on the same arrangement."""
+    return {kind: await measure(kind, setup, modes) for kind in ("plain", "kx")}
+
+
+# ---------------------------------------------------------------------------------------
+# Worker: hub memory per live call (in process)
+# ---------------------------------------------------------------------------------------
+
+
+async def hub_memory_per_call(calls: int) -> float:
+    """Bytes the hub holds per live call with one open stream (``tracemalloc``; the
+    ``ToolCall`` records are the kernel's, made before the count starts)."""
+    from kernel_ext.context import ToolCall, use_tool_call
+    from kernel_ext.stream import StreamHub
+    from kernel_ext.tap import Tap
+
+    hub = StreamHub(max_running_per_second=None, max_queue=1_000_000, tap=Tap())
+    consumer = hub.consumer()
+    records = [ToolCall(f"{i + 1:016x}", "ask_colleague", f"conv-{i % 10}") for i in range(calls)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for call in records:
+            with use_tool_call(call):
+                hub.publish("progress", task_id="t0")
+        consumer.take_nowait(calls + 10)  # sent: what stays is the streams' state
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+        consumer.close()
+    return max(0.0, (after - before) / calls)
+
+
+# ---------------------------------------------------------------------------------------
+# Figures, tables, plots
+# ---------------------------------------------------------------------------------------
+
+
+def _ratio(kx: float | None, plain: float | None) -> float | None:
+    if kx is None or not plain:
+        return None
+    return kx / plain
+
+
+def _point_figures(curve: str, label: str, pair: dict[str, Point]) -> list[dict[str, Any]]:
+    plain, kx = pair["plain"], pair["kx"]
+    figures = []
+    if "burst" in kx.loads:
+        pb, kb = plain.loads["burst"], kx.loads["burst"]
+        ratio = _ratio(kb.rate, pb.rate)
+        figures.append(
+            {
+                "name": f"{curve}, {label}: throughput vs plain relay",
+                "value": round(ratio, 2) if ratio is not None else None,
+                "unit": "×",
+                "target": THROUGHPUT_TARGET,
+                "target_text": "≥ 1.0×",
+                "ok": None if ratio is None else ratio >= THROUGHPUT_TARGET,
+                "detail": f"{kb.rate:,.0f} vs {pb.rate:,.0f} delivered blocks/s "
+                f"(burst; delivered {kb.delivered:,}/{kb.expected:,} vs "
+                f"{pb.delivered:,}/{pb.expected:,})",
+            }
+        )
+    pp, kp = plain.loads["paced"], kx.loads["paced"]
+    ratio = _ratio(kp.p99, pp.p99)
+    figures.append(
+        {
+            "name": f"{curve}, {label}: p99 latency vs plain relay",
+            "value": round(ratio, 2) if ratio is not None else None,
+            "unit": "×",
+            "target": P99_TARGET,
+            "target_text": "≤ 1.5×",
+            "ok": None if ratio is None else ratio <= P99_TARGET,
+            "detail": f"p99 {_ms(kp.p99)} vs {_ms(pp.p99)} ms, p50 {_ms(kp.p50)} vs "
+            f"{_ms(pp.p50)} ms (paced; delivered {kp.delivered:,}/{kp.expected:,} vs "
+            f"{pp.delivered:,}/{pp.expected:,})",
+        }
+    )
+    return figures
+
+
+def _ms(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
+def _per_block_us(cpu: float, blocks: int) -> float | None:
+    return cpu / blocks * 1e6 if blocks else None
+
+
+def _kib(value: float | None) -> str:
+    return "—" if value is None else f"{value / 1024:,.1f}"
+
+
+def _us(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.1f}"
+
+
+class Curves:
+    """Every point of the four curves, and what is made of them."""
+
+    def __init__(self) -> None:
+        self.fanout: dict[int, dict[str, Point]] = {}
+        self.breadth: dict[int, dict[str, Point]] = {}
+        self.scale_out: dict[str, dict[str, Point]] = {}
+        self.workers: dict[int, dict[str, Point]] = {}
+        self.hub_bytes: dict[int, float] = {}
+
+    def figures(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for browsers, pair in self.fanout.items():
+            out += _point_figures("fan-out", f"{browsers:,} browsers", pair)
+        for rooms, pair in self.breadth.items():
+            out += _point_figures("breadth", f"{rooms:,} conversations", pair)
+        for label, pair in self.scale_out.items():
+            out += _point_figures("scale-out", label, pair)
+        for calls, pair in self.workers.items():
+            out += _point_figures("workers", f"{calls:,} calls", pair)
+            kp, pp = pair["kx"].loads["paced"], pair["plain"].loads["paced"]
+            out.append(
+                {
+                    "name": f"workers, {calls:,} calls: worker CPU share (info)",
+                    "value": round(kp.worker_cpu / kp.worker_wall, 3),
+                    "unit": "cores",
+                    "target": None,
+                    "ok": None,
+                    "detail": f"plain worker {pp.worker_cpu / pp.worker_wall:.3f} cores; "
+                    f"hub memory {self.hub_bytes.get(calls, 0):,.0f} B per live call",
+                }
+            )
+        return out
+
+    # -- tables ------------------------------------------------------------------------
+
+    def _load_rows(self, label: str, pair: dict[str, Point]) -> str:
+        kp, pp = pair["kx"].loads["paced"], pair["plain"].loads["paced"]
+        kb, pb = pair["kx"].loads.get("burst"), pair["plain"].loads.get("burst")
+        burst = (
+            f"{kb.rate:,.0f} | {pb.rate:,.0f} | {_ratio(kb.rate, pb.rate) or 0:.2f}×"
+            if kb and pb
+            else "— | — | —"
+        )
+        kc, pc = kb or kp, pb or pp  # the relay's CPU per block: saturated when measured
+        return (
+            f"| {label} | {burst} | {_ms(kp.p99)} | {_ms(pp.p99)} | "
+            f"{_ratio(kp.p99, pp.p99) or 0:.2f}× | {kp.delivered:,}/{kp.expected:,} | "
+            f"{pp.delivered:,}/{pp.expected:,} | "
+            f"{_us(_per_block_us(kc.relay_cpu, kc.delivered))} | "
+            f"{_us(_per_block_us(pc.relay_cpu, pc.delivered))} |"
+        )
+
+    _HEAD = (
+        "| {what} | kernel_ext blocks/s (burst) | plain blocks/s | ratio | kernel_ext p99 ms "
+        "(paced) | plain p99 ms | ratio | delivered, paced: kernel_ext | plain | relay CPU "
+        "µs per delivered block (burst): kernel_ext | plain |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|"
+    )
+
+    def sections(self, plots: dict[str, str]) -> str:
+        parts: list[str] = []
+        if self.fanout:
+            parts += [
+                "#### Curve 1 — fan-out: one conversation, 10 streams × 10 blocks/s, watched by "
+                "N browsers",
+                "",
+                self._HEAD.format(what="browsers"),
+            ]
+            parts += [self._load_rows(f"{b:,}", p) for b, p in self.fanout.items()]
+            parts += _plot_line(plots, "fanout")
+        if self.breadth:
+            parts += [
+                "#### Curve 2 — breadth: N conversations, one stream × 10 blocks/s and one "
+                "browser each",
+                "",
+                self._HEAD.format(what="conversations"),
+            ]
+            parts += [self._load_rows(f"{r:,}", p) for r, p in self.breadth.items()]
+            parts += [
+                "",
+                "| conversations | relay memory per browser (KiB), kernel_ext | plain | relay "
+                "memory per live stream (KiB), kernel_ext | plain |",
+                "|---|---|---|---|---|",
+            ]
+            for rooms, pair in self.breadth.items():
+                cells = []
+                for kind in ("kx", "plain"):
+                    point = pair[kind]
+                    cells.append(
+                        _kib((point.relay_rss_connected - point.relay_rss_idle) / rooms)
+                        if rooms >= 100
+                        else "—"
+                    )
+                for kind in ("kx", "plain"):
+                    point = pair[kind]
+                    loaded = point.loads["paced"].relay_rss_loaded
+                    cells.append(
+                        _kib((loaded - point.relay_rss_connected) / rooms) if rooms >= 100 else "—"
+                    )
+                parts.append(f"| {rooms:,} | " + " | ".join(cells) + " |")
+            parts += _plot_line(plots, "breadth")
+        if self.scale_out:
+            parts += [
+                f"#### Curve 3 — scale-out: {self._scale_rooms():,} conversations, one "
+                "browser each, one or two web processes",
+                "",
+                self._HEAD.format(what="arrangement"),
+            ]
+            parts += [self._load_rows(label, p) for label, p in self.scale_out.items()]
+            parts += [
+                "",
+                "| arrangement | redis-server CPU µs per published block, kernel_ext | plain |",
+                "|---|---|---|",
+            ]
+            for label, pair in self.scale_out.items():
+                cells = [
+                    _us(
+                        _per_block_us(pair[k].loads["paced"].redis_cpu, pair[k].loads["paced"].sent)
+                    )
+                    if pair[k].setup.redis
+                    else "—"
+                    for k in ("kx", "plain")
+                ]
+                parts.append(f"| {label} | " + " | ".join(cells) + " |")
+            parts += _plot_line(plots, "scaleout")
+        if self.workers:
+            parts += [
+                "#### Curve 4 — workers: one worker, N concurrent tool calls × 10 blocks/s",
+                "",
+                "| calls | worker CPU share, kernel_ext (cores) | plain worker | worker CPU µs "
+                "per block, kernel_ext | plain | hub memory per live call (B) | delivered "
+                "kernel_ext | p99 ms kernel_ext | plain p99 ms |",
+                "|---|---|---|---|---|---|---|---|---|",
+            ]
+            for calls, pair in self.workers.items():
+                kp, pp = pair["kx"].loads["paced"], pair["plain"].loads["paced"]
+                parts.append(
+                    f"| {calls:,} | {kp.worker_cpu / kp.worker_wall:.3f} | "
+                    f"{pp.worker_cpu / pp.worker_wall:.3f} | "
+                    f"{_us(_per_block_us(kp.worker_cpu, kp.sent))} | "
+                    f"{_us(_per_block_us(pp.worker_cpu, pp.sent))} | "
+                    f"{self.hub_bytes.get(calls, 0):,.0f} | {kp.delivered:,}/{kp.expected:,} | "
+                    f"{_ms(kp.p99)} | {_ms(pp.p99)} |"
+                )
+            parts += _plot_line(plots, "workers")
+        capacity = self.capacity()
+        if capacity:
+            parts += ["#### Capacity (the figures docs/operations.md quotes)", "", *capacity]
+        return "\n".join(parts)
+
+    def _scale_rooms(self) -> int:
+        first = next(iter(self.scale_out.values()))
+        return first["kx"].setup.rooms
+
+    def capacity(self) -> list[str]:
+        """The capacity guide's table: one web process's measured limits on this machine."""
+        if not (self.breadth and self.fanout):
+            return []
+        rows = ["| quantity (one web process, this machine) | measured |", "|---|---|"]
+        best_burst = max(p["kx"].loads["burst"].rate for p in self.breadth.values())
+        rows.append(f"| blocks/s delivered, saturated (breadth, burst) | {best_burst:,.0f} |")
+        fan = max(p["kx"].loads["burst"].rate for p in self.fanout.values())
+        rows.append(f"| deliveries/s to browsers of one conversation, saturated | {fan:,.0f} |")
+        cpu = [
+            _per_block_us(p["kx"].loads["burst"].relay_cpu, p["kx"].loads["burst"].delivered)
+            for p in self.breadth.values()
+        ]
+        known = [c for c in cpu if c is not None]
+        if known:
+            rows.append(
+                "| relay CPU per delivered block (µs, saturated, 1 to "
+                f"{max(self.breadth):,} conversations) | {min(known):,.0f}–{max(known):,.0f} |"
+            )
+        big = max(self.breadth)
+        pair = self.breadth[big]
+        per_browser = (pair["kx"].relay_rss_connected - pair["kx"].relay_rss_idle) / big
+        rows.append(
+            f"| relay memory per connected browser (KiB, {big:,} browsers) | "
+            f"{per_browser / 1024:,.1f} |"
+        )
+        loaded = pair["kx"].loads["paced"]
+        rows.append(
+            f"| paced load delivered at {big:,} conversations × 10 blocks/s | "
+            f"{loaded.delivered / max(1, loaded.expected):.0%} |"
+        )
+        if self.workers:
+            most = max(self.workers)
+            kp = self.workers[most]["kx"].loads["paced"]
+            rows.append(
+                f"| worker CPU per published block (µs, {most:,} calls) | "
+                f"{_us(_per_block_us(kp.worker_cpu, kp.sent))} |"
+            )
+            rows.append(f"| hub memory per live call (B) | {self.hub_bytes.get(most, 0):,.0f} |")
+        return rows
+
+    # -- plots -------------------------------------------------------------------------
+
+    def plot(self, directory: Path) -> dict[str, str]:
+        """Write one SVG per curve; the file names by curve (empty without matplotlib)."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            return {}
+        directory.mkdir(parents=True, exist_ok=True)
+        written: dict[str, str] = {}
+        plt.rcParams["svg.hashsalt"] = "kernel_ext"  # reproducible ids in the SVG
+
+        def save(fig: Any, name: str) -> None:
+            path = directory / f"scale-{name}.svg"
+            fig.tight_layout()
+            fig.savefig(path, format="svg", metadata={"Date": None})
+            plt.close(fig)
+            written[name] = f"{directory.name}/{path.name}"
+
+        for name, data, xlabel in (
+            ("fanout", self.fanout, "browsers watching one conversation"),
+            ("breadth", self.breadth, "live conversations (one browser each)"),
+            ("workers", self.workers, "concurrent tool calls in one worker"),
+        ):
+            if not data:
+                continue
+            xs = list(data)
+            fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+            for kind, label, style in (("kx", "kernel_ext", "o-"), ("plain", "plain relay", "s--")):
+                if name == "workers":
+                    left.plot(
+                        xs,
+                        [
+                            p[kind].loads["paced"].worker_cpu / p[kind].loads["paced"].worker_wall
+                            for p in data.values()
+                        ],
+                        style,
+                        label=label,
+                    )
+                else:
+                    left.plot(
+                        xs, [p[kind].loads["burst"].rate for p in data.values()], style, label=label
+                    )
+                right.plot(
+                    xs, [p[kind].loads["paced"].p99 or 0 for p in data.values()], style, label=label
+                )
+            left.set_ylabel("worker CPU (cores)" if name == "workers" else "delivered blocks/s")
+            right.set_ylabel("p99 latency (ms), paced")
+            for axis in (left, right):
+                axis.set_xscale("log")
+                axis.set_xlabel(xlabel)
+                axis.grid(True, alpha=0.3)
+                axis.legend()
+            save(fig, name)
+        if self.scale_out:
+            labels = list(self.scale_out)
+            fig, axis = plt.subplots(figsize=(10, 3.6))
+            width = 0.38
+            for offset, (kind, label) in enumerate(
+                (("kx", "kernel_ext"), ("plain", "plain relay"))
+            ):
+                axis.bar(
+                    [i + (offset - 0.5) * width for i in range(len(labels))],
+                    [p[kind].loads["burst"].rate for p in self.scale_out.values()],
+                    width,
+                    label=label,
+                )
+            axis.set_xticks(range(len(labels)), labels, fontsize=8)
+            axis.set_ylabel("delivered blocks/s (burst)")
+            axis.legend()
+            axis.grid(True, axis="y", alpha=0.3)
+            save(fig, "scaleout")
+        return written
+
+
+def _plot_line(plots: dict[str, str], name: str) -> list[str]:
+    if name in plots:
+        return ["", f"![{name}]({plots[name]})", ""]
+    return ["", "(no plot: matplotlib is not installed; `pip install -e .[bench]`)", ""]
+
+
+# ---------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------
+
+
+async def _curves(quick: bool) -> Curves:
+    curves = Curves()
+    for browsers in QUICK_FANOUT if quick else FANOUT:
+        # about 40,000 deliveries per burst (10,000 quick), whatever the fan-out
+        setup = Setup(
+            rooms=1,
+            per_room=browsers,
+            streams_per_room=10,
+            burst_n=max(400, (10_000 if quick else 40_000) // browsers),
+        )
+        curves.fanout[browsers] = await side_by_side(setup)
+    for rooms in QUICK_BREADTH if quick else BREADTH:
+        setup = Setup(rooms=rooms, burst_n=5_000 if quick else 20_000)
+        curves.breadth[rooms] = await side_by_side(setup)
+    rooms = QUICK_SCALE_OUT_ROOMS if quick else SCALE_OUT_ROOMS
+    for label, setup in (
+        ("1 web process, loopback, no Redis", Setup(rooms=rooms)),
+        (
+            "1 web process + Redis, RedisEmitter",
+            Setup(rooms=rooms, redis=True, worker_path="redis"),
+        ),
+        (
+            "2 web processes + Redis, RedisEmitter",
+            Setup(rooms=rooms, web_processes=2, redis=True, worker_path="redis"),
+        ),
+        (
+            "2 web processes + Redis, loopback into one",
+            Setup(rooms=rooms, web_processes=2, redis=True),
+        ),
+    ):
+        setup.burst_n = 5_000 if quick else 20_000
+        curves.scale_out[label] = await side_by_side(setup)
+    for calls in QUICK_WORKER_CALLS if quick else WORKER_CALLS:
+        setup = Setup(rooms=1, streams_per_room=calls)
+        curves.workers[calls] = await side_by_side(setup, modes=("paced",))
+        curves.hub_bytes[calls] = await hub_memory_per_call(calls)
+    return curves
+
+
+_LAST: list[str] = []
+
+
+def run(quick: bool = False) -> list[dict[str, Any]]:
+    """Measure the four curves; the figures (each point's ratios), and the tables and plots
+    as :func:`sections` returns them."""
+    quick = quick or QUICK
+    curves = asyncio.run(_curves(quick))
+    plot_dir = Path(os.environ.get(PLOT_DIR_ENV) or tempfile.mkdtemp(prefix="kx-plots-"))
+    _LAST[:] = [curves.sections(curves.plot(plot_dir))]
+    return curves.figures()
+
+
+def sections() -> str:
+    """The tables, plot links and capacity table of the last :func:`run` (markdown)."""
+    return _LAST[0] if _LAST else ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--role")
+    parser.add_argument("--kind", default="kx")
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--ports", default="")
+    parser.add_argument("--redis")
+    parser.add_argument("--target", default="")
+    parser.add_argument("--rooms", default="[]")
+    parser.add_argument("--per-room", type=int, default=1)
+    parser.add_argument("--streams-per-room", type=int, default=1)
+    parser.add_argument("--mode", default="paced")
+    parser.add_argument("--seconds", type=float, default=SECONDS)
+    parser.add_argument("--n", type=int, default=20_000)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    if args.role == "relay":
+        role_relay(args.kind, args.port, args.redis)
+        return 0
+    if args.role == "browsers":
+        ports = [int(p) for p in args.ports.split(",")]
+        asyncio.run(role_browsers(ports, json.loads(args.rooms), args.per_room))
+        return 0
+    if args.role == "worker":
+        import logging
+
+        logging.getLogger("kernel_ext").setLevel(logging.ERROR)
+        asyncio.run(
+            role_worker(
+                args.kind,
+                args.target,
+                json.loads(args.rooms),
+                args.streams_per_room,
+                args.mode,
+                args.seconds,
+                args.n,
+            )
+        )
+        return 0
+    print(f"kernel_ext scale benchmarks — Python {sys.version.split()[0]}")
+    for figure in run(quick=args.quick):
+        verdict = "info" if figure["ok"] is None else ("PASS" if figure["ok"] else "MISS")
+        print(
+            f"  {verdict:4}  {figure['name']:<70} {figure['value']}{figure['unit']}  "
+            f"{figure['detail']}"
+        )
+    print(sections())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

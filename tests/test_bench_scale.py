@@ -1,0 +1,91 @@
+"""The scale benchmark (benchmarks/bench_scale.py) measures what it says, at a tiny size.
+
+No timing is asserted. What is checked: each arrangement really starts its processes (a
+relay per web process, browser processes, a worker, redis-server), every block the worker
+sent is counted at the browsers for both contenders, and the tables, plots and capacity
+rows the report quotes are made from the measured points.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import bench_scale  # noqa: E402
+from bench_scale import Curves, Setup, side_by_side  # noqa: E402
+
+pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
+
+
+def _check_pair(pair: dict[str, bench_scale.Point], per_room: int) -> None:
+    for kind in ("plain", "kx"):
+        point = pair[kind]
+        assert point.relay_rss_idle > 0
+        assert point.relay_rss_connected >= point.relay_rss_idle
+        for mode, load in point.loads.items():
+            assert load.sent > 0, (kind, mode)
+            assert load.expected == load.sent * per_room, (kind, mode)
+            assert load.delivered == load.expected, (kind, mode, load)
+            assert load.rate > 0, (kind, mode)
+            assert load.p99 is not None and load.p50 is not None
+            assert 0 < load.p50 <= load.p99
+            assert load.relay_cpu > 0, (kind, mode)
+            assert load.worker_wall > 0
+
+
+def test_one_point_delivers_every_block_to_every_browser_for_both_contenders() -> None:
+    setup = Setup(rooms=2, per_room=3, streams_per_room=2, burst_n=300, seconds=0.5)
+    pair = asyncio.run(asyncio.wait_for(side_by_side(setup), 150))
+    _check_pair(pair, per_room=3)
+    paced = pair["kx"].loads["paced"]
+    # 2 rooms x 2 streams at 10 blocks/s for 0.5 s
+    assert paced.sent == 2 * 2 * 10 * 0.5
+
+
+@pytest.mark.redis
+def test_two_web_processes_behind_a_real_redis_server() -> None:
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (apt package redis-server)")
+    setup = Setup(
+        rooms=4, web_processes=2, redis=True, worker_path="redis", burst_n=200, seconds=0.5
+    )
+    pair = asyncio.run(asyncio.wait_for(side_by_side(setup, modes=("paced",)), 150))
+    _check_pair(pair, per_room=1)
+    for kind in ("plain", "kx"):
+        assert pair[kind].loads["paced"].redis_cpu >= 0
+
+
+def test_tables_plots_and_capacity_rows_come_from_the_points(tmp_path: Path) -> None:
+    small = Setup(rooms=1, per_room=2, streams_per_room=1, burst_n=100, seconds=0.3)
+    curves = Curves()
+    curves.fanout[2] = asyncio.run(asyncio.wait_for(side_by_side(small), 150))
+    curves.breadth[1] = curves.fanout[2]
+    curves.workers[1] = curves.fanout[2]
+    curves.hub_bytes[1] = asyncio.run(bench_scale.hub_memory_per_call(50))
+    assert curves.hub_bytes[1] > 0
+    figures = curves.figures()
+    names = [f["name"] for f in figures]
+    assert "fan-out, 2 browsers: throughput vs plain relay" in names
+    assert "fan-out, 2 browsers: p99 latency vs plain relay" in names
+    for figure in figures:
+        if figure["target"] is not None:
+            assert isinstance(figure["ok"], bool), figure
+    kx = curves.fanout[2]["kx"].loads["burst"]
+    plots = curves.plot(tmp_path / "plots")
+    text = curves.sections(plots)
+    assert f"| {kx.rate:,.0f} |" in text
+    assert "#### Capacity" in text
+    assert f"| 2 | {kx.rate:,.0f} |" in text
+    if plots:  # matplotlib (the bench extra) is installed
+        assert set(plots) == {"fanout", "breadth", "workers"}
+        for name in plots.values():
+            assert (tmp_path / name).read_text().lstrip().startswith("<?xml")
+            assert f"]({name})" in text
+    else:
+        assert "no plot: matplotlib is not installed" in text
