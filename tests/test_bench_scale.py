@@ -17,8 +17,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-import bench_scale  # noqa: E402
-from bench_scale import Curves, Setup, side_by_side  # noqa: E402
+import bench_scale
+from bench_scale import Curves, Setup, side_by_side
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 
@@ -33,7 +33,8 @@ def _check_pair(pair: dict[str, bench_scale.Point], per_room: int) -> None:
             assert load.expected == load.sent * per_room, (kind, mode)
             assert load.delivered == load.expected, (kind, mode, load)
             assert load.rate > 0, (kind, mode)
-            assert load.p99 is not None and load.p50 is not None
+            assert load.p99 is not None
+            assert load.p50 is not None
             assert 0 < load.p50 <= load.p99
             assert load.relay_cpu > 0, (kind, mode)
             assert load.worker_wall > 0
