@@ -250,33 +250,35 @@ async def test_order_is_kept_when_emits_wait_on_redis(redis_server: Any) -> None
     # With a pub/sub manager each emit awaits a publish: a frame its own handler is emitting
     # is still running when the next frames arrive, which queue behind it (and a chat event
     # among them keeps its place).
-    async with relay_server(redis_url=redis_server.url) as (port, relay):
-        async with browsers(port, C1) as (b,):
-            expected: list[dict[str, Any]] = []
-            async with worker(port) as w:
-                seq = 0
-                for i in range(120):
-                    blocks = []
-                    for _ in range(1 + i % 4):
-                        seq += 1
-                        blocks.append(block(seq))
-                    expected.extend(blocks)
-                    await w.emit("kx_blocks", frame(C1, blocks), namespace=NS)
-                    if i == 60:
-                        event = {"room": C1, "event": {"eventId": "e-mid"}}
-                        await w.emit("kx_chat_event", event, namespace=NS)
-                assert await w.call("kx_blocks", frame(C1, []), namespace=NS) == {
-                    "ok": True,
-                    "accepted": 0,
-                    "rejected": 0,
-                }
-            await b.wait_for(count(len(expected)))
-            assert [x["envelope"]["seq"] for x in b.blocks] == list(range(1, seq + 1))
-            assert b.chat_events == [{"eventId": "e-mid"}]
-            position = b.order.index("chat_event")
-            before = b.order[:position].count("tool_event_stream")
-            assert before == sum(1 + i % 4 for i in range(61))
-            assert relay.stats()["blocks_emitted"] == seq
+    async with (
+        relay_server(redis_url=redis_server.url) as (port, relay),
+        browsers(port, C1) as (b,),
+    ):
+        expected: list[dict[str, Any]] = []
+        async with worker(port) as w:
+            seq = 0
+            for i in range(120):
+                blocks = []
+                for _ in range(1 + i % 4):
+                    seq += 1
+                    blocks.append(block(seq))
+                expected.extend(blocks)
+                await w.emit("kx_blocks", frame(C1, blocks), namespace=NS)
+                if i == 60:
+                    event = {"room": C1, "event": {"eventId": "e-mid"}}
+                    await w.emit("kx_chat_event", event, namespace=NS)
+            assert await w.call("kx_blocks", frame(C1, []), namespace=NS) == {
+                "ok": True,
+                "accepted": 0,
+                "rejected": 0,
+            }
+        await b.wait_for(count(len(expected)))
+        assert [x["envelope"]["seq"] for x in b.blocks] == list(range(1, seq + 1))
+        assert b.chat_events == [{"eventId": "e-mid"}]
+        position = b.order.index("chat_event")
+        before = b.order[:position].count("tool_event_stream")
+        assert before == sum(1 + i % 4 for i in range(61))
+        assert relay.stats()["blocks_emitted"] == seq
 
 
 async def test_chat_event_is_relayed_in_order_with_the_blocks() -> None:
