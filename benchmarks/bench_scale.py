@@ -713,6 +713,7 @@ def _point_figures(curve: str, label: str, pair: dict[str, Point]) -> list[dict[
                 "unit": "×",
                 "target": THROUGHPUT_TARGET,
                 "target_text": "≥ 1.0×",
+                "profile": False,
                 "ok": None if ratio is None else ratio >= THROUGHPUT_TARGET,
                 "detail": f"{kb.rate:,.0f} vs {pb.rate:,.0f} delivered blocks/s "
                 f"(burst; delivered {kb.delivered:,}/{kb.expected:,} vs "
@@ -728,6 +729,7 @@ def _point_figures(curve: str, label: str, pair: dict[str, Point]) -> list[dict[
             "unit": "×",
             "target": P99_TARGET,
             "target_text": "≤ 1.5×",
+            "profile": False,
             "ok": None if ratio is None else ratio <= P99_TARGET,
             "detail": f"p99 {_ms(kp.p99)} vs {_ms(pp.p99)} ms, p50 {_ms(kp.p50)} vs "
             f"{_ms(pp.p50)} ms (paced; delivered {kp.delivered:,}/{kp.expected:,} vs "

@@ -11,7 +11,8 @@ A benchmark module is a ``bench_<name>.py`` file beside this one exposing
 ``run() -> list[dict]``; each dict is one figure: ``name``, ``value``, ``unit``, ``target``
 (``None`` for information), ``ok`` (``True``/``False``, ``None`` when there is no verdict) and
 ``detail``; optionally ``target_text`` (how to print the target) and ``profile`` (a key for
-the module's ``profile_target``). A module's docstring is its method, copied into the report.
+the module's ``profile_target``; ``False``: none, the path runs in other processes). A
+module's docstring is its method, copied into the report.
 A module may also expose ``sections() -> str``: markdown (tables, plots) printed under its
 figures, called after ``run()``; plots go to the directory named by ``KERNEL_EXT_BENCH_PLOTS``
 (``plots/`` beside the report), linked relative to the report. A module whose run takes
@@ -126,7 +127,7 @@ class Figure:
             ok=None if ok is None else bool(ok),
             detail=str(raw.get("detail") or ""),
             target_text=raw.get("target_text"),
-            profile=raw.get("profile"),
+            profile="" if raw.get("profile") is False else raw.get("profile"),
         )
 
 
@@ -509,8 +510,8 @@ def profile_misses(
     done: dict[tuple[str, str], str | None] = {}
     for r in results:
         for f in r.figures:
-            if f.ok is not False:
-                continue
+            if f.ok is not False or f.profile == "":
+                continue  # met, or measured in other processes (``"profile": False``)
             # Without a profile_target hook the whole module is profiled: once is enough.
             key = (r.name, (f.profile or f.name) if r.profile_hook else "quick-run")
             if key not in done:

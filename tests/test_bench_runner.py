@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 import textwrap
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -180,3 +181,17 @@ def test_a_module_may_declare_its_own_time_limit(runner: ModuleType, tmp_path: P
         other.write_text(body)
         assert runner.module_timeout(other, 420.0) == 420.0, body
     assert runner.module_timeout(tmp_path / "missing.py", 7.0) == 7.0
+
+
+def test_a_miss_measured_in_other_processes_is_not_profiled(
+    runner: ModuleType, tmp_path: Path
+) -> None:
+    raw = {"name": "far away", "value": 0.9, "unit": "×", "target": 1.0, "ok": False}
+    figure = runner.Figure.from_dict({**raw, "profile": False})
+    assert figure.profile == ""
+    result = runner.ModuleResult("elsewhere", "benchmarks/bench_elsewhere.py", figures=[figure])
+    # no bench_elsewhere.py exists: a profile attempt would fail and say so on stderr
+    runner.profile_misses([result], tmp_path, tmp_path / "profiles", time.monotonic() + 60)
+    assert figure.profile_path is None
+    assert not (tmp_path / "profiles").exists()
+    assert runner.Figure.from_dict(raw).profile is None  # the default: profiled
