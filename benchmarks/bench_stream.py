@@ -209,11 +209,13 @@ def _block(i: int, text: str, task: str) -> dict[str, Any]:
     }
 
 
-def role_plain_relay(port: int) -> None:
+def plain_relay_app(redis_url: str | None = None) -> Any:
+    """The plain contender: python-socketio relaying each ``relay_in`` event with one emit
+    to its room, no validation (rooms in Redis when ``redis_url`` is given)."""
     import socketio
-    import uvicorn
 
-    sio = socketio.AsyncServer(async_mode="asgi")
+    manager = socketio.AsyncRedisManager(redis_url) if redis_url else None
+    sio = socketio.AsyncServer(async_mode="asgi", client_manager=manager)
 
     @sio.on("connect", namespace=NS)  # type: ignore[misc]
     async def connect(sid: str, environ: Any, auth: Any = None) -> bool:
@@ -228,9 +230,13 @@ def role_plain_relay(port: int) -> None:
     async def relay_in(sid: str, data: Any) -> None:
         await sio.emit("tool_event_stream", data["block"], room=data["room"], namespace=NS)
 
-    uvicorn.run(
-        socketio.ASGIApp(sio), host="127.0.0.1", port=port, log_level="error", lifespan="off"
-    )
+    return socketio.ASGIApp(sio)
+
+
+def role_plain_relay(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(plain_relay_app(), host="127.0.0.1", port=port, log_level="error", lifespan="off")
 
 
 def role_kx_relay(port: int) -> None:
