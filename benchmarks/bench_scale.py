@@ -83,6 +83,10 @@ QUICK_FANOUT = (1, 10)
 QUICK_BREADTH = (1, 100)
 QUICK_SCALE_OUT_ROOMS = 100
 QUICK_WORKER_CALLS = (10, 100)
+ONE_LOOPBACK = "1 web process, loopback, no Redis"
+ONE_REDIS = "1 web process + Redis, RedisEmitter"
+TWO_REDIS = "2 web processes + Redis, RedisEmitter"
+TWO_LOOPBACK = "2 web processes + Redis, loopback into one"
 THROUGHPUT_TARGET = 1.0
 P99_TARGET = 1.5
 
@@ -861,41 +865,81 @@ class Curves:
         return first["kx"].setup.rooms
 
     def capacity(self) -> list[str]:
-        """The capacity guide's table: one web process's measured limits on this machine."""
+        """The capacity guide's table: one web process's measured limits on this machine
+        (docs/operations.md quotes these rows; tests/test_docs.py holds it to them)."""
         if not (self.breadth and self.fanout):
             return []
         rows = ["| quantity (one web process, this machine) | measured |", "|---|---|"]
-        best_burst = max(p["kx"].loads["burst"].rate for p in self.breadth.values())
-        rows.append(f"| blocks/s delivered, saturated (breadth, burst) | {best_burst:,.0f} |")
+        bursts = {rooms: p["kx"].loads["burst"] for rooms, p in self.breadth.items()}
+        best = max(bursts.values(), key=lambda load: load.rate)
+        rows.append(
+            f"| blocks/s delivered to one browser per conversation, saturated (best of 1 to "
+            f"{max(bursts):,} conversations) | {best.rate:,.0f} |"
+        )
         fan = max(p["kx"].loads["burst"].rate for p in self.fanout.values())
-        rows.append(f"| deliveries/s to browsers of one conversation, saturated | {fan:,.0f} |")
-        cpu = [
-            _per_block_us(p["kx"].loads["burst"].relay_cpu, p["kx"].loads["burst"].delivered)
-            for p in self.breadth.values()
-        ]
-        known = [c for c in cpu if c is not None]
-        if known:
+        rows.append(
+            f"| deliveries/s to the browsers of one conversation, saturated (up to "
+            f"{max(self.fanout):,} browsers) | {fan:,.0f} |"
+        )
+        cpu = [c for c in (_per_block_us(b.relay_cpu, b.delivered) for b in bursts.values()) if c]
+        if cpu:
             rows.append(
-                "| relay CPU per delivered block (µs, saturated, 1 to "
-                f"{max(self.breadth):,} conversations) | {min(known):,.0f}–{max(known):,.0f} |"
+                f"| relay CPU per delivered block, saturated (µs; 1 to {max(bursts):,} "
+                f"conversations) | {min(cpu):,.0f}–{max(cpu):,.0f} |"
+            )
+        carried = [
+            rooms
+            for rooms, p in self.breadth.items()
+            if p["kx"].loads["paced"].delivered == p["kx"].loads["paced"].expected
+        ]
+        if carried:
+            most = max(carried)
+            paced = self.breadth[most]["kx"].loads["paced"]
+            rows.append(
+                f"| live streams at 10 blocks/s with every block delivered (largest point) | "
+                f"{most:,} (p99 {_ms(paced.p99)} ms) |"
             )
         big = max(self.breadth)
-        pair = self.breadth[big]
-        per_browser = (pair["kx"].relay_rss_connected - pair["kx"].relay_rss_idle) / big
+        pair = self.breadth[big]["kx"]
         rows.append(
             f"| relay memory per connected browser (KiB, {big:,} browsers) | "
-            f"{per_browser / 1024:,.1f} |"
+            f"{(pair.relay_rss_connected - pair.relay_rss_idle) / big / 1024:,.1f} |"
         )
-        loaded = pair["kx"].loads["paced"]
+        loaded = pair.loads["paced"]
+        rows.append(
+            f"| relay memory per live stream (KiB, {big:,} streams) | "
+            f"{(loaded.relay_rss_loaded - pair.relay_rss_connected) / big / 1024:,.1f} |"
+        )
         rows.append(
             f"| paced load delivered at {big:,} conversations × 10 blocks/s | "
             f"{loaded.delivered / max(1, loaded.expected):.0%} |"
         )
+        if self.scale_out:
+            redis_cpu = [
+                _per_block_us(p["kx"].loads["paced"].redis_cpu, p["kx"].loads["paced"].sent)
+                for p in self.scale_out.values()
+                if p["kx"].setup.redis
+            ]
+            known = [c for c in redis_cpu if c is not None]
+            if known:
+                rows.append(
+                    f"| redis-server CPU per published block (µs) | "
+                    f"{min(known):,.0f}–{max(known):,.0f} |"
+                )
+            one, two = (self.scale_out.get(label) for label in (ONE_REDIS, TWO_REDIS))
+            if one and two:
+                # The same blocks and deliveries; the second process only receives and skips.
+                b1, b2 = one["kx"].loads["burst"], two["kx"].loads["burst"]
+                extra = _per_block_us(b2.relay_cpu - b1.relay_cpu, b2.sent)
+                rows.append(
+                    "| web-process CPU per published block it has no browser for (µs, Redis) | "
+                    f"{_us(extra)} |"
+                )
         if self.workers:
             most = max(self.workers)
             kp = self.workers[most]["kx"].loads["paced"]
             rows.append(
-                f"| worker CPU per published block (µs, {most:,} calls) | "
+                f"| worker CPU per published block (µs, {most:,} calls × 10 blocks/s) | "
                 f"{_us(_per_block_us(kp.worker_cpu, kp.sent))} |"
             )
             rows.append(f"| hub memory per live call (B) | {self.hub_bytes.get(most, 0):,.0f} |")
@@ -1006,17 +1050,17 @@ async def _curves(quick: bool) -> Curves:
         curves.breadth[rooms] = await side_by_side(setup)
     rooms = QUICK_SCALE_OUT_ROOMS if quick else SCALE_OUT_ROOMS
     for label, setup in (
-        ("1 web process, loopback, no Redis", Setup(rooms=rooms)),
+        (ONE_LOOPBACK, Setup(rooms=rooms)),
         (
-            "1 web process + Redis, RedisEmitter",
+            ONE_REDIS,
             Setup(rooms=rooms, redis=True, worker_path="redis"),
         ),
         (
-            "2 web processes + Redis, RedisEmitter",
+            TWO_REDIS,
             Setup(rooms=rooms, web_processes=2, redis=True, worker_path="redis"),
         ),
         (
-            "2 web processes + Redis, loopback into one",
+            TWO_LOOPBACK,
             Setup(rooms=rooms, web_processes=2, redis=True),
         ),
     ):

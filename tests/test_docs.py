@@ -451,6 +451,24 @@ def test_quoted_benchmark_figures_are_the_reports() -> None:
         )
 
 
+def test_quoted_capacity_figures_are_the_reports() -> None:
+    # The capacity guide's table is the scale benchmark's, row for row, from the same run.
+    report = (DOCS / "performance.md").read_text(encoding="utf-8")
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    section = text[text.index("## Capacity") : text.index("## Performance and reliability")]
+    head = "| quantity (one web process, this machine) | measured |"
+    table = section[section.index(head) :].split("\n\n", 1)[0].splitlines()
+    measured = table[2:]  # the rows under the header and its rule
+    assert len(measured) >= 6
+    assert all(row.startswith("| ") and row.endswith(" |") for row in measured), measured
+    report_table = report[report.index("#### Capacity") :]
+    for row in measured:
+        assert row in report_table, (
+            f"operations.md quotes {row!r}, which the capacity table of docs/performance.md "
+            "does not hold: copy the new figures after a benchmark run"
+        )
+
+
 def test_quoted_reliability_figures_are_the_reports() -> None:
     report = (DOCS / "reliability.md").read_text(encoding="utf-8")
     text = (DOCS / "operations.md").read_text(encoding="utf-8")
