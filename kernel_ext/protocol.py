@@ -69,10 +69,12 @@ from kernel_ext.errors import BlockTooLargeError, DecodeError
 __all__ = [
     "CHAT_EVENT",
     "DEFAULT_MAX_BLOCK_BYTES",
+    "FRAME_ROOMS",
     "JOIN_EVENT",
     "KNOWN_KINDS",
     "KX_BLOCKS",
     "KX_CHAT_EVENT",
+    "KX_HELLO",
     "LEAVE_EVENT",
     "MAX_PAYLOAD_DEPTH",
     "NAMESPACE",
@@ -112,6 +114,10 @@ JOIN_EVENT = "join_conversation"
 LEAVE_EVENT = "leave_conversation"
 KX_BLOCKS = "kx_blocks"
 KX_CHAT_EVENT = "kx_chat_event"
+KX_HELLO = "kx_hello"
+# A relay that answers ``kx_hello`` with this in ``frames`` takes blocks of several rooms in
+# one ``kx_blocks`` frame: {"v": 1, "rooms": [{"room", "blocks"}, ...]}.
+FRAME_ROOMS = "rooms"
 # Why the relay refuses a connection: the ``message`` of its CONNECT error.
 REFUSED_UNAUTHORIZED = "unauthorized"
 REFUSED_BAD_WORKER = "bad worker id"

@@ -24,6 +24,7 @@ from relay_helpers import (
 )
 from timing import wait_until
 
+from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import LoopbackEmitter
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import StreamHub
@@ -223,3 +224,59 @@ async def test_the_senders_counts_reach_opentelemetry_as_they_happen(
     assert emitter.counts["connects"] == emitter.connections >= 1
     assert emitter.counts["disconnects"] >= 1
     assert events() == {("loopback", event): n for event, n in emitter.counts.items()}
+
+
+class _OlderRelay(ChatRelay):
+    """A relay from before ``kx_hello``: it answers the question with nothing."""
+
+    async def on_kx_hello(self, sid: str, data: object = None) -> None:  # type: ignore[override]
+        return None
+
+
+@pytest.mark.parametrize("older", [False, True], ids=["rooms-per-frame", "older-relay"])
+async def test_blocks_of_many_rooms_share_frames_when_the_relay_takes_them(older: bool) -> None:
+    import socketio
+
+    rooms = [f"conv-{i}" for i in range(40)]
+    sio = socketio.AsyncServer(async_mode="asgi")
+    relay_class = _OlderRelay if older else ChatRelay
+    relay = relay_class(SECRET, authorize_join=allow_all)
+    sio.register_namespace(relay)
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    async with serve_asgi(socketio.ASGIApp(sio)) as port:
+        watchers = []
+        try:
+            for room in rooms:
+                b = Browser()
+                await b.connect(port)
+                assert await b.join(room) == {"ok": True}
+                watchers.append(b)
+            emitter = emitter_for(port, hub)
+            async with emitter:
+                await wait_until(lambda: emitter.healthy)
+                if not older:
+                    await wait_until(lambda: emitter.rooms_per_frame)
+                for step in range(5):
+                    for i, room in enumerate(rooms):
+                        with use_tool_call(ToolCall(f"{i + 1:016x}", "ask_colleague", room)):
+                            state = "done" if step == 4 else "running"
+                            hub.publish(f"step {step}", task_id="t", state=state)
+                for b in watchers:
+                    await b.wait_for(count(5))
+                assert await emitter.flush(10)
+                assert emitter.rooms_per_frame is not older
+            for i, b in enumerate(watchers):
+                await barrier(b, port)
+                assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2, 3, 4, 5]
+                assert {x["callId"] for x in b.blocks} == {f"{i + 1:016x}"}
+                assert [x["state"] for x in b.blocks][-1] == "done"
+            frames = relay.stats()["frames"]
+            if older:
+                assert frames >= len(rooms)  # one room per frame
+            else:
+                assert frames < len(rooms)  # blocks of several rooms per frame
+            assert relay.stats().get("rejected_unknown_event", 0) == 0
+            assert hub.stats()["delivered"] == 5 * len(rooms)
+        finally:
+            for b in watchers:
+                await b.close()

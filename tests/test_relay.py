@@ -316,3 +316,103 @@ async def test_a_terminal_sent_to_an_empty_room_reaches_a_browser_that_joins_soo
             assert late.blocks == [final]  # the running block is not kept
             assert other.blocks == [final]
         assert relay.stats()["late_terminals"] == 2
+
+
+async def test_a_frame_of_several_rooms_goes_to_each_room_in_order() -> None:
+    bad = dict(block(2), callId="NOT-HEX")
+    rooms_frame = {
+        "v": 1,
+        "rooms": [
+            {"room": C1, "blocks": [block(1), bad]},
+            {"room": C2, "blocks": [block(1, task_id="task-2"), block(2, task_id="task-2")]},
+            {"room": C1, "blocks": [block(3)]},
+        ],
+    }
+    async with (
+        relay_server(max_block_bytes=4096) as (port, relay),
+        browsers(port, C1, C2) as (b1, b2),
+    ):
+        async with worker(port) as w:
+            hello = await w.call("kx_hello", {"v": 1}, namespace=NS)
+            ack = await w.call("kx_blocks", rooms_frame, namespace=NS)
+        await barrier(b1, port)
+        await barrier(b2, port)
+    assert hello == {
+        "ok": True,
+        "v": 1,
+        "frames": ["rooms"],
+        "maxFrameBlocks": 1000,
+        "maxBlockBytes": 4096,
+    }
+    # the refused block's index counts the blocks of the whole frame, in order
+    assert ack == {
+        "ok": True,
+        "accepted": 4,
+        "rejected": 1,
+        "refused": [{"index": 1, "reason": "invalid"}],
+        "maxBlockBytes": 4096,
+    }
+    assert b1.blocks == [block(1), block(3)]
+    assert b2.blocks == [block(1, task_id="task-2"), block(2, task_id="task-2")]
+    assert relay.stats()["frames"] == 1
+
+
+@pytest.mark.parametrize(
+    "rooms",
+    [
+        [],
+        "conv-1",
+        [["conv-1", []]],
+        [{"room": "", "blocks": []}],
+        [{"room": "x" * 513, "blocks": []}],
+        [{"room": 5, "blocks": []}],
+        [{"room": "conv-1", "blocks": "junk"}],
+        [{"room": "conv-1"}],
+        [{"room": "conv-1", "blocks": []}] * 1001,
+    ],
+    ids=[
+        "empty",
+        "not-a-list",
+        "entry-not-a-map",
+        "empty-room",
+        "long-room",
+        "room-not-a-string",
+        "blocks-not-a-list",
+        "no-blocks",
+        "too-many-rooms",
+    ],
+)
+async def test_a_bad_frame_of_several_rooms_is_refused_whole(rooms: Any) -> None:
+    async with relay_server() as (port, relay), browsers(port, C1) as (b,):
+        async with worker(port) as w:
+            mixed = {"v": 1, "rooms": [{"room": C1, "blocks": [block(1)]}, *rooms]}
+            answer = await w.call("kx_blocks", {"v": 1, "rooms": rooms}, namespace=NS)
+            answer_mixed = await w.call("kx_blocks", mixed, namespace=NS)
+        await barrier(b, port)
+    assert answer["ok"] is False
+    if rooms:  # a good entry before a bad one goes nowhere either
+        assert answer_mixed["ok"] is False
+        assert b.blocks == []
+    else:  # only the good entry: a valid frame
+        assert answer_mixed["ok"] is True
+        assert b.blocks == [block(1)]
+    assert relay.stats()["rejected_bad_frame"] == (2 if rooms else 1)
+
+
+async def test_too_many_blocks_over_the_rooms_of_a_frame_are_refused() -> None:
+    half = [block(i + 1) for i in range(501)]
+    frame_ = {"v": 1, "rooms": [{"room": C1, "blocks": half}, {"room": C2, "blocks": half}]}
+    async with relay_server() as (port, relay), browsers(port, C1) as (b,):
+        async with worker(port) as w:
+            answer = await w.call("kx_blocks", frame_, namespace=NS)
+        await barrier(b, port)
+    assert answer == {"ok": False, "error": "more than 1000 blocks in a frame"}
+    assert b.blocks == []
+    assert relay.stats()["rejected_frame_too_large"] == 1
+
+
+async def test_only_internal_senders_are_told_the_relay_s_frames() -> None:
+    async with relay_server() as (port, relay), browsers(port, C1) as (b,):
+        answer = await b.client.call("kx_hello", {"v": 1}, namespace=NS)
+    assert answer == {"ok": False, "error": "forbidden"}
+    assert relay.stats()["rejected_not_internal"] == 1

@@ -40,8 +40,10 @@ from kernel_ext.emit.base import (
 from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import (
+    FRAME_ROOMS,
     KX_BLOCKS,
     KX_CHAT_EVENT,
+    KX_HELLO,
     REFUSED_BAD_WORKER,
     REFUSED_UNAUTHORIZED,
 )
@@ -52,7 +54,10 @@ __all__ = ["LoopbackEmitter"]
 _LIVED = 1.0
 """Seconds a connection must last for the next attempt to start over from the first delay."""
 
-Frame = tuple[str, list[OutgoingBlock]] | OutgoingChatEvent
+Section = tuple[str, list[OutgoingBlock]]
+Frame = list[Section] | OutgoingChatEvent
+"""A ``kx_blocks`` frame as (room, blocks) sections (one, unless the relay takes several
+rooms per frame), or a chat event."""
 
 
 class _Inflight(NamedTuple):
@@ -76,8 +81,10 @@ class LoopbackEmitter(Emitter):
     ends the sender's open streams with ``aborted`` when it stays disconnected longer than
     the relay's grace period; a sender that reconnects within it resumes. Guarantees:
 
-    * Blocks of one stream are sent in order, batched per room into ``kx_blocks`` frames
-      of at most ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters.
+    * Blocks of one stream are sent in order, batched into ``kx_blocks`` frames of at most
+      ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters: blocks of several
+      rooms per frame when the relay says it takes them (its answer to ``kx_hello``, asked
+      once per connection; :attr:`rooms_per_frame`), else one room per frame.
     * A frame holding a terminal is sent with an acknowledgement request; a terminal is
       held and re-sent after a reconnect until the relay acknowledges it, at most
       ``terminal_max_attempts`` times and for ``terminal_max_age`` seconds, at most
@@ -167,6 +174,8 @@ class LoopbackEmitter(Emitter):
         self._client: Any = None
         self._healthy = False
         self._first_attempt = asyncio.Event()
+        self._rooms_per_frame = False  # the relay's answer to kx_hello, per connection
+        self._hello_task: asyncio.Task[None] | None = None
         self._refusal: str | None = None  # the relay's reason, during one attempt
         self._reported: str | None = None  # the refusal logged last (None once connected)
 
@@ -217,16 +226,46 @@ class LoopbackEmitter(Emitter):
     async def _close(self) -> None:
         await self._stop_watcher()
         client, self._client = self._client, None
+        if self._hello_task is not None:
+            self._hello_task.cancel()
+            self._hello_task = None
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.disconnect()
         self._set_healthy(False, "stopped")
 
+    @property
+    def rooms_per_frame(self) -> bool:
+        """Whether frames now carry blocks of several rooms (the relay said it takes them)."""
+        return self._rooms_per_frame
+
     async def _on_connect(self) -> None:
         self._reported = None  # a later refusal is news again
+        self._rooms_per_frame = False
         self._set_healthy(True)
+        # Not awaited here: the client reads the answer on the loop this handler runs in.
+        self._hello_task = asyncio.get_running_loop().create_task(self._hello(self._client))
         if self._consumer is not None:
             self._consumer.poke()  # re-send held terminals now
+
+    async def _hello(self, client: Any) -> None:
+        """Ask the relay what frames it takes; one room per frame until it says more."""
+        try:
+            answer = await client.call(
+                KX_HELLO, {"v": 1}, namespace=self.namespace, timeout=self.ack_timeout
+            )
+        except Exception:  # an older relay that does not answer, a disconnect
+            return
+        if not isinstance(answer, Mapping) or answer.get("ok") is not True:
+            return
+        frames = answer.get("frames")
+        if (
+            client is self._client
+            and self._healthy
+            and isinstance(frames, list)
+            and FRAME_ROOMS in frames
+        ):
+            self._rooms_per_frame = True
 
     def _on_connect_error(self, data: Any = None) -> None:
         """The relay answered the namespace CONNECT with an error: ``{"message": reason}``
@@ -270,6 +309,7 @@ class LoopbackEmitter(Emitter):
         for frame in inflight.values():
             for entry in frame.terminals:
                 self._terminals.hold(entry)
+        self._rooms_per_frame = False
         self._set_healthy(False, reason)
         self._wakeup.set()
 
@@ -342,26 +382,48 @@ class LoopbackEmitter(Emitter):
     # -- sending --------------------------------------------------------------------------
 
     def _frames(self, items: list[Outgoing]) -> list[Frame]:
+        """``items`` as frames, in order: blocks of one room stay in order within and
+        across frames; a chat event goes between the frames before and after it."""
         frames: list[Frame] = []
-        open_frames: dict[str, tuple[int, list[int]]] = {}
+        max_blocks, max_chars = self.frame_max_blocks, self.frame_max_chars
+        if self._rooms_per_frame:
+            current: list[Section] | None = None
+            by_room: dict[str, list[OutgoingBlock]] = {}
+            count = chars = 0
+            for item in items:
+                if isinstance(item, OutgoingChatEvent):
+                    current = None
+                    frames.append(item)
+                    continue
+                if current is None or (
+                    count and (count >= max_blocks or chars + item.size > max_chars)
+                ):
+                    current, by_room, count, chars = [], {}, 0, 0
+                    frames.append(current)
+                section = by_room.get(item.room)
+                if section is None:
+                    section = by_room[item.room] = []
+                    current.append((item.room, section))
+                section.append(item)
+                count += 1
+                chars += item.size
+            return frames
+        open_frames: dict[str, tuple[list[OutgoingBlock], list[int]]] = {}
         for item in items:
             if isinstance(item, OutgoingChatEvent):
                 open_frames.pop(item.room, None)
                 frames.append(item)
                 continue
-            current = open_frames.get(item.room)
-            if current is not None:
-                index, chars = current
-                blocks = frames[index][1]  # type: ignore[index]
-                if (
-                    len(blocks) < self.frame_max_blocks
-                    and chars[0] + item.size <= self.frame_max_chars
-                ):
+            room_frame = open_frames.get(item.room)
+            if room_frame is not None:
+                blocks, size = room_frame
+                if len(blocks) < max_blocks and size[0] + item.size <= max_chars:
                     blocks.append(item)
-                    chars[0] += item.size
+                    size[0] += item.size
                     continue
-            open_frames[item.room] = (len(frames), [item.size])
-            frames.append((item.room, [item]))
+            blocks = [item]
+            open_frames[item.room] = (blocks, [item.size])
+            frames.append([(item.room, blocks)])
         return frames
 
     async def _send(self, items: list[Outgoing]) -> None:
@@ -390,14 +452,24 @@ class LoopbackEmitter(Emitter):
                 except Exception:
                     hub.record_dropped(DISCONNECTED)
                 continue
-            room, blocks = frame
+            blocks = [b for _, section in frame for b in section]
             terminals = [
                 held_by_item.get(id(b)) or self._terminals.new(b) for b in blocks if b.terminal
             ]
             if not self._healthy:
                 self._lose(blocks, terminals)
                 continue
-            payload = {"v": 1, "room": room, "blocks": [b.block for b in blocks]}
+            payload: dict[str, Any]
+            if len(frame) == 1:
+                payload = {"v": 1, "room": frame[0][0], "blocks": [b.block for b in blocks]}
+            else:
+                payload = {
+                    "v": 1,
+                    "rooms": [
+                        {"room": room, "blocks": [b.block for b in section]}
+                        for room, section in frame
+                    ],
+                }
             frame_id = 0
             try:
                 if terminals:

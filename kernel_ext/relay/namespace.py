@@ -39,9 +39,11 @@ from kernel_ext.errors import BlockTooLargeError, DecodeError, check_positive_in
 from kernel_ext.protocol import (
     CHAT_EVENT,
     DEFAULT_MAX_BLOCK_BYTES,
+    FRAME_ROOMS,
     JOIN_EVENT,
     KX_BLOCKS,
     KX_CHAT_EVENT,
+    KX_HELLO,
     LEAVE_EVENT,
     NAMESPACE,
     REFUSED_BAD_WORKER,
@@ -319,54 +321,98 @@ class ChatRelay(GuardedNamespace):
 
     # -- internal senders -----------------------------------------------------------------
 
+    async def on_kx_hello(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """What this relay takes from an internal sender, asked once per connection:
+        ``{"ok": true, "v": 1, "frames": ["rooms"], "maxFrameBlocks", "maxBlockBytes"}``
+        (``"rooms"``: a frame may carry blocks of several rooms). A sender that gets no such
+        answer (a relay older than this one) sends one room per frame."""
+        if sid not in self._internal:
+            self._reject(sid, "not_internal", KX_HELLO)
+            return {"ok": False, "error": "forbidden"}
+        return {
+            "ok": True,
+            "v": 1,
+            "frames": [FRAME_ROOMS],
+            "maxFrameBlocks": self.max_frame_blocks,
+            "maxBlockBytes": self.max_block_bytes,
+        }
+
     async def on_kx_blocks(self, sid: str, data: Any = None) -> dict[str, Any]:
-        """A frame ``{"v": 1, "room", "blocks": [...]}`` from an internal sender: each block
-        is validated (:func:`kernel_ext.protocol.decode`, the size bound by the protocol's
-        one measure) and each valid one goes out unchanged as one ``tool_event_stream`` to
-        the room, in frame order. Acknowledged ``{"ok": true, "accepted": n, "rejected":
-        m}`` once emitted, plus, when ``m > 0``, ``"refused": [{"index": i, "reason":
-        "too_large" | "invalid"}, ...]`` and ``"maxBlockBytes"`` (the relay's bound), so a
-        sender can degrade a refused terminal and send it again."""
+        """A frame from an internal sender: ``{"v": 1, "room", "blocks": [...]}`` (one
+        room) or ``{"v": 1, "rooms": [{"room", "blocks": [...]}, ...]}`` (several, in
+        order; at most ``max_frame_blocks`` blocks in all). Each block is validated
+        (:func:`kernel_ext.protocol.decode`, the size bound by the protocol's one measure)
+        and each valid one goes out unchanged as one ``tool_event_stream`` to its room, in
+        frame order. Acknowledged ``{"ok": true, "accepted": n, "rejected": m}`` once
+        emitted, plus, when ``m > 0``, ``"refused": [{"index": i, "reason": "too_large" |
+        "invalid"}, ...]`` (``i`` counts the blocks of the whole frame, in order) and
+        ``"maxBlockBytes"`` (the relay's bound), so a sender can degrade a refused terminal
+        and send it again."""
         conn = self._internal.get(sid)
         if conn is None:
             self._reject(sid, "not_internal", KX_BLOCKS)
             return {"ok": False, "error": "forbidden"}
         # Everything up to the enqueue is synchronous: frames queue in arrival order even
         # when the server runs each event as its own task (async_handlers=True).
-        if not isinstance(data, Mapping) or data.get("v") != 1:
+        sections = self._sections(data)
+        if isinstance(sections, str):
             self._reject(sid, "bad_frame", KX_BLOCKS)
-            return {"ok": False, "error": "a frame is {v: 1, room, blocks}"}
-        room = data.get("room")
-        blocks = data.get("blocks")
-        if not isinstance(room, str) or not room or len(room) > _ROOM_MAX:
-            self._reject(sid, "bad_frame", KX_BLOCKS)
-            return {"ok": False, "error": "room must be a non-empty string"}
-        if not isinstance(blocks, list):
-            self._reject(sid, "bad_frame", KX_BLOCKS)
-            return {"ok": False, "error": "blocks must be a list"}
-        if len(blocks) > self.max_frame_blocks:
+            return {"ok": False, "error": sections}
+        if sum(len(blocks) for _, blocks in sections) > self.max_frame_blocks:
             self._reject(sid, "frame_too_large", KX_BLOCKS)
             return {"ok": False, "error": f"more than {self.max_frame_blocks} blocks in a frame"}
-        valid: list[Any] = []
+        valid: list[tuple[str, list[Any]]] = []
         refused: list[dict[str, Any]] = []
-        for index, raw in enumerate(blocks):
-            problem = self._check_block(raw)
-            if problem is None:
-                valid.append(raw)
-            else:
-                refused.append({"index": index, "reason": problem})
-                self._reject(sid, problem, "a block")
+        index = 0
+        for room, blocks in sections:
+            kept: list[Any] = []
+            for raw in blocks:
+                problem = self._check_block(raw)
+                if problem is None:
+                    kept.append(raw)
+                else:
+                    refused.append({"index": index, "reason": problem})
+                    self._reject(sid, problem, "a block")
+                index += 1
+            valid.append((room, kept))
         if conn.queue.qsize() >= self.max_pending_frames:
             self._reject(sid, "busy", KX_BLOCKS)
             return {"ok": False, "error": "busy"}
         self._count("frames")
         count_frame("accepted")
-        await self._submit(conn, "blocks", room, valid)
-        ack: dict[str, Any] = {"ok": True, "accepted": len(valid), "rejected": len(refused)}
+        await self._submit(conn, "blocks", "", valid)
+        ack: dict[str, Any] = {
+            "ok": True,
+            "accepted": index - len(refused),
+            "rejected": len(refused),
+        }
         if refused:
             ack["refused"] = refused
             ack["maxBlockBytes"] = self.max_block_bytes
         return ack
+
+    def _sections(self, data: Any) -> list[tuple[str, list[Any]]] | str:
+        """A frame's (room, blocks) sections in order, or what is wrong with it."""
+        if not isinstance(data, Mapping) or data.get("v") != 1:
+            return "a frame is {v: 1, room, blocks} or {v: 1, rooms: [{room, blocks}, ...]}"
+        if "rooms" in data:
+            entries = data.get("rooms")
+            if not isinstance(entries, list) or not entries:
+                return "rooms must be a non-empty list of {room, blocks}"
+            if len(entries) > self.max_frame_blocks:
+                return f"more than {self.max_frame_blocks} rooms in a frame"
+        else:
+            entries = [data]
+        sections: list[tuple[str, list[Any]]] = []
+        for entry in entries:
+            room = entry.get("room") if isinstance(entry, Mapping) else None
+            if not isinstance(room, str) or not room or len(room) > _ROOM_MAX:
+                return "room must be a non-empty string"
+            blocks = entry.get("blocks")
+            if not isinstance(blocks, list):
+                return "blocks must be a list"
+            sections.append((room, blocks))
+        return sections
 
     async def on_kx_chat_event(self, sid: str, data: Any = None) -> dict[str, Any]:
         """Relay the kernel's ``chat_event`` snapshot from an internal sender to the room."""
@@ -430,30 +476,38 @@ class ChatRelay(GuardedNamespace):
         return await done
 
     async def _run(self, conn: _Internal, kind: str, room: str, payload: Any) -> int:
-        """Emit one job: a frame's valid blocks (``kind == "blocks"``) or a chat event."""
-        emitted = 0
-        try:
-            if kind == "blocks":
-                blocks = []
-                for raw in payload:
-                    if not self._track(conn, raw, room):
-                        continue
-                    if raw.get("state") in TERMINAL_STATES and not self.terminals.admit(
-                        raw, room, self._listeners(room), self._browsers
-                    ):
-                        self._count("duplicate_terminal")
-                        continue
-                    blocks.append(raw)
-                await self._emit_in_order(blocks, room)
-                emitted = len(blocks)
-                self._count("blocks_emitted", emitted)
-            else:
+        """Emit one job: a frame's valid blocks by room (``kind == "blocks"``, ``payload``
+        its (room, blocks) sections) or a chat event; how many blocks went out."""
+        if kind != "blocks":
+            try:
                 await self.emit(CHAT_EVENT, payload, room=room)
                 self._count("chat_events")
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+            return 0
+        emitted = 0
+        for room, raws in payload:
+            blocks = []
+            for raw in raws:
+                if not self._track(conn, raw, room):
+                    continue
+                if raw.get("state") in TERMINAL_STATES and not self.terminals.admit(
+                    raw, room, self._listeners(room), self._browsers
+                ):
+                    self._count("duplicate_terminal")
+                    continue
+                blocks.append(raw)
+            try:
+                await self._emit_in_order(blocks, room)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
+                continue
+            emitted += len(blocks)
+            self._count("blocks_emitted", len(blocks))
         return emitted
 
     async def _worker(self, sid: str, conn: _Internal) -> None:
