@@ -7,14 +7,20 @@ Run: ``python benchmarks/floor_attribution.py [--calls N] [--output PATH]`` (nee
 ``bench_attribution.py`` links to it.
 
 Wall-clock ratios on a shared 2-core machine move by more than the margins in question; an
-instruction count does not. The script runs itself once under
-``valgrind --tool=callgrind`` (``PYTHONHASHSEED=0``). The child builds each variant — the
-whole wrapped call, its comparison, and each part of the wrapped call replayed on its own
-with the same arguments — warms it up, and calls it N times between two calls of
-``os.getppid()``, before which callgrind dumps its counts (``--dump-before=getppid``). A
-variant's figure is its dump's instructions per call less those of an empty call (the loop).
-The parts the wrapped call is not split into are kernel_ext's remaining frames and checks,
-reported as the difference: the measured whole less the measured parts.
+instruction count does not. The script runs itself under ``valgrind --tool=callgrind``
+(``PYTHONHASHSEED=0``, address randomisation off with ``setarch -R``, modules compiled
+beforehand). The child builds each variant — the whole wrapped call, its comparison, and
+each part of the wrapped call replayed on its own with the same arguments — warms it up, and
+calls it N times between two calls of ``os.getppid()``, before which callgrind dumps its
+counts (``--dump-before=getppid``). A variant's figure is its dump's instructions per call
+less those of an empty call (the loop). The parts the wrapped call is not split into are
+kernel_ext's remaining frames and checks, reported as the difference: the measured whole
+less the measured parts.
+
+A count repeats to the instruction for one memory layout, but moves by up to about 1 % from
+one layout to another: the interpreter's method cache and the contextvars' HAMT hash objects
+by address. So the child runs in several layouts (allocations of different sizes before
+anything is imported), in parallel, and the profile gives each variant's mean.
 
 ``--keep DIR`` keeps the dumps (``callgrind.out.<part>``, one per marker) for
 ``callgrind_annotate``; valgrind 3.19's ``callgrind_annotate`` misreads the ``calls=0`` lines
@@ -29,6 +35,7 @@ import gc
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,6 +51,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 ROOT = BENCH_DIR.parent
 DEFAULT_OUTPUT = ROOT / "docs" / "profiles" / "attribution-wrapped-floor.txt"
 CALLS = 2000
+LAYOUTS = 5
 WARM_UP = 300
 MARKER = "getppid"  # the C function callgrind dumps before: os.getppid() calls it
 C_FUNCTIONS = ("PyContextVar_Set", "PyContextVar_Reset")
@@ -184,7 +192,10 @@ def _as_enable_wires_it() -> Iterator[Variants]:
             with tracer.start_as_current_span("execute_tool search", attributes=GENAI):
                 plain.invoke("search", 1)
 
-        started: Any = tracer.start_span("execute_tool search", attributes=GENAI)
+        # A live tool span the processor has not seen (as in bench_attribution's figure).
+        started: Any = (
+            TracerProvider().get_tracer("bench").start_span("execute_tool search", attributes=GENAI)
+        )
         on_start, on_end = processor.on_start, processor.on_end
 
         def processor_pair() -> None:
@@ -205,9 +216,11 @@ def _as_enable_wires_it() -> Iterator[Variants]:
         ]
 
 
-def child(calls: int) -> int:
+def child(calls: int, layout: int) -> int:
     """Per case: warm up its variants, then run each ``calls`` times, a marker after each.
-    Prints one label per marker, in order (``-`` for a dump that measures nothing)."""
+    Prints one label per marker, in order (``-`` for a dump that measures nothing).
+    ``layout`` shifts where everything allocated from here on lies in memory."""
+    padding = [bytes(size % 480) for size in range(layout * 997)]  # every small size class
     sys.path.insert(0, str(BENCH_DIR))
     mark = os.getppid
     gc.disable()  # as timeit runs the wall-clock figures
@@ -225,6 +238,7 @@ def child(calls: int) -> int:
                     function()
                 mark()
                 print(name, flush=True)
+    del padding
     return 0
 
 
@@ -292,20 +306,39 @@ def read_dump(path: Path) -> Dump:
     return Dump(total, own, objects, called)
 
 
-def measure(calls: int, keep: Path | None = None) -> tuple[dict[str, float], dict[str, Dump]]:
-    """Run the child under callgrind; instructions per call of each variant (the empty
-    call's subtracted) and each variant's dump."""
+@dataclass
+class Layout:
+    """One child's counts: instructions per call of each variant (an empty call's
+    subtracted) and the wrapped call's dump."""
+
+    per_call: dict[str, float]
+    wrapped: Dump
+
+
+def measure(calls: int, layouts: int, keep: Path | None = None) -> list[Layout]:
+    """Run the child under callgrind once per memory layout, all at once."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
+    # Compiled first: a module compiled during the run lies elsewhere in memory than one
+    # loaded from its .pyc.
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", str(ROOT / "kernel_ext"), str(BENCH_DIR)],
+        check=True,
+        capture_output=True,
+    )
+    setarch = shutil.which("setarch")
+    fixed = [setarch, platform.machine(), "-R"] if setarch else []  # no address randomisation
+    env = dict(os.environ, PYTHONHASHSEED="0")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory() as tmp:
         folder = keep or Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        out = folder / "callgrind.out"
-        env = dict(os.environ, PYTHONHASHSEED="0")
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-        run = subprocess.run(
-            [
+        children = []
+        for layout in range(layouts):
+            out = folder / f"layout-{layout}" / "callgrind.out"
+            out.parent.mkdir(parents=True, exist_ok=True)
+            command = [
+                *fixed,
                 valgrind,
                 "--tool=callgrind",
                 f"--callgrind-out-file={out}",
@@ -316,21 +349,30 @@ def measure(calls: int, keep: Path | None = None) -> tuple[dict[str, float], dic
                 str(Path(__file__).resolve()),
                 "--child",
                 str(calls),
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        if run.returncode != 0:
-            raise SystemExit(f"the child failed under callgrind:\n{run.stderr[-3000:]}")
-        dumps = {
-            label: read_dump(out.with_name(f"{out.name}.{part}"))
-            for part, label in enumerate(run.stdout.split(), start=1)
-            if label != "-"
-        }
-    empty = dumps["empty"].total / calls
-    per_call = {name: dump.total / calls - empty for name, dump in dumps.items()}
-    return per_call, dumps
+                "--layout",
+                str(layout),
+            ]
+            # The environment is copied onto the heap at start-up: its size moves what the
+            # interpreter allocates then; the child's padding moves what comes after.
+            padded = dict(env, FLOOR_LAYOUT="x" * (layout * 541))
+            process = subprocess.Popen(
+                command, env=padded, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+            children.append((out, process))
+        found = []
+        for out, process in children:
+            labels, errors = process.communicate()
+            if process.returncode != 0:
+                raise SystemExit(f"the child failed under callgrind:\n{errors[-3000:]}")
+            dumps = {
+                label: out.with_name(f"{out.name}.{part}")
+                for part, label in enumerate(labels.split(), start=1)
+                if label != "-"
+            }
+            totals = {name: read_dump(path).total / calls for name, path in dumps.items()}
+            per_call = {name: total - totals["empty"] for name, total in totals.items()}
+            found.append(Layout(per_call, read_dump(dumps["wrapped"])))
+    return found
 
 
 # -- the report -------------------------------------------------------------------------------
@@ -362,18 +404,27 @@ def _table(title: str, rows: list[tuple[str, float]], whole: float, column: str)
     return lines
 
 
-def report(per_call: dict[str, float], dumps: dict[str, Dump], calls: int) -> str:
-    """The profile's text."""
+def report(layouts: list[Layout], calls: int) -> str:
+    """The profile's text: each variant's mean over the layouts."""
+    per_call = {
+        name: statistics.fmean(layout.per_call[name] for layout in layouts)
+        for name in layouts[0].per_call
+    }
     wrapped, genai, bare = per_call["wrapped"], per_call["genai_span"], per_call["plain_span"]
+    ratios = [layout.per_call["wrapped"] / layout.per_call["genai_span"] for layout in layouts]
     sdk_plain = genai - per_call["call"]
     rest = wrapped - sum(per_call[key] for key, _ in WRAPPED_PARTS)
     enabled, enabled_genai = per_call["enabled_wrapped"], per_call["enabled_genai_span"]
-    dump = dumps["wrapped"]
-    wrapt_own = dump.own_in_object(WRAPT_OBJECT) / calls
+    wrapt_own = (
+        statistics.fmean(layout.wrapped.own_in_object(WRAPT_OBJECT) for layout in layouts) / calls
+    )
     c_functions = []
     for function in C_FUNCTIONS:
-        times, cost = dump.inclusive(function)
-        c_functions.append(f"  {function:<24} {times / calls:>3.0f} calls {cost / calls:>9,.0f} Ir")
+        times, cost = (
+            statistics.fmean(layout.wrapped.inclusive(function)[i] for layout in layouts) / calls
+            for i in (0, 1)
+        )
+        c_functions.append(f"  {function:<24} {times:>3.0f} calls {cost:>9,.0f} Ir")
     head = (
         f"The instruction floor of a wrapped tool call, written by "
         f"benchmarks/floor_attribution.py (do not edit by hand). callgrind "
@@ -382,8 +433,10 @@ def report(per_call: dict[str, float], dumps: dict[str, Dump], calls: int) -> st
         f"{' (its C extension)' if _wrapt_is_c() else ''}, commit {_commit()}. Instructions "
         f"(Ir) per call: each variant called {calls:,} times after {WARM_UP} warm-up calls, "
         f"the garbage collector off (as timeit runs the wall-clock figures), PYTHONHASHSEED=0, "
-        f"an empty call's instructions subtracted. Both sides start their spans from one "
-        f"TracerProvider with one no-op span processor; no sink."
+        f"an empty call's instructions subtracted; the mean of {len(layouts)} memory layouts "
+        f"(the interpreter's method cache and the contextvars' HAMT hash by address, so a "
+        f"variant's count moves by up to about 1 % from one layout to another). Both sides "
+        f"start their spans from one TracerProvider with one no-op span processor; no sink."
     )
     return "\n".join(
         [
@@ -391,7 +444,8 @@ def report(per_call: dict[str, float], dumps: dict[str, Dump], calls: int) -> st
             "",
             "Like for like (the target, <= 1.10x): the wrapped call vs the same call in a plain",
             "SDK span with the same 4 GenAI attributes (start_as_current_span)",
-            f"  {wrapped:,.0f} vs {genai:,.0f} Ir = {wrapped / genai:.3f}x",
+            f"  {wrapped:,.0f} vs {genai:,.0f} Ir = {wrapped / genai:.3f}x "
+            f"(by layout: {', '.join(f'{ratio:.3f}x' for ratio in ratios)})",
             "Information: the wrapped call vs the same call in a plain SDK span without attributes",
             f"  {wrapped:,.0f} vs {bare:,.0f} Ir = {wrapped / bare:.3f}x",
             "",
@@ -508,12 +562,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=CALLS, help="calls per variant")
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="profile path")
     parser.add_argument("--keep", type=Path, help="keep the callgrind dumps in this directory")
+    parser.add_argument("--layouts", type=int, default=LAYOUTS, help="memory layouts to average")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--layout", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child is not None:
-        return child(args.child)
-    per_call, dumps = measure(args.calls, args.keep)
-    text = report(per_call, dumps, args.calls)
+        return child(args.child, args.layout)
+    text = report(measure(args.calls, args.layouts, args.keep), args.calls)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(text)
     print(text)
