@@ -152,6 +152,7 @@ def make_wrapper(
         "async_generator": run_async_generator,
     }
     run = runs.get(kind)
+    deactivate = ActiveCall.deactivate
     # Suppressed (OpenTelemetry's suppress_instrumentation()): read from the context the
     # call is described in, when the probe found its keys; else asked the public way.
     key, plain = SUPPRESS_KEYS if SUPPRESS_KEYS is not None else ("", "")
@@ -174,8 +175,17 @@ def make_wrapper(
         active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs, current)
         if active is None:
             return wrapped(*args, **kwargs)
-        with active:
-            return wrapped(*args, **kwargs)
+        # `with active:`, spelled out: two special-method calls from C fewer per call.
+        tokens = active.activate()
+        try:
+            result = wrapped(*args, **kwargs)
+        except BaseException as error:
+            deactivate(tokens)
+            active.finish(error)
+            raise
+        deactivate(tokens)
+        active.finish(None)
+        return result
 
     return wrapper
 
