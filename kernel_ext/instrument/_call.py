@@ -299,7 +299,9 @@ def begin(
     if current is None:
         current = otel_context.get_current()
     span = trace.get_current_span(current)
-    opened = not _is_span_of(span, description, parent)
+    # A span that does not record (no span at all, or one we cannot read) is not this
+    # call's: asked here, that answer costs no _is_span_of frame.
+    opened = not (span.is_recording() and _is_span_of(span, description, parent))
     conversation_id = description.conversation_id
     llm_call_id = description.llm_call_id
     if opened:
@@ -357,11 +359,9 @@ def begin(
 
 
 def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:
-    """Is ``span`` the tool span the runtime opened for this very call: a GenAI
-    ``execute_tool`` span, or an OpenInference ``TOOL`` span (its tool name from
+    """Is ``span``, a recording span, the tool span the runtime opened for this very call: a
+    GenAI ``execute_tool`` span, or an OpenInference ``TOOL`` span (its tool name from
     ``tool.name``, else its span name; its model call id from ``tool.id``/``tool_call.id``)?"""
-    if not span.is_recording():  # no span, or one we cannot read
-        return False
     attributes = getattr(span, "attributes", None)
     if not attributes:
         return False
