@@ -80,6 +80,8 @@ __all__ = [
 log = logging.getLogger("kernel_ext.instrument")
 _rare = RareLog(log)
 _tuple_new = tuple.__new__
+# Read once: an attribute of an Enum class goes through EnumType's __getattr__ hook.
+_INTERNAL = SpanKind.INTERNAL
 
 OPERATION = "gen_ai.operation.name"
 EXECUTE_TOOL = "execute_tool"
@@ -319,7 +321,7 @@ def begin(
         span = tracer.start_span(
             "execute_tool " + description.tool_name,
             current,
-            kind=SpanKind.INTERNAL,
+            kind=_INTERNAL,
             attributes=attributes,
         )
     else:
