@@ -110,11 +110,13 @@ def _alongside_span_processor() -> Iterator[Variants]:
             with tracer.start_as_current_span("execute_tool search", attributes=GENAI):
                 plain.invoke("search", 1)
 
+        internal = SpanKind.INTERNAL  # read once, as begin() does
+
         def sdk() -> None:  # the SDK and API calls of the wrapped path, in its order
             current = otel_context.get_current()
             trace.get_current_span(current).is_recording()
             span = tracer.start_span(
-                "execute_tool search", current, kind=SpanKind.INTERNAL, attributes=GENAI
+                "execute_tool search", current, kind=internal, attributes=GENAI
             )
             span_context = span.get_span_context()
             if span_context.is_valid:
@@ -202,10 +204,13 @@ def _as_enable_wires_it() -> Iterator[Variants]:
             on_start(started)
             on_end(started)
 
+        tuple_new = tuple.__new__
+
         def hub_end() -> None:  # what ActiveCall.finish adds when there is a sink
             hub.call_attributes("00f067aa0ba902b7")
             hub.tool_call_ended(
-                LiveCall("00f067aa0ba902b7", "search", "conv-1", "llm-1", None, 0), None
+                tuple_new(LiveCall, ("00f067aa0ba902b7", "search", "conv-1", "llm-1", None, 0)),
+                None,
             )
 
         yield [
@@ -391,8 +396,9 @@ NOTES = """\
 (b) get_current, get_current_span + is_recording, start_span(name, context, kind,
     attributes=<4 GenAI>), get_span_context, set_span_in_context, attach, detach,
     is_recording, end.
-(c) kernel_ext's frames and checks: the wrapper, begin_described, begin, _is_span_of, the
-    attribute dict, span_id_hex, ActiveCall's enter, exit and finish; by difference."""
+(c) kernel_ext's frames and checks: the wrapper, begin_described, begin (the attribute
+    dict, the span name, span_id_hex), ActiveCall's activate, deactivate and finish; by
+    difference."""
 WIDTH = 72
 
 
