@@ -394,6 +394,8 @@ class ToolSpanProcessor(SpanProcessor):
 _new_live_call = tuple.__new__
 _MAX_SPAN_ID = (1 << 64) - 1
 _current_tool_call = _CURRENT_CALL.get  # current_tool_call() without its call
+# Read once: an attribute of an Enum class goes through EnumType's __getattr__ hook.
+_ERROR = StatusCode.ERROR
 
 
 _Get = Callable[[str], object]
@@ -441,7 +443,7 @@ def _no_attribute(key: str) -> None:
 def _error_message(span: ReadableSpan) -> str | None:
     """The span's failure in one line, or ``None`` when its status is not ERROR."""
     status = span.status
-    if status is None or status.status_code is not StatusCode.ERROR:
+    if status is None or status.status_code is not _ERROR:
         return None
     if status.description:
         return status.description

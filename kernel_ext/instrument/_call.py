@@ -80,6 +80,8 @@ __all__ = [
 log = logging.getLogger("kernel_ext.instrument")
 _rare = RareLog(log)
 _tuple_new = tuple.__new__
+# Read once: an attribute of an Enum class goes through EnumType's __getattr__ hook.
+_INTERNAL = SpanKind.INTERNAL
 
 OPERATION = "gen_ai.operation.name"
 EXECUTE_TOOL = "execute_tool"
@@ -253,13 +255,17 @@ class ActiveCall:
                 if sink is not None:
                     try:
                         sink.tool_call_ended(
-                            LiveCall(
-                                call.call_id,
-                                call.tool_name,
-                                call.conversation_id,
-                                call.llm_call_id,
-                                call.parent.call_id if call.parent is not None else None,
-                                0,
+                            # LiveCall(...) without its generated __new__ (half the cost).
+                            _tuple_new(
+                                LiveCall,
+                                (
+                                    call.call_id,
+                                    call.tool_name,
+                                    call.conversation_id,
+                                    call.llm_call_id,
+                                    call.parent.call_id if call.parent is not None else None,
+                                    0,
+                                ),
                             ),
                             None if error is None else _error_text(error),
                         )
@@ -299,7 +305,9 @@ def begin(
     if current is None:
         current = otel_context.get_current()
     span = trace.get_current_span(current)
-    opened = not _is_span_of(span, description, parent)
+    # A span that does not record (no span at all, or one we cannot read) is not this
+    # call's: asked here, that answer costs no _is_span_of frame.
+    opened = not (span.is_recording() and _is_span_of(span, description, parent))
     conversation_id = description.conversation_id
     llm_call_id = description.llm_call_id
     if opened:
@@ -313,7 +321,7 @@ def begin(
         span = tracer.start_span(
             "execute_tool " + description.tool_name,
             current,
-            kind=SpanKind.INTERNAL,
+            kind=_INTERNAL,
             attributes=attributes,
         )
     else:
@@ -357,11 +365,9 @@ def begin(
 
 
 def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:
-    """Is ``span`` the tool span the runtime opened for this very call: a GenAI
-    ``execute_tool`` span, or an OpenInference ``TOOL`` span (its tool name from
+    """Is ``span``, a recording span, the tool span the runtime opened for this very call: a
+    GenAI ``execute_tool`` span, or an OpenInference ``TOOL`` span (its tool name from
     ``tool.name``, else its span name; its model call id from ``tool.id``/``tool_call.id``)?"""
-    if not span.is_recording():  # no span, or one we cannot read
-        return False
     attributes = getattr(span, "attributes", None)
     if not attributes:
         return False
