@@ -547,7 +547,7 @@ def _wrapt_is_c() -> bool:
 
 
 def _commit() -> str:
-    """The short commit, marked when tracked files differ from it."""
+    """The short commit, marked when the library or the benchmarks differ from it."""
     try:
         head, dirty = (
             subprocess.run(
@@ -555,7 +555,7 @@ def _commit() -> str:
             ).stdout.strip()
             for command in (
                 ["rev-parse", "--short", "HEAD"],
-                ["status", "--porcelain", "--untracked-files=no"],
+                ["status", "--porcelain", "--", "kernel_ext", "benchmarks"],
             )
         )
     except (OSError, subprocess.SubprocessError):
