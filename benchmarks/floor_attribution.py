@@ -1,10 +1,11 @@
 """The instruction floor of a wrapped tool call: which part of it is wrapt's, the SDK's, the
 contextvars' and kernel_ext's own, counted in instructions under callgrind.
 
-Run: ``python benchmarks/floor_attribution.py [--calls N] [--output PATH]`` (needs
-``valgrind``); writes ``docs/profiles/attribution-wrapped-floor.txt`` by default. The figure
-"wrapped tool call vs the same call in a plain SDK span with the same GenAI attributes" of
-``bench_attribution.py`` links to it.
+Run: ``python benchmarks/floor_attribution.py [--calls N] [--layouts N] [--output PATH]
+[--keep DIR]`` (needs ``valgrind``; about three minutes on two cores); writes
+``docs/profiles/attribution-wrapped-floor.txt`` by default. The figure "wrapped tool call vs
+the same call in a plain SDK span with the same GenAI attributes" of ``bench_attribution.py``
+links to it.
 
 Wall-clock ratios on a shared 2-core machine move by more than the margins in question; an
 instruction count does not. The script runs itself under ``valgrind --tool=callgrind``
@@ -19,10 +20,11 @@ less the measured parts.
 
 A count repeats to the instruction for one memory layout, but moves by up to about 1 % from
 one layout to another: the interpreter's method cache and the contextvars' HAMT hash objects
-by address. So the child runs in several layouts (allocations of different sizes before
-anything is imported), in parallel, and the profile gives each variant's mean.
+by address. So the child runs in several layouts (environments and allocations of different
+sizes before anything is imported), as many at once as there are cores, and the profile gives
+each variant's mean.
 
-``--keep DIR`` keeps the dumps (``callgrind.out.<part>``, one per marker) for
+``--keep DIR`` keeps the dumps (``layout-<n>/callgrind.out.<part>``, one per marker) for
 ``callgrind_annotate``; valgrind 3.19's ``callgrind_annotate`` misreads the ``calls=0`` lines
 of a dump taken mid-run (a call still on the stack), so rewrite them to ``calls=1`` first
 (``sed -i 's/^calls=0 /calls=1 /'``): counts of calls change, costs do not.
@@ -41,6 +43,7 @@ import sys
 import tempfile
 import textwrap
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import version
@@ -321,7 +324,8 @@ class Layout:
 
 
 def measure(calls: int, layouts: int, keep: Path | None = None) -> list[Layout]:
-    """Run the child under callgrind once per memory layout, all at once."""
+    """Run the child under callgrind once per memory layout, as many at once as there are
+    cores."""
     valgrind = shutil.which("valgrind")
     if valgrind is None:
         raise SystemExit("valgrind is not installed (apt-get install valgrind)")
@@ -336,48 +340,43 @@ def measure(calls: int, layouts: int, keep: Path | None = None) -> list[Layout]:
     fixed = [setarch, platform.machine(), "-R"] if setarch else []  # no address randomisation
     env = dict(os.environ, PYTHONHASHSEED="0")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    with tempfile.TemporaryDirectory() as tmp:
+
+    def run(layout: int, folder: Path) -> Layout:
+        out = folder / f"layout-{layout}" / "callgrind.out"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        command = [
+            *fixed,
+            valgrind,
+            "--tool=callgrind",
+            f"--callgrind-out-file={out}",
+            f"--dump-before={MARKER}",
+            "--compress-strings=no",
+            "--compress-pos=no",
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            str(calls),
+            "--layout",
+            str(layout),
+        ]
+        # The environment is copied onto the heap at start-up: its size moves what the
+        # interpreter allocates then; the child's padding moves what comes after.
+        padded = dict(env, FLOOR_LAYOUT="x" * (layout * 541))
+        child = subprocess.run(command, env=padded, capture_output=True, text=True)
+        if child.returncode != 0:
+            raise SystemExit(f"the child failed under callgrind:\n{child.stderr[-3000:]}")
+        dumps = {
+            label: out.with_name(f"{out.name}.{part}")
+            for part, label in enumerate(child.stdout.split(), start=1)
+            if label != "-"
+        }
+        totals = {name: read_dump(path).total / calls for name, path in dumps.items()}
+        per_call = {name: total - totals["empty"] for name, total in totals.items()}
+        return Layout(per_call, read_dump(dumps["wrapped"]))
+
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(os.cpu_count()) as pool:
         folder = keep or Path(tmp)
-        children = []
-        for layout in range(layouts):
-            out = folder / f"layout-{layout}" / "callgrind.out"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            command = [
-                *fixed,
-                valgrind,
-                "--tool=callgrind",
-                f"--callgrind-out-file={out}",
-                f"--dump-before={MARKER}",
-                "--compress-strings=no",
-                "--compress-pos=no",
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--child",
-                str(calls),
-                "--layout",
-                str(layout),
-            ]
-            # The environment is copied onto the heap at start-up: its size moves what the
-            # interpreter allocates then; the child's padding moves what comes after.
-            padded = dict(env, FLOOR_LAYOUT="x" * (layout * 541))
-            process = subprocess.Popen(
-                command, env=padded, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-            )
-            children.append((out, process))
-        found = []
-        for out, process in children:
-            labels, errors = process.communicate()
-            if process.returncode != 0:
-                raise SystemExit(f"the child failed under callgrind:\n{errors[-3000:]}")
-            dumps = {
-                label: out.with_name(f"{out.name}.{part}")
-                for part, label in enumerate(labels.split(), start=1)
-                if label != "-"
-            }
-            totals = {name: read_dump(path).total / calls for name, path in dumps.items()}
-            per_call = {name: total - totals["empty"] for name, total in totals.items()}
-            found.append(Layout(per_call, read_dump(dumps["wrapped"])))
-    return found
+        return list(pool.map(run, range(layouts), [folder] * layouts))
 
 
 # -- the report -------------------------------------------------------------------------------

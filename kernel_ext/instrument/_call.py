@@ -160,9 +160,10 @@ class ActiveCall:
     (``None`` when the span has no valid id: then only the span is made current).
 
     ``with active:`` activates it for the block and finishes it at the block's end, with
-    the block's exception if any (which propagates). Generators activate it around each
-    step instead (:meth:`activate`/:meth:`deactivate`) and finish it once, at the end of
-    ``with active.ending():``.
+    the block's exception if any (which propagates); the sync wrapper does the same with
+    :meth:`activate`, :meth:`deactivate` and :meth:`finish` (no special-method calls on its
+    hot path). Generators activate it around each step instead and finish it once, at the
+    end of ``with active.ending():``.
     """
 
     __slots__ = ("_tokens", "call", "context", "opened", "rare", "sink_of", "span")
