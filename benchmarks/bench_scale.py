@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from bench_stream import _free_port, _line, _wait_port, plain_relay_app
+from bench_stream import _spawn as _spawn_script
 
 SECRET = "bench-secret"
 NS = "/chat"
@@ -364,14 +365,8 @@ _SCRIPT = os.path.abspath(__file__)
 
 
 async def _spawn(*args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        _SCRIPT,
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=None,
-    )
+    """A role of this script as a child, its stdin piped (the browsers take commands)."""
+    return await _spawn_script(*args, script=_SCRIPT, stdin=asyncio.subprocess.PIPE)
 
 
 async def _ask(proc: asyncio.subprocess.Process, command: str, answer: str) -> str:

@@ -379,14 +379,17 @@ def _free_port() -> int:
 _SCRIPT = os.path.abspath(__file__)
 
 
-async def _spawn(*args: str) -> asyncio.subprocess.Process:
+async def _spawn(
+    *args: str, script: str = _SCRIPT, stdin: int = asyncio.subprocess.DEVNULL
+) -> asyncio.subprocess.Process:
+    """``script`` (this one by default) as a child with ``args``, its stdout piped."""
     return await asyncio.create_subprocess_exec(
         sys.executable,
-        _SCRIPT,
+        script,
         *args,
         stdout=asyncio.subprocess.PIPE,
         stderr=None,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=stdin,
     )
 
 
