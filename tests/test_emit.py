@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 from collections.abc import AsyncIterator
@@ -227,10 +228,104 @@ async def test_the_senders_counts_reach_opentelemetry_as_they_happen(
 
 
 class _OlderRelay(ChatRelay):
-    """A relay from before ``kx_hello``: it answers the question with nothing."""
+    """A relay from before ``kx_hello``: it answers the question with nothing, and refuses
+    a frame of several rooms as a bad frame (what such a relay did)."""
 
     async def on_kx_hello(self, sid: str, data: object = None) -> None:  # type: ignore[override]
         return None
+
+    def _sections(self, data: object) -> list[tuple[str, list[object]]] | str:  # type: ignore[override]
+        if isinstance(data, dict) and "rooms" in data:
+            return "a frame is {v: 1, room, blocks}"
+        return super()._sections(data)
+
+
+async def test_a_relay_replaced_by_an_older_one_gets_one_room_per_frame() -> None:
+    """The sender asks again on every connection: after the relay on the same address is
+    replaced by one that does not answer ``kx_hello``, frames carry one room each and every
+    block arrives."""
+    import socketio
+
+    rooms = [f"conv-{i}" for i in range(6)]
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    port = free_port()
+    emitter = emitter_for(port, hub)
+    async with emitter:
+        async with relay_in_loop(port):
+            await wait_until(lambda: emitter.rooms_per_frame)
+        await wait_until(lambda: not emitter.healthy)
+        assert not emitter.rooms_per_frame
+        sio = socketio.AsyncServer(async_mode="asgi")
+        older = _OlderRelay(SECRET, authorize_join=allow_all)
+        sio.register_namespace(older)
+        async with serve_asgi(socketio.ASGIApp(sio), port):
+            watchers = []
+            try:
+                for room in rooms:
+                    b = Browser()
+                    await b.connect(port)
+                    assert await b.join(room) == {"ok": True}
+                    watchers.append(b)
+                await wait_until(lambda: emitter.healthy)
+                for step in range(3):
+                    for i, room in enumerate(rooms):
+                        with use_tool_call(ToolCall(f"{i + 1:016x}", "ask_colleague", room)):
+                            state = "done" if step == 2 else "running"
+                            hub.publish(f"step {step}", task_id="t", state=state)
+                for b in watchers:
+                    await b.wait_for(count(3))
+                assert await emitter.flush(10)
+                assert not emitter.rooms_per_frame
+                for b in watchers:
+                    assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2, 3]
+                assert older.stats().get("rejected_bad_frame", 0) == 0
+                assert hub.stats()["delivered"] == 3 * len(rooms)
+            finally:
+                for b in watchers:
+                    await b.close()
+
+
+class _AnswerAcrossReconnect:
+    """A FAKE client (named as such): python-socketio drops a pending call's callback when
+    its connection drops, so a real answer cannot cross a reconnect. This one holds the
+    answer to ``kx_hello`` until told, for the fault of an answer arriving late."""
+
+    def __init__(self) -> None:
+        import asyncio
+
+        self.release = asyncio.Event()
+        self.asked = 0
+
+    async def call(self, event: str, data: object, **_: object) -> object:
+        self.asked += 1
+        if self.asked == 1:  # the first connection's question, answered late
+            await self.release.wait()
+            return {"ok": True, "v": 1, "frames": ["rooms"]}
+        return None  # the second connection's relay does not answer
+
+    def get_sid(self, namespace: str) -> str:
+        return "fake-sid"
+
+
+async def test_an_answer_to_kx_hello_from_an_earlier_connection_is_ignored() -> None:
+    import asyncio
+
+    emitter = LoopbackEmitter("http://127.0.0.1:9", SECRET, hub=StreamHub(tap=Tap()))
+    fake = _AnswerAcrossReconnect()
+    emitter._client = fake
+    await emitter._on_connect()  # connection 1 asks
+    first = emitter._hello_task
+    await wait_until(lambda: fake.asked == 1)
+    await emitter._on_disconnect("transport close")
+    await emitter._on_connect()  # connection 2 (an older relay) asks and gets nothing
+    await wait_until(lambda: fake.asked == 2)
+    fake.release.set()  # connection 1's answer arrives now
+    for task in (first, emitter._hello_task):
+        if task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    assert emitter.healthy
+    assert not emitter.rooms_per_frame
 
 
 @pytest.mark.parametrize("older", [False, True], ids=["rooms-per-frame", "older-relay"])

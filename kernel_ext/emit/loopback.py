@@ -226,9 +226,7 @@ class LoopbackEmitter(Emitter):
     async def _close(self) -> None:
         await self._stop_watcher()
         client, self._client = self._client, None
-        if self._hello_task is not None:
-            self._hello_task.cancel()
-            self._hello_task = None
+        self._cancel_hello()
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.disconnect()
@@ -243,13 +241,25 @@ class LoopbackEmitter(Emitter):
         self._reported = None  # a later refusal is news again
         self._rooms_per_frame = False
         self._set_healthy(True)
+        self._cancel_hello()
         # Not awaited here: the client reads the answer on the loop this handler runs in.
-        self._hello_task = asyncio.get_running_loop().create_task(self._hello(self._client))
+        # The answer counts for this connection only (the connection count it started at).
+        self._hello_task = asyncio.get_running_loop().create_task(
+            self._hello(self._client, self.counts["connects"])
+        )
         if self._consumer is not None:
             self._consumer.poke()  # re-send held terminals now
 
-    async def _hello(self, client: Any) -> None:
-        """Ask the relay what frames it takes; one room per frame until it says more."""
+    def _cancel_hello(self) -> None:
+        task, self._hello_task = self._hello_task, None
+        if task is not None:
+            task.cancel()
+
+    async def _hello(self, client: Any, connection: int) -> None:
+        """Ask the relay what frames it takes; one room per frame until it says more. The
+        answer is taken only while the connection it was asked on (the ``connection``-th)
+        is still up: an answer crossing a reconnect (the relay since replaced by an older
+        one) is ignored."""
         try:
             answer = await client.call(
                 KX_HELLO, {"v": 1}, namespace=self.namespace, timeout=self.ack_timeout
@@ -262,6 +272,7 @@ class LoopbackEmitter(Emitter):
         if (
             client is self._client
             and self._healthy
+            and self.counts["connects"] == connection
             and isinstance(frames, list)
             and FRAME_ROOMS in frames
         ):
@@ -310,6 +321,7 @@ class LoopbackEmitter(Emitter):
             for entry in frame.terminals:
                 self._terminals.hold(entry)
         self._rooms_per_frame = False
+        self._cancel_hello()
         self._set_healthy(False, reason)
         self._wakeup.set()
 
