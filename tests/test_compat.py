@@ -118,6 +118,160 @@ async def test_emit_tags_reach_the_channel_inside_the_emit_message(
         await manager.redis.aclose()
 
 
+def test_python_socketio_redis_client_can_be_pipelined() -> None:
+    assert _compat.publish_pipeline_supported() is True
+    assert _compat.ACTIVE["redis_publish_pipeline"] == "private"
+
+
+class _Reporting(_compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    """python-socketio's manager with kernel_ext's publish reporting, as the senders use it."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[str, int | None]] = []
+
+    def _published(self, data: object, receivers: int | None) -> None:
+        assert isinstance(data, dict)
+        self.seen.append((data["data"][0]["n"], receivers))
+
+
+async def _read_all(pubsub: object, n: int) -> list[dict[str, object]]:
+    got: list[dict[str, object]] = []
+
+    async def read() -> bool:
+        message = await pubsub.get_message(timeout=1)  # type: ignore[attr-defined]
+        if message is not None:
+            got.append(json.loads(message["data"]))
+        return len(got) >= n
+
+    await wait_until(read, 10, f"{len(got)} of {n} messages arrived")
+    return got
+
+
+@pytest.mark.redis
+@pytest.mark.network
+async def test_pipelined_publishes_leave_together_in_order_at_the_blocks_end(
+    redis_server: RedisServer,
+) -> None:
+    """What a task emits inside ``pipelined()`` is held until the block ends (a marker
+    published meanwhile on another connection arrives first), then published in order with
+    each message's receiver count; another task's emits are not held."""
+    from redis import asyncio as aioredis
+
+    subscriber = aioredis.Redis.from_url(redis_server.url)
+    pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
+    manager = _Reporting(redis_server.url, write_only=True)
+    other = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await pubsub.subscribe("socketio")
+        async with manager.pipelined() as receivers:
+            for n in range(300):
+                await manager.emit("x", {"n": n}, namespace="/chat", room="r")
+
+            async def elsewhere() -> None:  # another task: published at once
+                await manager.emit("x", {"n": "other task"}, namespace="/chat", room="r")
+
+            await asyncio.get_running_loop().create_task(elsewhere())
+            await other.publish("socketio", json.dumps({"data": [{"n": "marker"}]}))
+            assert receivers == []
+        assert receivers == [1] * 300
+        got = [m["data"][0]["n"] for m in await _read_all(pubsub, 302)]  # type: ignore[index]
+        assert got == ["other task", "marker", *range(300)]
+        assert manager.seen == [("other task", 1), *((n, 1) for n in range(300))]
+        assert manager.last_receivers == 1
+    finally:
+        await pubsub.aclose()
+        await subscriber.aclose()
+        await other.aclose()
+        if manager.redis is not None:
+            await manager.redis.aclose()
+
+
+@pytest.mark.redis
+@pytest.mark.network
+async def test_a_pipelined_block_that_raises_still_publishes_what_it_emitted(
+    redis_server: RedisServer,
+) -> None:
+    from redis import asyncio as aioredis
+
+    subscriber = aioredis.Redis.from_url(redis_server.url)
+    pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
+    manager = _Reporting(redis_server.url, write_only=True)
+    try:
+        await pubsub.subscribe("socketio")
+
+        async def emit_two_then_raise() -> None:
+            async with manager.pipelined():
+                await manager.emit("x", {"n": 0}, namespace="/chat", room="r")
+                await manager.emit("x", {"n": 1}, namespace="/chat", room="r")
+                raise RuntimeError("half way")
+
+        with pytest.raises(RuntimeError, match="half way"):
+            await emit_two_then_raise()
+        got = [m["data"][0]["n"] for m in await _read_all(pubsub, 2)]  # type: ignore[index]
+        assert got == [0, 1]
+    finally:
+        await pubsub.aclose()
+        await subscriber.aclose()
+        if manager.redis is not None:
+            await manager.redis.aclose()
+
+
+async def test_a_cancelled_pipelined_block_publishes_nothing() -> None:
+    manager = _Reporting("redis://127.0.0.1:1/0", write_only=True)
+    entered = asyncio.Event()
+
+    async def body() -> None:
+        async with manager.pipelined():
+            await manager.emit("x", {"n": 0}, namespace="/chat", room="r")
+            entered.set()
+            await asyncio.Event().wait()
+
+    task = asyncio.get_running_loop().create_task(body())
+    await asyncio.wait_for(entered.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(task, 10)
+    assert manager.seen == []
+    assert manager.redis is None  # never connected: nothing was sent
+
+
+@pytest.mark.network
+async def test_a_pipeline_to_an_unreachable_redis_reports_every_message_failed() -> None:
+    from network import free_port
+
+    manager = _Reporting(
+        f"redis://127.0.0.1:{free_port()}/0",
+        write_only=True,
+        redis_options={"socket_connect_timeout": 1},
+    )
+    async with manager.pipelined() as receivers:
+        for n in range(3):
+            await manager.emit("x", {"n": n}, namespace="/chat", room="r")
+    assert receivers == [None, None, None]
+    assert manager.seen == [(0, None), (1, None), (2, None)]
+    assert manager.last_receivers is None
+    assert manager.connected is False  # the next publish connects anew
+
+
+@pytest.mark.redis
+@pytest.mark.network
+async def test_without_the_pipeline_the_messages_go_one_by_one_with_the_same_results(
+    redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_compat, "publish_pipeline_supported", lambda: False)
+    manager = _Reporting(redis_server.url, write_only=True)
+    try:
+        async with manager.pipelined() as receivers:
+            for n in range(3):
+                await manager.emit("x", {"n": n}, namespace="/chat", room="r")
+        assert receivers == [0, 0, 0]  # nobody subscribed
+        assert manager.seen == [(0, 0), (1, 0), (2, 0)]
+    finally:
+        if manager.redis is not None:
+            await manager.redis.aclose()
+
+
 def test_openai_agents_copies_a_function_tool_through_its_invokers_bind_hook() -> None:
     # kernel_ext.integrations.openai_agents answers this hook so that a copy of an
     # attributed tool (copy.copy, tool_namespace()) stays attributed.

@@ -85,6 +85,53 @@ async def test_two_web_processes_behind_redis_serve_one_room(redis_server: Redis
         web2.stop()
 
 
+async def test_the_redis_emitter_keeps_every_rooms_order_and_chat_events_place_in_batches(
+    redis_server: RedisServer,
+) -> None:
+    """The sender publishes each batch as one Redis pipeline: many rooms' blocks and a chat
+    event interleaved still reach browsers on both web processes in publish order, and
+    every block is counted delivered once."""
+    from kernel_ext.context import ToolCall, use_tool_call
+
+    rooms = [f"conv-{i}" for i in range(4)]
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    webs = [RelayProcess(redis_url=redis_server.url) for _ in range(2)]
+    browsers = [Browser(f"b{i}") for i in range(len(rooms))]
+    try:
+        for web in webs:
+            web.start()
+        for web in webs:
+            await web.wait_ready()
+        for i, (b, room) in enumerate(zip(browsers, rooms, strict=True)):
+            await b.connect(webs[i % 2].port)
+            assert await b.join(room) == {"ok": True}
+        await wait_subscribed(redis_server.url, 2)
+        emitter = RedisEmitter(redis_server.url, hub=hub, batch_max=64)
+        async with emitter:
+            for step in range(100):
+                for i, room in enumerate(rooms):
+                    with use_tool_call(ToolCall(f"{i + 1:016x}", "ask_colleague", room)):
+                        if step == 50:
+                            hub.publish_chat_event({"eventId": f"{i + 1:016x}", "step": 50})
+                        state = "done" if step == 99 else "running"
+                        hub.publish(f"step {step}", task_id="t", state=state)
+            for b in browsers:
+                await b.wait_for(count(100))
+            assert await emitter.flush(10)
+        for i, b in enumerate(browsers):
+            await barrier(b, webs[i % 2].port)
+            assert [x["envelope"]["seq"] for x in b.blocks] == list(range(1, 101))
+            assert b.order.index("chat_event") == 50  # after the first 50 blocks
+            assert len(terminals(b.blocks)) == 1
+        assert hub.stats()["delivered"] == 100 * len(rooms)
+        assert emitter.counts["no_listener"] == 0
+    finally:
+        for b in browsers:
+            await b.close()
+        for web in webs:
+            web.stop()
+
+
 async def test_redis_emitter_reports_an_outage_and_delivers_terminals_once_back(
     redis_server: RedisServer,
 ) -> None:

@@ -134,6 +134,21 @@ async def test_terminals_that_did_not_reach_redis_wait_bounded_then_are_given_up
     assert manager.counts == {"redis_publish_failed": 3, "redis_given_up": 3}
 
 
+@pytest.mark.timeout(60)
+async def test_a_frames_pipeline_that_did_not_reach_redis_keeps_its_terminals_to_retry() -> None:
+    manager = RelayRedisManager(
+        f"redis://127.0.0.1:{free_port()}/0", max_pending=2, retry_for=0.5, worker_grace=None
+    )
+    async with manager.pipelined() as receivers:
+        for message in (emit_message("running"), emit_message("done", "t1")):
+            await manager._publish(message)
+        await manager._publish(emit_message("aborted", "t2"))
+    assert receivers == [None, None, None]
+    assert manager.counts == {"redis_publish_failed": 2}  # the terminals, kept to retry
+    assert len(manager._pending) == 2
+    await wait_until(lambda: manager.counts.get("redis_given_up") == 2, timeout=30)
+
+
 async def test_nothing_is_kept_where_the_publish_result_cannot_be_read(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -270,49 +270,64 @@ class RedisEmitter(Emitter):
             if self._healthy and len(self._terminals) and self._consumer is not None:
                 self._consumer.poke()
 
-    async def _publish(self, event: str, data: Any, room: str) -> int | None:
-        """Emit one event; the receiver count (``_UNCONFIRMED`` when python-socketio does not
-        report it), or ``None`` when Redis failed."""
+    async def _publish(self, messages: list[tuple[str, Any, str]]) -> list[int | None]:
+        """Emit ``(event, data, room)`` messages in order, in one Redis round trip
+        (:meth:`kernel_ext._compat.PublishResult.pipelined`); each one's receiver count
+        (``_UNCONFIRMED`` when python-socketio does not report it), or ``None`` where Redis
+        failed (then the emitter turns unhealthy)."""
         manager = self._manager
-        manager.last_receivers = None
+        namespace = self.namespace
         try:
-            await manager.emit(event, data, namespace=self.namespace, room=room)
+            async with manager.pipelined() as receivers:
+                for event, data, room in messages:
+                    await manager.emit(event, data, namespace=namespace, room=room)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             self._set_healthy(False, f"publish failed: {exc}")
-            return None
-        receivers: int | None = manager.last_receivers
-        if receivers is None:
-            if not _compat.publish_result_supported():
-                return _UNCONFIRMED
+            return [None] * len(messages)
+        if not _compat.publish_result_supported():
+            return [_UNCONFIRMED] * len(messages)
+        counts: list[int | None] = list(receivers)
+        if len(counts) < len(messages) or None in counts:
             self._set_healthy(False, "publish failed (see the socketio log)")
             self._wakeup.set()
-        return receivers
+            counts += [None] * (len(messages) - len(counts))
+        return counts
 
     async def _send(self, items: list[Outgoing]) -> None:
         hub = self.hub
         if self._healthy and len(self._terminals) and _now() >= self._retry_at:
             await self._retry_terminals()
-        for item in items:
-            if isinstance(item, OutgoingChatEvent):
-                if (
-                    not self._healthy
-                    or await self._publish(CHAT_EVENT, item.event, item.room) is None
-                ):
+        if not self._healthy:
+            for item in items:
+                if isinstance(item, OutgoingChatEvent):
                     hub.record_dropped(REDIS_DOWN)
-                continue
-            if not self._healthy:
-                self._drop_or_hold(item, REDIS_DOWN)
-                continue
-            receivers = await self._publish(TOOL_EVENT_STREAM, item.block, item.room)
-            if receivers is None:
+                else:
+                    self._drop_or_hold(item, REDIS_DOWN)
+            return
+        results = await self._publish(
+            [
+                (CHAT_EVENT, item.event, item.room)
+                if isinstance(item, OutgoingChatEvent)
+                else (TOOL_EVENT_STREAM, item.block, item.room)
+                for item in items
+            ]
+        )
+        delivered = 0
+        for item, receivers in zip(items, results, strict=True):
+            if isinstance(item, OutgoingChatEvent):
+                if receivers is None:
+                    hub.record_dropped(REDIS_DOWN)
+            elif receivers is None:
                 self._drop_or_hold(item, REDIS_DOWN)
             elif receivers == 0:
                 self._count("no_listener")
                 self._drop_or_hold(item, NO_LISTENER)
             else:
-                hub.record_delivered()
+                delivered += 1
+        if delivered:
+            hub.record_delivered(delivered)
 
     def _drop_or_hold(self, item: OutgoingBlock, reason: str) -> None:
         if item.terminal:
@@ -327,20 +342,19 @@ class RedisEmitter(Emitter):
 
     async def _retry_terminals(self) -> None:
         entries = self._terminals.take()
-        delivered = 0
-        for i, entry in enumerate(entries):
+        for entry in entries:
             entry.attempts += 1
-            receivers = await self._publish(TOOL_EVENT_STREAM, entry.item.block, entry.item.room)
+        results = await self._publish(
+            [(TOOL_EVENT_STREAM, entry.item.block, entry.item.room) for entry in entries]
+        )
+        delivered = 0
+        for entry, receivers in zip(entries, results, strict=True):
             if receivers:
                 delivered += 1
-                self.hub.record_delivered()
-                continue
-            self._terminals.hold(entry)
-            if receivers is None:  # Redis is down again: keep the rest as they are
-                for rest in entries[i + 1 :]:
-                    self._terminals.hold(rest)
-                break
+            else:
+                self._terminals.hold(entry)
         if delivered:
+            self.hub.record_delivered(delivered)
             self._count("terminal_resends", delivered)
         if len(self._terminals):
             self._schedule_retry()

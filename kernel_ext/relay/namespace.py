@@ -29,6 +29,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -447,7 +448,8 @@ class ChatRelay(GuardedNamespace):
         With the in-process client manager every emit is queued to each participant's
         connection synchronously when its task first runs, and asyncio runs new tasks in
         creation order: the emits of a frame overlap and keep their order. A pub/sub manager
-        (Redis) publishes after an await, so there they go one after the other.
+        (Redis) publishes after an await, so there they go one after the other (collected
+        into one pipeline per frame by :class:`RelayRedisManager`: :meth:`_run`).
         """
         if len(blocks) > 1 and not isinstance(self.server.manager, AsyncPubSubManager):
             loop = asyncio.get_running_loop()
@@ -487,6 +489,18 @@ class ChatRelay(GuardedNamespace):
             except Exception:
                 rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
             return 0
+        manager = self.server.manager
+        # On Redis, the frame's publishes go as one pipeline, in order, once it is emitted
+        # here (a round trip per frame, not per block).
+        async with (
+            manager.pipelined()
+            if isinstance(manager, RelayRedisManager)
+            else contextlib.nullcontext()
+        ):
+            return await self._emit_sections(conn, payload)
+
+    async def _emit_sections(self, conn: _Internal, payload: Any) -> int:
+        """Emit a frame's (room, blocks) sections in order; how many blocks went out."""
         emitted = 0
         for room, raws in payload:
             blocks = []

@@ -115,13 +115,12 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
 
     # -- terminals that did not reach Redis ------------------------------------------------
 
-    async def _publish(self, data: Any) -> Any:
-        result = await super()._publish(data)
+    def _published(self, data: Any, receivers: int | None) -> None:
         if not self._confirmed:
-            return result
-        if self.last_receivers is not None:
+            return
+        if receivers is not None:
             if not self._pending:
-                self._listeners = self.last_receivers
+                self._listeners = receivers
         elif _is_terminal_emit(data):
             self._bump("redis_publish_failed")
             rare(
@@ -132,7 +131,6 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
             self._pending.set(next(self._ids), data)
             if self._retrying is None or self._retrying.done():
                 self._retrying = asyncio.get_running_loop().create_task(self._retry())
-        return result
 
     def _given_up(self, key: int, data: Any, reason: str) -> None:
         self._bump("redis_given_up")
@@ -160,7 +158,7 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
             for key, data in pending.items():
                 if key not in pending:
                     continue  # forgotten meanwhile (beyond the bound)
-                await super()._publish(data)
+                await self._publish_one(data)
                 if self.last_receivers is None:
                     break
                 pending.pop(key)
