@@ -15,8 +15,10 @@ Two loads per point, on the same connected browsers:
 
 * **paced**: every stream publishes 10 running blocks/s (the T4 limit; the throttle itself is
   off so that pacing jitter drops nothing, as in ``bench_stream.py``) for ``SECONDS`` s, in
-  10 ms ticks. Latency is taken from the ``publish()`` (plain: ``emit``) call to the
+  10 ms ticks. Latency is taken from the time the schedule produced the block to the
   browser's handler (the time travels in the block's text); p50/p99 over every delivery.
+  A sender whose publish (plain: ``emit``) blocks the producer and falls behind the
+  schedule pays for the wait: its blocks are not stamped late (no coordinated omission).
   Blocks still missing ``DRAIN`` s after the worker has handed the whole load to its
   transport count as not delivered. The relay's resident memory is read idle, with the
   browsers connected, and at the end of the load (streams live; deliveries still queued in
@@ -224,18 +226,24 @@ def _block(seq: int, text: str, task: str, call_id: str, state: str = "running")
 
 
 async def _paced(seconds: float, streams: int, send: Any) -> int:
-    """Call ``await send(stream)`` for every stream ``RATE`` times a second, in 10 ms ticks
-    (a tenth of the streams per tick), for ``seconds``; the number of sends."""
+    """Call ``await send(stream, due_ns)`` for every stream ``RATE`` times a second, in 10 ms
+    ticks (a tenth of the streams per tick), for ``seconds``; the number of sends.
+
+    ``due_ns`` is when the schedule produced the block (wall clock, ns), and latency counts
+    from it: a sender that falls behind the schedule (its publishes block the producer) pays
+    for the wait, instead of stamping its blocks late and looking fast (coordinated
+    omission)."""
     loop = asyncio.get_running_loop()
-    start = loop.time()
+    start, origin = loop.time(), time.time_ns()
     sent = 0
     for tick in range(int(seconds * 100)):
         delay = start + tick * 0.01 - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        due = origin + tick * 10_000_000
         slot = tick % (100 // RATE)
         for stream in range(slot, streams, 100 // RATE):
-            await send(stream)
+            await send(stream, due)
             sent += 1
     return sent
 
@@ -285,10 +293,10 @@ async def role_worker(
                 await handed_over()
                 await client.disconnect()
 
-        async def send(stream: int) -> None:
+        async def send(stream: int, due: int | None = None) -> None:
             room, task = streams[stream]
             seqs[stream] += 1
-            text = f"{time.time_ns()} progress of {task}"
+            text = f"{due or time.time_ns()} progress of {task}"
             await emit(room, _block(seqs[stream], text, task, call_ids[stream]))
 
         async def end(stream: int) -> None:
@@ -317,10 +325,10 @@ async def role_worker(
             contexts.append(ctx)
         publish = hub.publish
 
-        async def send(stream: int) -> None:
+        async def send(stream: int, due: int | None = None) -> None:
             contexts[stream].run(
                 publish,
-                f"{time.time_ns()} progress of {streams[stream][1]}",
+                f"{due or time.time_ns()} progress of {streams[stream][1]}",
                 task_id=streams[stream][1],
             )
 

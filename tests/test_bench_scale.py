@@ -90,3 +90,21 @@ def test_tables_plots_and_capacity_rows_come_from_the_points(tmp_path: Path) -> 
             assert f"]({name})" in text
     else:
         assert "no plot: matplotlib is not installed" in text
+
+
+async def test_paced_blocks_carry_the_time_the_schedule_produced_them() -> None:
+    """A sender slower than the schedule does not stamp its blocks late: every block of a
+    tick carries that tick's due time, 10 ms after the previous tick's."""
+    stamps: dict[int, list[int]] = {}
+
+    async def slow_send(stream: int, due: int) -> None:
+        stamps.setdefault(due, []).append(stream)
+        await asyncio.sleep(0.002)  # falls behind: 2 streams per 10 ms tick take 4 ms each
+
+    sent = await bench_scale._paced(0.1, 20, slow_send)
+    dues = sorted(stamps)
+    assert sent == 20 * bench_scale.RATE // 10 and len(dues) == 10
+    assert [b - a for a, b in zip(dues, dues[1:], strict=False)] == [10_000_000] * 9
+    per_tick = [sorted(stamps[due]) for due in dues]
+    step = 100 // bench_scale.RATE
+    assert per_tick == [list(range(tick % step, 20, step)) for tick in range(10)]
