@@ -75,6 +75,10 @@ class RedisEmitter(Emitter):
     false (until a ping succeeds again), ``on_health(False)`` is called, an ERROR is logged
     and blocks are counted ``redis_down``. Guarantees:
 
+    * Each batch taken from the hub (up to ``batch_max`` blocks and chat events) is
+      published in order as one pipeline of ``PUBLISH`` commands: one Redis round trip,
+      python-socketio's message format. A pipeline that fails is not sent again (part of it
+      may have arrived): each of its messages counts as failed.
     * Running blocks that cannot be published are dropped and counted; nothing is kept.
     * A terminal is held until a publish reaches at least one web process (Redis reports
       the receivers; zero means no web process listens yet), retried while Redis is back

@@ -39,7 +39,9 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
     to the other web processes failed (Redis down; python-socketio publishes once and only
     logs) is published again once Redis is back and as many web processes listen as did
     before (or ``settle`` seconds after Redis answered again), for at most ``retry_for``
-    seconds, at most ``max_pending`` at once (the oldest given up beyond). Counts
+    seconds, at most ``max_pending`` at once (the oldest given up beyond). A frame's blocks
+    from a worker on the loopback path are published as one pipeline, in order, after
+    they were emitted to this process's browsers (:meth:`pipelined`). Counts
     ``redis_publish_failed``, ``redis_republished`` and ``redis_given_up`` in
     :attr:`counts`. Where python-socketio's publish result cannot be read
     (:mod:`kernel_ext._compat`), nothing is published again (logged at WARNING).
