@@ -240,6 +240,37 @@ class _OlderRelay(ChatRelay):
         return super()._sections(data)
 
 
+async def test_blocks_published_at_start_already_share_frames_across_rooms() -> None:
+    """Blocks of many rooms published the moment the sender starts wait for the relay's
+    answer to ``kx_hello``, then go in frames of several rooms, not one frame per room."""
+    rooms = [f"conv-{i}" for i in range(60)]
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    async with relay_in_loop() as (port, relay):
+        watchers = []
+        try:
+            for room in rooms:
+                b = Browser()
+                await b.connect(port)
+                assert await b.join(room) == {"ok": True}
+                watchers.append(b)
+            emitter = emitter_for(port, hub)
+            async with emitter:  # at once, before the first connection is up
+                for i, room in enumerate(rooms):
+                    with use_tool_call(ToolCall(f"{i + 1:016x}", "ask_colleague", room)):
+                        hub.publish("early", task_id="t")
+                        hub.publish("the answer", task_id="t", state="done")
+                for b in watchers:
+                    await b.wait_for(count(2))
+                assert await emitter.flush(10)
+            for b in watchers:
+                assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2]
+            assert relay.stats()["frames"] <= 4  # 120 blocks of 60 rooms, in a few frames
+            assert hub.stats()["delivered"] == 2 * len(rooms)
+        finally:
+            for b in watchers:
+                await b.close()
+
+
 async def test_a_relay_replaced_by_an_older_one_gets_one_room_per_frame() -> None:
     """The sender asks again on every connection: after the relay on the same address is
     replaced by one that does not answer ``kx_hello``, frames carry one room each and every

@@ -54,6 +54,9 @@ __all__ = ["LoopbackEmitter"]
 _LIVED = 1.0
 """Seconds a connection must last for the next attempt to start over from the first delay."""
 
+_HELLO_WAIT = 1.0
+"""Seconds the first blocks wait (in the hub's queue) for the relay's answer to ``kx_hello``."""
+
 Section = tuple[str, list[OutgoingBlock]]
 Frame = list[Section] | OutgoingChatEvent
 """A ``kx_blocks`` frame as (room, blocks) sections (one, unless the relay takes several
@@ -84,7 +87,9 @@ class LoopbackEmitter(Emitter):
     * Blocks of one stream are sent in order, batched into ``kx_blocks`` frames of at most
       ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters: blocks of several
       rooms per frame when the relay says it takes them (its answer to ``kx_hello``, asked
-      once per connection; :attr:`rooms_per_frame`), else one room per frame.
+      once per connection; :attr:`rooms_per_frame`), else one room per frame. Blocks
+      published before the first connection wait in the hub's bounded queue until it is
+      up and the relay answered (at most 1 s for the answer).
     * A frame holding a terminal is sent with an acknowledgement request; a terminal is
       held and re-sent after a reconnect until the relay acknowledges it, at most
       ``terminal_max_attempts`` times and for ``terminal_max_age`` seconds, at most
@@ -210,7 +215,14 @@ class LoopbackEmitter(Emitter):
     # -- the connection -------------------------------------------------------------------
 
     async def _ready(self) -> None:
+        """The first connection attempt is over, and when it connected, the relay answered
+        ``kx_hello`` (or did not within ``_HELLO_WAIT`` seconds): the first frames already
+        take the form the relay takes."""
         await self._first_attempt.wait()
+        hello = self._hello_task
+        if hello is not None and not hello.done():
+            with contextlib.suppress(Exception, asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(hello), min(_HELLO_WAIT, self.ack_timeout))
 
     async def _open(self) -> None:
         import socketio
