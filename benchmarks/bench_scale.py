@@ -15,8 +15,10 @@ Two loads per point, on the same connected browsers:
 
 * **paced**: every stream publishes 10 running blocks/s (the T4 limit; the throttle itself is
   off so that pacing jitter drops nothing, as in ``bench_stream.py``) for ``SECONDS`` s, in
-  10 ms ticks. Latency is taken from the time the schedule produced the block to the
-  browser's handler (the time travels in the block's text); p50/p99 over every delivery.
+  10 ms ticks (a full run: long enough for 3,000 deliveries, at most 30 s, so that no p99
+  is the maximum of a few hundred). Latency is taken from the time the schedule produced
+  the block to the browser's handler (the time travels in the block's text); p50/p99 over
+  every delivery.
   A sender whose publish (plain: ``emit``) blocks the producer and falls behind the
   schedule pays for the wait: its blocks are not stamped late (no coordinated omission).
   Blocks still missing ``DRAIN`` s after the worker has handed the whole load to its
@@ -25,9 +27,9 @@ Two loads per point, on the same connected browsers:
   the relay count too, so under saturation this is mostly backlog).
 * **burst**: the worker publishes ``N`` blocks round-robin over the streams as fast as it
   can; delivered blocks/s counted at the browsers from the first publish to the last
-  delivery. This is the capacity figure the ≥ 1.0× throughput ratio is held against. The
-  relay's CPU time (``/proc``) over it, divided by the deliveries, is its CPU per
-  delivered block.
+  delivery (a full run: three bursts, the median kept). This is the capacity figure the
+  ≥ 1.0× throughput ratio is held against. The relay's CPU time (``/proc``) over it,
+  divided by the deliveries, is its CPU per delivered block.
 
 The curves: (1) fan-out — one conversation, 10 streams, watched by 1–200 browsers;
 (2) breadth — 1–5,000 conversations with one stream and one browser each (the offered load
@@ -72,6 +74,14 @@ NS = "/chat"
 EVENT = "tool_event_stream"
 RATE = 10  # blocks/s per stream
 SECONDS = 3.0
+# A full run paces each point long enough for a p99 over at least MIN_PACED_DELIVERIES
+# deliveries (3 s of 10 streams to one browser is 300: its p99 is the third-largest value),
+# for at most MAX_SECONDS.
+MIN_PACED_DELIVERIES = 3_000
+MAX_SECONDS = 30.0
+# A full run repeats each burst and keeps the median (single bursts of a shared 2-core
+# machine swung 0.88-1.42x between runs at one point).
+BURST_REPEATS = 3
 DRAIN = 8.0
 CONNECT_BATCH = 50
 PROCESS_TIMEOUT = 180.0
@@ -437,6 +447,16 @@ class Setup:
     worker_path: str = "loopback"  # or "redis"
     burst_n: int = 20_000
     seconds: float = SECONDS
+    burst_repeats: int = 1
+
+    def for_full_run(self) -> Setup:
+        """This setup as a full run measures it: paced for ``MIN_PACED_DELIVERIES``
+        deliveries (at least ``SECONDS``, at most ``MAX_SECONDS``), the burst
+        ``BURST_REPEATS`` times."""
+        per_second = self.rooms * self.streams_per_room * self.per_room * RATE
+        self.seconds = min(MAX_SECONDS, max(SECONDS, MIN_PACED_DELIVERIES / per_second))
+        self.burst_repeats = BURST_REPEATS
+        return self
 
 
 @dataclass
@@ -601,9 +621,13 @@ async def measure(kind: str, setup: Setup, modes: Sequence[str] = ("paced", "bur
             else:
                 target = f"http://127.0.0.1:{ports[0]}"
             for mode in modes:
-                point.loads[mode] = await _load(
-                    kind, setup, mode, rooms, target, relays, browsers, redis
-                )
+                repeats = setup.burst_repeats if mode == "burst" else 1
+                loads = [
+                    await _load(kind, setup, mode, rooms, target, relays, browsers, redis)
+                    for _ in range(repeats)
+                ]
+                loads.sort(key=lambda load: load.rate)
+                point.loads[mode] = loads[len(loads) // 2]  # the median by delivered blocks/s
             for proc in browsers:
                 assert proc.stdin is not None
                 proc.stdin.write(b"QUIT\n")
@@ -1059,6 +1083,10 @@ def _plot_line(plots: dict[str, str], name: str) -> list[str]:
 
 async def _curves(quick: bool) -> Curves:
     curves = Curves()
+
+    def arranged(setup: Setup) -> Setup:
+        return setup if quick else setup.for_full_run()
+
     for browsers in QUICK_FANOUT if quick else FANOUT:
         # about 40,000 deliveries per burst (10,000 quick), whatever the fan-out
         setup = Setup(
@@ -1067,10 +1095,10 @@ async def _curves(quick: bool) -> Curves:
             streams_per_room=10,
             burst_n=max(400, (10_000 if quick else 40_000) // browsers),
         )
-        curves.fanout[browsers] = await side_by_side(setup)
+        curves.fanout[browsers] = await side_by_side(arranged(setup))
     for rooms in QUICK_BREADTH if quick else BREADTH:
         setup = Setup(rooms=rooms, burst_n=5_000 if quick else 20_000)
-        curves.breadth[rooms] = await side_by_side(setup)
+        curves.breadth[rooms] = await side_by_side(arranged(setup))
     rooms = QUICK_SCALE_OUT_ROOMS if quick else SCALE_OUT_ROOMS
     for label, setup in (
         (ONE_LOOPBACK, Setup(rooms=rooms)),
@@ -1088,10 +1116,10 @@ async def _curves(quick: bool) -> Curves:
         ),
     ):
         setup.burst_n = 5_000 if quick else 20_000
-        curves.scale_out[label] = await side_by_side(setup)
+        curves.scale_out[label] = await side_by_side(arranged(setup))
     for calls in QUICK_WORKER_CALLS if quick else WORKER_CALLS:
         setup = Setup(rooms=1, streams_per_room=calls)
-        curves.workers[calls] = await side_by_side(setup, modes=("paced",))
+        curves.workers[calls] = await side_by_side(arranged(setup), modes=("paced",))
         curves.hub_bytes[calls] = await hub_memory_per_call(calls)
     return curves
 

@@ -110,3 +110,14 @@ async def test_paced_blocks_carry_the_time_the_schedule_produced_them() -> None:
     per_tick = [sorted(stamps[due]) for due in dues]
     step = 100 // bench_scale.RATE
     assert per_tick == [list(range(tick % step, 20, step)) for tick in range(10)]
+
+
+def test_a_full_run_paces_each_point_for_enough_deliveries_and_repeats_the_burst() -> None:
+    one_stream = Setup(rooms=1).for_full_run()  # 10 deliveries/s: capped
+    assert one_stream.seconds == bench_scale.MAX_SECONDS
+    ten_calls = Setup(rooms=1, streams_per_room=10).for_full_run()  # 100/s: 30 s for 3,000
+    assert ten_calls.seconds == 3_000 / 100
+    wide = Setup(rooms=1, per_room=50, streams_per_room=10).for_full_run()  # 5,000/s
+    assert wide.seconds == bench_scale.SECONDS
+    assert wide.burst_repeats == bench_scale.BURST_REPEATS == 3
+    assert Setup(rooms=1).burst_repeats == 1  # quick runs and tests: one burst
