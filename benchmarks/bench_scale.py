@@ -25,6 +25,8 @@ Two loads per point, on the same connected browsers:
   transport count as not delivered. The relay's resident memory is read idle, with the
   browsers connected, and at the end of the load (streams live; deliveries still queued in
   the relay count too, so under saturation this is mostly backlog).
+* Each load starts once the relays are idle again (under 5 % of a core), so a saturating
+  load's backlog is not counted in the next.
 * **burst**: the worker publishes ``N`` blocks round-robin over the streams as fast as it
   can; delivered blocks/s counted at the browsers from the first publish to the last
   delivery (a full run: three bursts, the median kept). This is the capacity figure the
@@ -576,6 +578,22 @@ async def _load(
     )
 
 
+QUIET_CPU = 0.05  # cores: a relay below this is idle
+QUIET_TIMEOUT = 120.0
+
+
+async def _quiet(relays: Sequence[asyncio.subprocess.Process]) -> None:
+    """Wait until the relays use under ``QUIET_CPU`` of a core over half a second (polling
+    /proc, at most ``QUIET_TIMEOUT`` s)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + QUIET_TIMEOUT
+    while loop.time() < deadline:
+        before = sum(cpu_seconds(p.pid) for p in relays)
+        await asyncio.sleep(0.5)  # polling /proc with a deadline
+        if sum(cpu_seconds(p.pid) for p in relays) - before < QUIET_CPU * 0.5:
+            return
+
+
 async def measure(kind: str, setup: Setup, modes: Sequence[str] = ("paced", "burst")) -> Point:
     """Start the processes of one point, run its loads, stop everything."""
     point = Point(kind, setup)
@@ -622,10 +640,14 @@ async def measure(kind: str, setup: Setup, modes: Sequence[str] = ("paced", "bur
                 target = f"http://127.0.0.1:{ports[0]}"
             for mode in modes:
                 repeats = setup.burst_repeats if mode == "burst" else 1
-                loads = [
-                    await _load(kind, setup, mode, rooms, target, relays, browsers, redis)
-                    for _ in range(repeats)
-                ]
+                loads = []
+                for _ in range(repeats):
+                    # each load starts on idle relays: a saturating load's backlog (still
+                    # being delivered after its window) is not the next load's
+                    await _quiet(relays)
+                    loads.append(
+                        await _load(kind, setup, mode, rooms, target, relays, browsers, redis)
+                    )
                 loads.sort(key=lambda load: load.rate)
                 point.loads[mode] = loads[len(loads) // 2]  # the median by delivered blocks/s
             for proc in browsers:
