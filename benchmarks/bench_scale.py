@@ -25,8 +25,8 @@ Two loads per point, on the same connected browsers:
   transport count as not delivered. The relay's resident memory is read idle, with the
   browsers connected, and at the end of the load (streams live; deliveries still queued in
   the relay count too, so under saturation this is mostly backlog).
-* Each load starts once the relays are idle again (under 5 % of a core), so a saturating
-  load's backlog is not counted in the next.
+* Each load starts once the relays are idle again (under 5 % of a core) and the browsers
+  receive nothing more, so a saturating load's backlog is not counted in the next.
 * **burst**: the worker publishes ``N`` blocks round-robin over the streams as fast as it
   can; delivered blocks/s counted at the browsers from the first publish to the last
   delivery (a full run: three bursts, the median kept). This is the capacity figure the
@@ -579,18 +579,26 @@ async def _load(
 
 
 QUIET_CPU = 0.05  # cores: a relay below this is idle
-QUIET_TIMEOUT = 120.0
+QUIET_TIMEOUT = 180.0
 
 
-async def _quiet(relays: Sequence[asyncio.subprocess.Process]) -> None:
-    """Wait until the relays use under ``QUIET_CPU`` of a core over half a second (polling
-    /proc, at most ``QUIET_TIMEOUT`` s)."""
+async def _quiet(
+    relays: Sequence[asyncio.subprocess.Process], browsers: Sequence[asyncio.subprocess.Process]
+) -> None:
+    """Wait until the relays use under ``QUIET_CPU`` of a core over half a second and the
+    browsers received nothing more meanwhile (a relay waiting on full sockets is idle but
+    still holds a backlog), polling, at most ``QUIET_TIMEOUT`` s."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + QUIET_TIMEOUT
+
+    async def received() -> int:
+        return sum([int(await _ask(proc, "COUNT", "COUNT")) for proc in browsers])
+
     while loop.time() < deadline:
-        before = sum(cpu_seconds(p.pid) for p in relays)
-        await asyncio.sleep(0.5)  # polling /proc with a deadline
-        if sum(cpu_seconds(p.pid) for p in relays) - before < QUIET_CPU * 0.5:
+        before, got = sum(cpu_seconds(p.pid) for p in relays), await received()
+        await asyncio.sleep(0.5)  # polling /proc and the browsers with a deadline
+        idle = sum(cpu_seconds(p.pid) for p in relays) - before < QUIET_CPU * 0.5
+        if idle and await received() == got:
             return
 
 
@@ -644,7 +652,7 @@ async def measure(kind: str, setup: Setup, modes: Sequence[str] = ("paced", "bur
                 for _ in range(repeats):
                     # each load starts on idle relays: a saturating load's backlog (still
                     # being delivered after its window) is not the next load's
-                    await _quiet(relays)
+                    await _quiet(relays, browsers)
                     loads.append(
                         await _load(kind, setup, mode, rooms, target, relays, browsers, redis)
                     )
