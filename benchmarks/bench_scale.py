@@ -997,11 +997,17 @@ class Curves:
                 for p in self.scale_out.values()
                 if p["kx"].setup.redis
             ]
+            plain_redis_cpu = [
+                _per_block_us(p["plain"].loads["paced"].redis_cpu, p["plain"].loads["paced"].sent)
+                for p in self.scale_out.values()
+                if p["plain"].setup.redis
+            ]
             known = [c for c in redis_cpu if c is not None]
-            if known:
+            plain_known = [c for c in plain_redis_cpu if c is not None]
+            if known and plain_known:
                 rows.append(
-                    f"| redis-server CPU per published block (µs) | "
-                    f"{min(known):,.0f}–{max(known):,.0f} |"
+                    "| redis-server CPU per published block (µs; the plain publisher's) | "
+                    f"{_span(known)} ({_span(plain_known)}) |"
                 )
             one, two = (self.scale_out.get(label) for label in (ONE_REDIS, TWO_REDIS))
             if one and two:
@@ -1098,6 +1104,12 @@ class Curves:
             axis.grid(True, axis="y", alpha=0.3)
             save(fig, "scaleout")
         return written
+
+
+def _span(values: Sequence[float]) -> str:
+    """``low–high`` of ``values`` to the µs, or one figure when they round alike."""
+    low, high = f"{min(values):,.0f}", f"{max(values):,.0f}"
+    return low if low == high else f"{low}–{high}"
 
 
 def _plot_line(plots: dict[str, str], name: str) -> list[str]:

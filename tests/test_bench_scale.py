@@ -121,3 +121,9 @@ def test_a_full_run_paces_each_point_for_enough_deliveries_and_repeats_the_burst
     assert wide.seconds == bench_scale.SECONDS
     assert wide.burst_repeats == bench_scale.BURST_REPEATS == 3
     assert Setup(rooms=1).burst_repeats == 1  # quick runs and tests: one burst
+
+
+def test_a_span_of_figures_that_round_alike_is_one_figure() -> None:
+    assert bench_scale._span([2.9, 3.1]) == "3"
+    assert bench_scale._span([29.4, 44.2]) == "29–44"
+    assert bench_scale._span([1_014.9]) == "1,015"
