@@ -227,6 +227,32 @@ async def test_the_senders_counts_reach_opentelemetry_as_they_happen(
     assert events() == {("loopback", event): n for event, n in emitter.counts.items()}
 
 
+@asynccontextmanager
+async def browsers_in_rooms(port: int, rooms: list[str]) -> AsyncIterator[list[Browser]]:
+    """One browser joined to each room, closed at the end."""
+    watchers: list[Browser] = []
+    try:
+        for room in rooms:
+            b = Browser()
+            await b.connect(port)
+            assert await b.join(room) == {"ok": True}
+            watchers.append(b)
+        yield watchers
+    finally:
+        for b in watchers:
+            await b.close()
+
+
+def publish_steps(hub: StreamHub, rooms: list[str], steps: int) -> None:
+    """``steps`` blocks on one stream per room, round-robin over the rooms; the last
+    ``done``."""
+    for step in range(steps):
+        for i, room in enumerate(rooms):
+            with use_tool_call(ToolCall(f"{i + 1:016x}", "ask_colleague", room)):
+                state = "done" if step == steps - 1 else "running"
+                hub.publish(f"step {step}", task_id="t", state=state)
+
+
 class _OlderRelay(ChatRelay):
     """A relay from before ``kx_hello``: it answers the question with nothing, and refuses
     a frame of several rooms as a bad frame (what such a relay did)."""
@@ -245,30 +271,17 @@ async def test_blocks_published_at_start_already_share_frames_across_rooms() -> 
     answer to ``kx_hello``, then go in frames of several rooms, not one frame per room."""
     rooms = [f"conv-{i}" for i in range(60)]
     hub = StreamHub(max_running_per_second=None, tap=Tap())
-    async with relay_in_loop() as (port, relay):
-        watchers = []
-        try:
-            for room in rooms:
-                b = Browser()
-                await b.connect(port)
-                assert await b.join(room) == {"ok": True}
-                watchers.append(b)
-            emitter = emitter_for(port, hub)
-            async with emitter:  # at once, before the first connection is up
-                for i, room in enumerate(rooms):
-                    with use_tool_call(ToolCall(f"{i + 1:016x}", "ask_colleague", room)):
-                        hub.publish("early", task_id="t")
-                        hub.publish("the answer", task_id="t", state="done")
-                for b in watchers:
-                    await b.wait_for(count(2))
-                assert await emitter.flush(10)
+    async with relay_in_loop() as (port, relay), browsers_in_rooms(port, rooms) as watchers:
+        emitter = emitter_for(port, hub)
+        async with emitter:  # at once, before the first connection is up
+            publish_steps(hub, rooms, 2)
             for b in watchers:
-                assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2]
-            assert relay.stats()["frames"] <= 4  # 120 blocks of 60 rooms, in a few frames
-            assert hub.stats()["delivered"] == 2 * len(rooms)
-        finally:
-            for b in watchers:
-                await b.close()
+                await b.wait_for(count(2))
+            assert await emitter.flush(10)
+        for b in watchers:
+            assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2]
+        assert relay.stats()["frames"] <= 4  # 120 blocks of 60 rooms, in a few frames
+        assert hub.stats()["delivered"] == 2 * len(rooms)
 
 
 async def test_a_relay_replaced_by_an_older_one_gets_one_room_per_frame() -> None:
@@ -289,31 +302,20 @@ async def test_a_relay_replaced_by_an_older_one_gets_one_room_per_frame() -> Non
         sio = socketio.AsyncServer(async_mode="asgi")
         older = _OlderRelay(SECRET, authorize_join=allow_all)
         sio.register_namespace(older)
-        async with serve_asgi(socketio.ASGIApp(sio), port):
-            watchers = []
-            try:
-                for room in rooms:
-                    b = Browser()
-                    await b.connect(port)
-                    assert await b.join(room) == {"ok": True}
-                    watchers.append(b)
-                await wait_until(lambda: emitter.healthy)
-                for step in range(3):
-                    for i, room in enumerate(rooms):
-                        with use_tool_call(ToolCall(f"{i + 1:016x}", "ask_colleague", room)):
-                            state = "done" if step == 2 else "running"
-                            hub.publish(f"step {step}", task_id="t", state=state)
-                for b in watchers:
-                    await b.wait_for(count(3))
-                assert await emitter.flush(10)
-                assert not emitter.rooms_per_frame
-                for b in watchers:
-                    assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2, 3]
-                assert older.stats().get("rejected_bad_frame", 0) == 0
-                assert hub.stats()["delivered"] == 3 * len(rooms)
-            finally:
-                for b in watchers:
-                    await b.close()
+        async with (
+            serve_asgi(socketio.ASGIApp(sio), port),
+            browsers_in_rooms(port, rooms) as watchers,
+        ):
+            await wait_until(lambda: emitter.healthy)
+            publish_steps(hub, rooms, 3)
+            for b in watchers:
+                await b.wait_for(count(3))
+            assert await emitter.flush(10)
+            assert not emitter.rooms_per_frame
+            for b in watchers:
+                assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2, 3]
+            assert older.stats().get("rejected_bad_frame", 0) == 0
+            assert hub.stats()["delivered"] == 3 * len(rooms)
 
 
 class _AnswerAcrossReconnect:
@@ -369,40 +371,29 @@ async def test_blocks_of_many_rooms_share_frames_when_the_relay_takes_them(older
     relay = relay_class(SECRET, authorize_join=allow_all)
     sio.register_namespace(relay)
     hub = StreamHub(max_running_per_second=None, tap=Tap())
-    async with serve_asgi(socketio.ASGIApp(sio)) as port:
-        watchers = []
-        try:
-            for room in rooms:
-                b = Browser()
-                await b.connect(port)
-                assert await b.join(room) == {"ok": True}
-                watchers.append(b)
-            emitter = emitter_for(port, hub)
-            async with emitter:
-                await wait_until(lambda: emitter.healthy)
-                if not older:
-                    await wait_until(lambda: emitter.rooms_per_frame)
-                for step in range(5):
-                    for i, room in enumerate(rooms):
-                        with use_tool_call(ToolCall(f"{i + 1:016x}", "ask_colleague", room)):
-                            state = "done" if step == 4 else "running"
-                            hub.publish(f"step {step}", task_id="t", state=state)
-                for b in watchers:
-                    await b.wait_for(count(5))
-                assert await emitter.flush(10)
-                assert emitter.rooms_per_frame is not older
-            for i, b in enumerate(watchers):
-                await barrier(b, port)
-                assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2, 3, 4, 5]
-                assert {x["callId"] for x in b.blocks} == {f"{i + 1:016x}"}
-                assert [x["state"] for x in b.blocks][-1] == "done"
-            frames = relay.stats()["frames"]
-            if older:
-                assert frames >= len(rooms)  # one room per frame
-            else:
-                assert frames < len(rooms)  # blocks of several rooms per frame
-            assert relay.stats().get("rejected_unknown_event", 0) == 0
-            assert hub.stats()["delivered"] == 5 * len(rooms)
-        finally:
+    async with (
+        serve_asgi(socketio.ASGIApp(sio)) as port,
+        browsers_in_rooms(port, rooms) as watchers,
+    ):
+        emitter = emitter_for(port, hub)
+        async with emitter:
+            await wait_until(lambda: emitter.healthy)
+            if not older:
+                await wait_until(lambda: emitter.rooms_per_frame)
+            publish_steps(hub, rooms, 5)
             for b in watchers:
-                await b.close()
+                await b.wait_for(count(5))
+            assert await emitter.flush(10)
+            assert emitter.rooms_per_frame is not older
+        for i, b in enumerate(watchers):
+            await barrier(b, port)
+            assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2, 3, 4, 5]
+            assert {x["callId"] for x in b.blocks} == {f"{i + 1:016x}"}
+            assert [x["state"] for x in b.blocks][-1] == "done"
+        frames = relay.stats()["frames"]
+        if older:
+            assert frames >= len(rooms)  # one room per frame
+        else:
+            assert frames < len(rooms)  # blocks of several rooms per frame
+        assert relay.stats().get("rejected_unknown_event", 0) == 0
+        assert hub.stats()["delivered"] == 5 * len(rooms)
