@@ -284,6 +284,49 @@ async def test_blocks_published_at_start_already_share_frames_across_rooms() -> 
         assert hub.stats()["delivered"] == 2 * len(rooms)
 
 
+class _SilentRelay(ChatRelay):
+    """A relay that never answers ``kx_hello`` (until released at the end of the test)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        import asyncio
+
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.release = asyncio.Event()
+
+    async def on_kx_hello(self, sid: str, data: object = None) -> None:  # type: ignore[override]
+        await self.release.wait()
+
+
+async def test_blocks_at_start_go_after_a_bounded_wait_when_the_relay_never_answers() -> None:
+    """The first blocks wait at most about a second for ``kx_hello``'s answer; a relay that
+    never gives one still gets every block, one room per frame."""
+    import socketio
+
+    rooms = [f"conv-{i}" for i in range(5)]
+    sio = socketio.AsyncServer(async_mode="asgi")
+    relay = _SilentRelay(SECRET, authorize_join=allow_all)
+    sio.register_namespace(relay)
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    try:
+        async with (
+            serve_asgi(socketio.ASGIApp(sio)) as port,
+            browsers_in_rooms(port, rooms) as watchers,
+        ):
+            emitter = emitter_for(port, hub, ack_timeout=30.0)
+            async with emitter:
+                publish_steps(hub, rooms, 2)
+                for b in watchers:
+                    await b.wait_for(count(2))
+                assert await emitter.flush(10)
+                assert not emitter.rooms_per_frame
+            for b in watchers:
+                assert [x["envelope"]["seq"] for x in b.blocks] == [1, 2]
+            assert relay.stats()["frames"] >= len(rooms)  # one room per frame
+            assert hub.stats()["delivered"] == 2 * len(rooms)
+    finally:
+        relay.release.set()
+
+
 async def test_a_relay_replaced_by_an_older_one_gets_one_room_per_frame() -> None:
     """The sender asks again on every connection: after the relay on the same address is
     replaced by one that does not answer ``kx_hello``, frames carry one room each and every
