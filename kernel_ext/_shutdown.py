@@ -5,7 +5,9 @@ This module knows nothing of what it flushes: :mod:`kernel_ext.plugin` hands it 
 
 Guarantees:
 
-* :class:`LoopThread` runs an event loop on a daemon thread until :meth:`LoopThread.stop`.
+* :class:`LoopThread` runs an event loop on a daemon thread until :meth:`LoopThread.stop`;
+  the process's asynchronous signals (``SIGTERM``, ``SIGINT`` …) are blocked there, so that
+  they reach the application's threads.
 * :func:`at_exit` registers a hook with :mod:`atexit` once, however often it is called.
 * :class:`SigtermFlush` installs itself only on the main thread and only while ``SIGTERM``
   has its default action (an application with its own handler keeps it). On ``SIGTERM`` it
@@ -21,17 +23,35 @@ import atexit
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread", "SigtermFlush", "at_exit"]
+__all__ = ["LoopThread", "SigtermFlush", "at_exit", "at_multiprocessing_exit"]
 
 # The plugin's logger: these lines are the plugin's shutdown paths, as operators know them.
 logger = logging.getLogger("kernel_ext.plugin")
 
 _T = TypeVar("_T")
+
+
+_ASYNC_SIGNALS = {
+    getattr(signal, name)
+    for name in (
+        "SIGINT",
+        "SIGTERM",
+        "SIGHUP",
+        "SIGQUIT",
+        "SIGUSR1",
+        "SIGUSR2",
+        "SIGALRM",
+        "SIGCHLD",
+        "SIGWINCH",
+    )
+    if hasattr(signal, name)
+}
 
 
 class LoopThread:
@@ -43,6 +63,11 @@ class LoopThread:
         self._thread.start()
 
     def _run(self) -> None:
+        # Process signals go to the application's threads, never to this one: a signal
+        # the kernel hands this thread would not interrupt the main thread's blocking wait
+        # (a multiprocessing worker's queue), so its handler would never run.
+        if hasattr(signal, "pthread_sigmask"):
+            signal.pthread_sigmask(signal.SIG_BLOCK, _ASYNC_SIGNALS)
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
@@ -69,6 +94,41 @@ def at_exit(hook: Callable[[], None]) -> None:
     if hook not in _registered:
         atexit.register(hook)
         _registered.add(hook)
+
+
+class _Key:
+    """A weak-referenceable key for ``multiprocessing.util.register_after_fork``."""
+
+
+_MULTIPROCESSING_KEY = _Key()
+_MULTIPROCESSING_UTILS = ("multiprocessing.util", "billiard.util")  # billiard: Celery's fork
+_multiprocessing_pid = 0
+
+
+def at_multiprocessing_exit(hook: Callable[[], None]) -> None:
+    """Run ``hook`` also when a process that ``multiprocessing`` (or Celery's ``billiard``)
+    started ends: with the fork and forkserver start methods such a process ends with
+    ``os._exit``, so ``atexit`` hooks never run there, but its finalizers do.
+
+    Covers this process (when multiprocessing started it) and the children it forks, also
+    when the call comes before the child's bootstrap (an application imported afresh by a
+    spawn or forkserver child), which drops the finalizers registered before it. Once per
+    process; nothing when no such module is imported yet (the fork hook calls it again in
+    each child).
+    """
+    global _multiprocessing_pid
+    if _multiprocessing_pid == os.getpid():
+        return
+    for name in _MULTIPROCESSING_UTILS:
+        util = sys.modules.get(name)
+        if util is None:
+            continue
+        _multiprocessing_pid = os.getpid()
+        util.Finalize(None, hook, exitpriority=0)
+        util.register_after_fork(
+            _MULTIPROCESSING_KEY,
+            lambda _key, util=util: util.Finalize(None, hook, exitpriority=0),
+        )
 
 
 class SigtermFlush:
@@ -119,6 +179,10 @@ class SigtermFlush:
         still in place. Idempotent; call it on the main thread."""
         if not self._installed:
             return
+        if threading.current_thread() is not threading.main_thread():
+            # Left in place: with nothing enabled any more it just terminates the process.
+            logger.debug("kernel_ext: SIGTERM handler left in place (not the main thread)")
+            return
         self._installed = False
         loop, self._loop = self._loop, None
         try:
@@ -129,6 +193,28 @@ class SigtermFlush:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
         except (ValueError, OSError, RuntimeError) as exc:
             logger.info("kernel_ext: SIGTERM handler not restored (%s)", exc)
+
+    def after_fork(self) -> SigtermFlush | None:
+        """In a forked child: the flush for the child, or ``None``. A handler on the
+        parent's event loop is taken off — that loop's wake-up pipe is shared with the
+        parent, so a ``SIGTERM`` to the child would reach the parent's loop — and a plain
+        one installed (the child's forking thread is its main thread); a plain handler
+        works in the child as it is (it flushes the child's sender)."""
+        if not self._installed:
+            return None
+        if self._loop is None:
+            return self
+        self._installed = False
+        self._loop = None
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        except (ValueError, OSError) as exc:
+            logger.info("kernel_ext: no SIGTERM flush in this forked process (%s)", exc)
+            return None
+        child = SigtermFlush(self._flush, self._aflush, self._timeout)
+        child.install(None)
+        return child if child._installed else None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         """SIGTERM in a sync kernel (the sender on its own thread): flush, then terminate."""

@@ -17,6 +17,7 @@ from typing import TypeVar
 
 from opentelemetry.metrics import Counter
 
+from kernel_ext import _fork
 from kernel_ext.errors import check_positive_ints
 
 __all__ = ["BatchedCount", "RareLog", "is_rare"]
@@ -38,6 +39,11 @@ class RareLog:
     def __init__(self, logger: logging.Logger) -> None:
         self._logger = logger
         self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: a new lock (another thread of the parent may have held it)."""
         self._lock = threading.Lock()
 
     def __call__(
@@ -88,7 +94,7 @@ class BatchedCount:
     Never raises.
     """
 
-    __slots__ = ("_attributes", "_batch", "_counter", "_last", "_lock", "_ticks")
+    __slots__ = ("__weakref__", "_attributes", "_batch", "_counter", "_last", "_lock", "_ticks")
 
     def __init__(self, counter: Counter, attributes: Mapping[str, str], batch: int = 64) -> None:
         check_positive_ints(batch=batch)
@@ -98,6 +104,12 @@ class BatchedCount:
         self._last = batch - 1
         self._ticks = itertools.count()
         self._lock = threading.Lock()
+        _fork.reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: a new lock; the parent's uncounted occurrences are its own."""
+        self._lock = threading.Lock()
+        self._ticks = itertools.count()
 
     def add_one(self) -> None:
         """Count one occurrence."""

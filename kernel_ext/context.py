@@ -20,6 +20,8 @@ Guarantees:
   the stream hub, when the call's span ends) has ended it, :attr:`ToolCall.ended` is true
   everywhere, also in tasks the tool started that outlive it; the stream hub then drops what
   they still publish for it.
+* A process forked while a call is active does not take the call along: in the child that
+  call (and the calls it nests in) is ended, since it runs on, and streams on, in the parent.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from typing import NamedTuple, cast
+
+from kernel_ext import _fork
 
 __all__ = [
     "CallLife",
@@ -139,6 +143,20 @@ _CURRENT_CALL: ContextVar[ToolCall | None] = ContextVar(
     "kernel_ext.current_tool_call", default=None
 )
 _CURRENT_CALL_ID: ContextVar[str | None] = ContextVar("kernel_ext.current_call_id", default=None)
+
+
+def _end_inherited_calls() -> None:
+    """In a forked child: the calls active where the fork happened (and the calls they
+    nest in) run on in the parent, whose blocks they are; the child ends its copies, so
+    what it publishes for them is dropped (counted ``closed``), never sent twice or ended
+    by the child."""
+    call = _CURRENT_CALL.get()
+    while call is not None:
+        call.life.end()  # the child's copy of the life: the parent's call goes on
+        call = call.parent
+
+
+_fork.call_in_child(_end_inherited_calls)
 
 
 def current_tool_call() -> ToolCall | None:

@@ -61,7 +61,8 @@ from typing import Any, cast
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from kernel_ext._shutdown import LoopThread, SigtermFlush, at_exit
+from kernel_ext._fork import call_in_child
+from kernel_ext._shutdown import LoopThread, SigtermFlush, at_exit, at_multiprocessing_exit
 from kernel_ext.emit import Emitter, LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError, check_positive_numbers
 from kernel_ext.instrument import Describe, ToolRuntimeInstrumentor, ToolTarget
@@ -265,13 +266,14 @@ def enable(
                     env_name("redis_url"),
                 )
             if emitter is not None and handle_sigterm:
-                state._sigterm = SigtermFlush(disable, adisable, state.timeout)
+                state._sigterm = SigtermFlush(_sigterm_disable, _sigterm_adisable, state.timeout)
                 state._sigterm.install(state.loop)
         except BaseException:
             _undo(state, timeout=1.0)
             raise
         _state = state
         at_exit(_at_exit)
+        at_multiprocessing_exit(_at_exit)
         return state
 
 
@@ -356,21 +358,66 @@ async def adisable(timeout: float = 5.0) -> bool:
         state, _state = _state, None
     if state is None:
         return True
-    _restore_sigterm(state)  # here: signal handlers are set and reset on the main thread
     running = asyncio.get_running_loop()
     emitter = state.emitter
     if emitter is not None and state.loop is running:
-        flushed = await emitter.stop(timeout)
+        stopped = _stop_begins()
+        try:
+            flushed = await emitter.stop(timeout)
+        finally:
+            _stop_ends(stopped)
         state.emitter = None  # stopped: _undo has only the rest to do
         _undo(state, timeout)
         return flushed
-    # The sender runs on another loop (its thread): wait for it off this loop.
-    return await asyncio.to_thread(_undo_flushed, state, timeout)
+    # The sender runs on another loop (its thread): wait for it off this loop, then give
+    # SIGTERM back here (signal handlers are set and reset on the main thread).
+    flushed = await asyncio.to_thread(_undo_flushed, state, timeout)
+    _restore_sigterm(state)
+    return flushed
+
+
+_stopping: threading.Event | None = None
+"""Set while :func:`disable`/:func:`adisable` stop the sender; the event fires when that
+stop is over (from whichever thread ends it)."""
+
+
+def _stop_begins() -> threading.Event:
+    global _stopping
+    _stopping = stopped = threading.Event()
+    return stopped
+
+
+def _stop_ends(stopped: threading.Event) -> None:
+    global _stopping
+    stopped.set()
+    if _stopping is stopped:
+        _stopping = None
+
+
+def _sigterm_disable(timeout: float) -> None:
+    """The SIGTERM flush of a sync kernel (on a helper thread): :func:`disable` — or, when
+    the signal came while a disable was stopping the sender (on the thread the signal
+    interrupted, which cannot go on until the handler returns), the end of that stop."""
+    stopping = _stopping
+    if stopping is not None:
+        stopping.wait(timeout + 1)
+        return
+    disable(timeout)
+
+
+async def _sigterm_adisable(timeout: float) -> None:
+    """The SIGTERM flush of an async kernel: :func:`adisable`, or the end of the stop
+    already under way (:func:`_sigterm_disable`)."""
+    stopping = _stopping
+    if stopping is not None:
+        await asyncio.to_thread(stopping.wait, timeout + 1)
+        return
+    await adisable(timeout)
 
 
 def _undo_flushed(state: Enabled, timeout: float) -> bool:
     emitter = state.emitter
-    _undo(state, timeout)
+    _undo(state, timeout, sigterm=False)
     return emitter is None or emitter.last_stop_flushed
 
 
@@ -380,8 +427,10 @@ def _restore_sigterm(state: Enabled) -> None:
         sigterm.restore()
 
 
-def _undo(state: Enabled, timeout: float) -> asyncio.Task[bool] | None:
-    _restore_sigterm(state)
+def _undo(state: Enabled, timeout: float, *, sigterm: bool = True) -> asyncio.Task[bool] | None:
+    """Stop the sender (flushing), its loop thread, the instrumentation and the processor;
+    then (``sigterm``) give SIGTERM its default back — last, so that a SIGTERM during the
+    flush still waits for it."""
     emitter = state.emitter
     closing: asyncio.Task[bool] | None = None
     if emitter is not None:
@@ -406,6 +455,8 @@ def _undo(state: Enabled, timeout: float) -> asyncio.Task[bool] | None:
     except Exception:
         logger.exception("kernel_ext.disable: shutting the span processor down failed")
     set_default_hub(state._previous_hub)
+    if sigterm:
+        _restore_sigterm(state)
     return closing
 
 
@@ -432,10 +483,57 @@ def _stop_emitter(state: Enabled, emitter: Emitter, timeout: float) -> asyncio.T
         )
         return loop.create_task(emitter.stop(timeout))
     if loop.is_running():
-        asyncio.run_coroutine_threadsafe(emitter.stop(timeout), loop).result(timeout + 5)
+        stopped = _stop_begins()
+        future = asyncio.run_coroutine_threadsafe(emitter.stop(timeout), loop)
+        future.add_done_callback(lambda _: stopped.set())  # on the loop's thread
+        try:
+            future.result(timeout + 5)
+        finally:
+            _stop_ends(stopped)
     else:
         emitter.abandon("left behind by its stopped event loop")
     return None
+
+
+_left_by_parent: list[object] = []
+"""In a forked child: the parent's sender, loop and loop thread, kept so that nothing of
+theirs is finalized here (their sockets and pipes are shared with the parent)."""
+
+
+def _after_fork_in_child() -> None:
+    """In a forked child, once :mod:`kernel_ext._fork` has reset the hubs and taps: the
+    plugin stays enabled with a sender of its own — a copy of the parent's
+    (:meth:`~kernel_ext.emit.Emitter.forked`) on a new loop thread, starting at once — a
+    ``SIGTERM`` flush that is the child's, and a flush when a ``multiprocessing`` child
+    ends. Nothing of the parent's sender is touched: it goes on in the parent."""
+    global _lock
+    _lock = threading.RLock()  # another thread of the parent may have held it
+    state = _state
+    if state is None:
+        return
+    parent_sender = state.emitter
+    _left_by_parent.append((parent_sender, state.loop, state._loop_thread))
+    state.emitter, state.loop, state._loop_thread = None, None, None
+    if state._sigterm is not None:
+        state._sigterm = state._sigterm.after_fork()
+    at_multiprocessing_exit(_at_exit)
+    if parent_sender is None:
+        return
+    sender = parent_sender.forked()
+    if sender is None:
+        logger.warning(
+            "kernel_ext: in this forked process the sender %s cannot be copied (override "
+            "its forked()); blocks are counted no_sender until disable() and enable() here",
+            type(parent_sender).__name__,
+        )
+        return
+    thread = LoopThread()
+    state._loop_thread, state.loop, state.emitter = thread, thread.loop, sender
+    sender.attach(thread.loop)  # blocks queue from now on
+    thread.loop.call_soon_threadsafe(sender.start_soon)  # disable() waits for this start
+
+
+call_in_child(_after_fork_in_child)
 
 
 def _at_exit() -> None:

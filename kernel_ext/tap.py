@@ -32,7 +32,7 @@ from typing import NamedTuple, Protocol
 
 from opentelemetry.util.types import AttributeValue
 
-from kernel_ext import metrics
+from kernel_ext import _fork, metrics
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
 
@@ -96,6 +96,7 @@ class Tap:
     """
 
     __slots__ = (
+        "__weakref__",
         "_by_conversation",
         "_calls",
         "_clock",
@@ -123,8 +124,13 @@ class Tap:
         self.max_per_conversation = max_per_conversation
         self.evicted_ttl = float(evicted_ttl)
         self._clock = clock
-        self._lock = threading.Lock()
         self._rare = RareLog(_log)
+        self._fresh_state()
+        _fork.reset_in_child(self)
+
+    def _fresh_state(self) -> None:
+        """The lock and the live calls, new and empty."""
+        self._lock = threading.Lock()
         # Insertion-ordered dicts: the first key is the oldest live call.
         self._calls: dict[str, LiveCall] = {}
         self._by_conversation: dict[str | None, dict[str, LiveCall]] = {}
@@ -133,6 +139,11 @@ class Tap:
         # oldest first; and how many of them each (conversation, tool name) has.
         self._uncertain: dict[str, tuple[str | None, str, float]] = {}
         self._unsure: dict[tuple[str | None, str], int] = {}
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: no live calls. The parent's calls end in the parent; kept
+        here they would never end, and would make near-matches ambiguous forever."""
+        self._fresh_state()
 
     # -- feeding (the span processor) -------------------------------------------------
 

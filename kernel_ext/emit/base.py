@@ -26,12 +26,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import logging
+import os
 import re
 import uuid
 from collections import Counter
 from collections.abc import Callable, Coroutine
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from kernel_ext import metrics
 from kernel_ext._backoff import Backoff
@@ -51,6 +53,8 @@ __all__ = [
     "Emitter",
     "backoff",
     "check_worker_id",
+    "forked_worker_id",
+    "remembers_arguments",
 ]
 
 logger = logging.getLogger("kernel_ext.emit")
@@ -90,6 +94,31 @@ def check_worker_id(given: str | None) -> str:
     return given
 
 
+def forked_worker_id(parent: str) -> str:
+    """The worker id of a forked child whose parent's sender was given ``parent``: the
+    parent's id and the child's pid (``"api.12345"``), within the pattern's 128 characters.
+    A child never reuses its parent's id (the relay would take the two for one worker)."""
+    suffix = f".{os.getpid()}"
+    return parent[: 128 - len(suffix)] + suffix
+
+
+_Init = TypeVar("_Init", bound=Callable[..., None])
+
+
+def remembers_arguments(init: _Init) -> _Init:
+    """Decorate a sender's ``__init__`` so that :meth:`Emitter.forked` can make another
+    sender like it. A subclass that defines an ``__init__`` of its own is not remembered
+    (its arguments are not these); it overrides :meth:`Emitter.forked` if it can."""
+
+    @functools.wraps(init)
+    def wrapper(self: Emitter, *args: Any, **kwargs: Any) -> None:
+        if type(self).__init__ is wrapper:
+            self._arguments = (args, kwargs)
+        init(self, *args, **kwargs)
+
+    return cast(_Init, wrapper)
+
+
 def backoff(**delays: float) -> Backoff:
     """The :class:`~kernel_ext._backoff.Backoff` between two delays given by their argument
     names, first and longest (``backoff(reconnect_delay=0.1, reconnect_delay_max=5.0)``).
@@ -125,6 +154,8 @@ class Emitter(abc.ABC):
     """The event counted when :attr:`healthy` turns true (outside :meth:`stop`)."""
     down_event: ClassVar[str | None] = None
     """The event counted when :attr:`healthy` turns false (outside :meth:`stop`)."""
+    _arguments: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    """How this sender was made (:func:`remembers_arguments`), for :meth:`forked`."""
 
     def __init__(
         self,
@@ -165,6 +196,20 @@ class Emitter(abc.ABC):
     def use_hub(self, hub: StreamHub) -> None:
         """Consume ``hub`` from now on (before :meth:`attach`/:meth:`start`)."""
         self._hub = hub
+
+    def forked(self) -> Emitter | None:
+        """A new sender like this one, for a process forked from this one: the same
+        arguments and hub, its own connection (not started; a worker id given to this one
+        becomes :func:`forked_worker_id` of it, a random one stays random). ``None`` when
+        this sender cannot tell how it was made (a subclass with an ``__init__`` of its
+        own, which may override this)."""
+        if self._arguments is None:
+            return None
+        args, kwargs = self._arguments
+        kwargs = dict(kwargs)
+        if kwargs.get("worker_id") is not None:
+            kwargs["worker_id"] = forked_worker_id(kwargs["worker_id"])
+        return type(self)(*args, **kwargs)
 
     @property
     def last_stop_flushed(self) -> bool:

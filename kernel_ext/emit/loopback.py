@@ -36,6 +36,7 @@ from kernel_ext.emit.base import (
     backoff,
     check_worker_id,
     logger,
+    remembers_arguments,
 )
 from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
@@ -124,6 +125,7 @@ class LoopbackEmitter(Emitter):
 
     # The keyword parameters are this sender's documented API; alike in shape (not a copy)
     # of RedisEmitter's and the relay's. HeldTerminals checks the terminal bounds.
+    @remembers_arguments
     def __init__(
         self,
         url: str,

@@ -30,6 +30,7 @@ from kernel_ext.emit.base import (
     backoff,
     check_worker_id,
     logger,
+    remembers_arguments,
 )
 from kernel_ext.emit.terminals import HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_numbers
@@ -108,6 +109,7 @@ class RedisEmitter(Emitter):
 
     # The keyword parameters are this sender's documented API; alike in shape (not a copy)
     # of LoopbackEmitter's and the relay's. HeldTerminals checks the terminal bounds.
+    @remembers_arguments
     def __init__(
         self,
         url: str,

@@ -15,6 +15,7 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.trace import TracerProvider
 
+from kernel_ext import _fork
 from kernel_ext.errors import ConfigError
 from kernel_ext.instrument._call import Describe, default_describe, log, tracer_of
 from kernel_ext.instrument._wrappers import Wrapping, kind_of, make_wrapper
@@ -81,6 +82,11 @@ class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self.sink = None
             self._wrapped = []
             self._lock = threading.RLock()
+            _fork.reset_in_child(self)
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: a new lock (another thread of the parent may have held it)."""
+        self._lock = threading.RLock()
 
     def instrumentation_dependencies(self) -> Collection[str]:
         """No package requirement: targets are whatever runtime the user names."""

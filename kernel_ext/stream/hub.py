@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
+from kernel_ext import _fork
 from kernel_ext._telemetry import RareLog
 from kernel_ext.context import _CURRENT_CALL, CallLife
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
@@ -149,6 +150,11 @@ class StreamHub:
         self._window = window
         self._tap = tap
         self._clock = clock
+        self._fresh_state()
+        _fork.reset_in_child(self)
+
+    def _fresh_state(self) -> None:
+        """The hub's lock, counts, streams, calls and queue, new and empty."""
         self._lock = threading.Lock()
         self._counts = Counts(self._lock)
         self._tick_throttled = self._counts.tick_throttled
@@ -161,6 +167,12 @@ class StreamHub:
         self._idle = False
         self._next_sweep = 0.0
         self._next_flush = 0.0
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: start empty. What the parent queued, its streams and calls
+        are the parent's to send and end (not sent twice); its sender is not the child's
+        (the plugin attaches the child's own)."""
+        self._fresh_state()
 
     # -- publishing (any thread) ----------------------------------------------------------
 

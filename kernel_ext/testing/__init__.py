@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kernel_ext.emit import Emitter
+from kernel_ext.emit.base import remembers_arguments
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 
 __all__ = ["MemoryEmitter", "Record"]
@@ -31,6 +32,7 @@ class MemoryEmitter(Emitter):
 
     sender = "memory"
 
+    @remembers_arguments
     def __init__(self, *, hub: StreamHub | None = None, batch_max: int = 256) -> None:
         super().__init__(hub=hub, batch_max=batch_max)
         self.records: list[Record] = []
