@@ -31,6 +31,7 @@ import ast
 import builtins
 import contextlib
 import importlib.util
+import inspect
 import itertools
 import os
 import re
@@ -322,6 +323,8 @@ def test_the_site_shows_each_fragment_as_one_above_its_block() -> None:
         ]
         titles = [block.title for block in FRAGMENTS if block.page == page.name]
         assert captions == titles, f"{page.name}: fragments not captioned as such on the site"
+    # GitHub shows the README without code block titles: no fragment there.
+    assert [block.id for block in FRAGMENTS if block.page == README.name] == []
 
 
 class _DependencyMissing(Exception):
@@ -345,10 +348,19 @@ def _names_read(table: symtable.SymbolTable) -> Iterator[tuple[str, bool]]:
         yield from _names_read(child)
 
 
-def _undefined_names(source: str) -> list[str]:
-    """The names ``source`` reads as globals that it neither imports nor defines and that
-    are not builtins, in order of first use."""
-    table = symtable.symtable(source, "<fragment>", "exec")
+def _undefined_names(tree: ast.Module) -> list[str]:
+    """The names ``tree`` reads as globals that it neither imports nor defines and that
+    are not builtins, in order of first use; annotations count as read (without
+    ``from __future__ import annotations``, which would hide them)."""
+    evaluated = ast.Module(
+        [
+            node
+            for node in tree.body
+            if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+        ],
+        type_ignores=[],
+    )
+    table = symtable.symtable(ast.unparse(evaluated), "<fragment>", "exec")
     module = {
         symbol.get_name()
         for symbol in table.get_symbols()
@@ -395,7 +407,7 @@ def fragment_faults(source: str) -> list[str]:
         tree = ast.parse(source)
     except SyntaxError as exc:
         return [f"does not parse: {exc.msg} (line {exc.lineno})"]
-    faults = [f"{name} is neither imported nor defined" for name in _undefined_names(source)]
+    faults = [f"{name} is neither imported nor defined" for name in _undefined_names(tree)]
     return faults + _import_faults(tree)
 
 
@@ -405,6 +417,49 @@ def test_every_fragment_parses_imports_what_it_uses_and_its_imports_exist(
 ) -> None:
     with _needs(block):
         assert fragment_faults(block.text) == [], block.id
+
+
+def _shown_parameters(function: ast.FunctionDef) -> list[tuple[str, str, object]]:
+    """(name, kind, default) of each parameter of a ``def`` as written (default: a literal,
+    or ``inspect.Parameter.empty``)."""
+    arguments = function.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults = [inspect.Parameter.empty] * (len(positional) - len(arguments.defaults))
+    defaults += [ast.literal_eval(node) for node in arguments.defaults]
+    shown = [
+        (each.arg, "POSITIONAL_ONLY" if each in arguments.posonlyargs else "POSITIONAL_OR_KEYWORD")
+        for each in positional
+    ]
+    found = [(name, kind, default) for (name, kind), default in zip(shown, defaults, strict=True)]
+    if arguments.vararg:
+        found.append((arguments.vararg.arg, "VAR_POSITIONAL", inspect.Parameter.empty))
+    for each, default in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True):
+        value = inspect.Parameter.empty if default is None else ast.literal_eval(default)
+        found.append((each.arg, "KEYWORD_ONLY", value))
+    if arguments.kwarg:
+        found.append((arguments.kwarg.arg, "VAR_KEYWORD", inspect.Parameter.empty))
+    return found
+
+
+def test_a_fragment_that_shows_a_function_of_the_package_shows_its_parameters() -> None:
+    # A fragment titled "… the signature of kernel_ext.publish" holds a `def publish(…)`:
+    # its parameters are the function's, in order, kind and default.
+    checked = 0
+    for block in FRAGMENTS:
+        for dotted in _DOTTED.findall(block.title or ""):
+            module, name = dotted.rsplit(".", 1)
+            shown = [
+                node
+                for node in ast.parse(block.text).body
+                if isinstance(node, ast.FunctionDef) and node.name == name
+            ]
+            if not shown:
+                continue
+            real = inspect.signature(getattr(importlib.import_module(module), name))
+            want = [(p.name, p.kind.name, p.default) for p in real.parameters.values()]
+            assert _shown_parameters(shown[0]) == want, f"{block.id}: not {dotted}'s parameters"
+            checked += 1
+    assert checked >= 2
 
 
 def test_a_fragment_with_an_undefined_name_a_syntax_error_or_a_bad_import_is_caught() -> None:
@@ -423,6 +478,10 @@ def test_a_fragment_with_an_undefined_name_a_syntax_error_or_a_bad_import_is_cau
     assert fragment_faults("class C:\n    x = [y for _ in ()]\n") == [
         "y is neither imported nor defined"
     ]
+    # An annotation is a name used, postponed or not.
+    assert fragment_faults(
+        "from __future__ import annotations\n\n\ndef describe(a) -> ToolDescription: ...\n"
+    ) == ["ToolDescription is neither imported nor defined"]
     # Bound anywhere in the fragment is bound: parameters, closures, loops, with, except.
     assert (
         fragment_faults(
