@@ -299,14 +299,6 @@ def test_only_python_blocks_are_fragments_and_each_says_so_exactly() -> None:
             )
 
 
-def _site_markdown_extensions() -> list[str]:
-    """The names of mkdocs.yml's ``markdown_extensions`` (read without a YAML parser)."""
-    text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    section = re.search(r"^markdown_extensions:\n(.*?)(?=^\S|\Z)", text, re.S | re.M)
-    assert section is not None, "mkdocs.yml has no markdown_extensions"
-    return re.findall(r"^  - ([\w.]+)", section.group(1), re.M)
-
-
 def test_the_site_shows_each_fragment_as_one_above_its_block() -> None:
     # The page as the site renders it (the site's Markdown extensions): every fragment's
     # title is the caption of its code block, and no other caption says "Fragment".
@@ -818,12 +810,22 @@ def test_every_python_name_in_the_docs_exists() -> None:
 # -- the site ------------------------------------------------------------------------------
 
 
-def nav_pages() -> list[str]:
-    """The pages of mkdocs.yml's nav, in order (read without a YAML parser)."""
+def _mkdocs_section(key: str) -> str:
+    """The text under the top-level ``key:`` of mkdocs.yml (read without a YAML parser)."""
     text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    section = re.search(r"^nav:\n(.*?)(?=^\S)", text, re.S | re.M)
-    assert section is not None, "mkdocs.yml has no nav"
-    return re.findall(r"([\w./-]+\.md)\s*$", section.group(1), re.M)
+    section = re.search(rf"^{key}:\n(.*?)(?=^\S|\Z)", text, re.S | re.M)
+    assert section is not None, f"mkdocs.yml has no {key}"
+    return section.group(1)
+
+
+def nav_pages() -> list[str]:
+    """The pages of mkdocs.yml's nav, in order."""
+    return re.findall(r"([\w./-]+\.md)\s*$", _mkdocs_section("nav"), re.M)
+
+
+def _site_markdown_extensions() -> list[str]:
+    """The names of mkdocs.yml's ``markdown_extensions``, with which the site renders."""
+    return re.findall(r"^  - ([\w.]+)", _mkdocs_section("markdown_extensions"), re.M)
 
 
 def test_every_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
