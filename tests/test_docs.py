@@ -1,13 +1,20 @@
 """The docs cannot drift from the code: their examples run, their names exist, their pages
 are all in the site.
 
-* Every fenced ``python`` block in ``docs/*.md`` runs as a script of its own (a subprocess
-  with the repository root as working directory, no ``KERNEL_EXT_*`` variables inherited),
-  unless the line before its fence is ``<!-- not-run: <reason> -->``. A
-  ``<!-- needs: <what> -->`` line names what it needs: a module (skipped where it cannot be
-  installed, e.g. pydantic-ai on Python 3.10; never in CI on 3.11+), or ``redis-server``
-  (a real one is started and its URL given as ``KERNEL_EXT_REDIS_URL``).
-* A fenced ``text title="Output"`` block right after a python block is that script's
+* Every fenced block of ``docs/*.md`` and the README names its language. A ``python`` block
+  is one of two kinds, and its fence says which, where the reader sees it too:
+
+  - a **fragment** is titled ``python title="Fragment — not runnable on its own: <why>"``
+    (the site shows the title above the block). It is not run; it parses, every name it
+    reads is a builtin or imported or defined in it, and every import in it imports here.
+  - anything else is **runnable**: a script of its own (a subprocess with the repository
+    root as working directory, no ``KERNEL_EXT_*`` variables inherited) that exits 0.
+
+  A ``<!-- needs: <what> -->`` line right before the fence names what a block needs: a
+  module (skipped where it cannot be installed, e.g. pydantic-ai on Python 3.10; never in
+  CI on 3.11+), or ``redis-server`` (a real one is started and its URL given as
+  ``KERNEL_EXT_REDIS_URL``).
+* A fenced ``text title="Output"`` block right after a runnable block is that script's
   exact standard output.
 * Every ``kernel-ext …`` command in ``sh`` blocks parses with the real command-line parser.
 * The environment variables in the Operations page's configuration table are exactly the
@@ -21,13 +28,16 @@ are all in the site.
 from __future__ import annotations
 
 import ast
+import builtins
 import contextlib
 import importlib.util
+import inspect
 import itertools
 import os
 import re
 import shlex
 import subprocess
+import symtable
 import sys
 import tempfile
 import threading
@@ -35,7 +45,9 @@ import warnings
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from html import unescape
 from pathlib import Path
+from typing import Literal
 
 import pytest
 from network import IN_CI, RedisServer, need_binary
@@ -44,11 +56,15 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PACKAGE = ROOT / "kernel_ext"
 PAGES = sorted(DOCS.glob("*.md"))
+README = ROOT / "README.md"
 EXAMPLE_TIMEOUT = 60.0
 PARALLEL = 4
 
 _FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,})(?P<lang>[\w+-]*)(?P<info>.*)$")
-_DIRECTIVE = re.compile(r"^<!--\s*(?P<name>not-run|needs)\s*:\s*(?P<value>.*?)\s*-->$")
+_DIRECTIVE = re.compile(r"^<!--\s*(?P<name>[\w-]+)\s*:\s*(?P<value>.*?)\s*-->$")
+_TITLE = re.compile(r'\btitle="(?P<title>[^"]*)"')
+FRAGMENT_TITLE = "Fragment — not runnable on its own: "
+"""How a python block's title starts when the block is a fragment; what follows says why."""
 _ENV_NAME = re.compile(r"KERNEL_EXT_[A-Z0-9_]+")
 
 
@@ -69,6 +85,19 @@ class CodeBlock:
     @property
     def id(self) -> str:
         return f"{self.page}:{self.line}"
+
+    @property
+    def title(self) -> str | None:
+        """The fence's ``title="…"``, which the site shows above the block."""
+        found = _TITLE.search(self.info)
+        return found["title"] if found else None
+
+    @property
+    def kind(self) -> Literal["runnable", "fragment", "other"]:
+        """What the block is: the one rule the tests and the page's reader both go by."""
+        if self.lang != "python":
+            return "other"
+        return "fragment" if (self.title or "").startswith(FRAGMENT_TITLE) else "runnable"
 
 
 def code_blocks(page: Path) -> list[CodeBlock]:
@@ -118,9 +147,10 @@ def code_blocks(page: Path) -> list[CodeBlock]:
     return blocks
 
 
-ALL_BLOCKS = [block for page in PAGES for block in code_blocks(page)]
+ALL_BLOCKS = [block for page in [*PAGES, README] for block in code_blocks(page)]
 PYTHON_BLOCKS = [block for block in ALL_BLOCKS if block.lang == "python"]
-RUNNABLE = [block for block in PYTHON_BLOCKS if "not-run" not in block.directives]
+RUNNABLE = [block for block in PYTHON_BLOCKS if block.kind == "runnable"]
+FRAGMENTS = [block for block in PYTHON_BLOCKS if block.kind == "fragment"]
 
 
 def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -227,20 +257,244 @@ def test_every_python_example_runs_and_prints_its_output(block: CodeBlock, runne
 
 
 def test_examples_that_do_not_run_say_why() -> None:
-    for block in PYTHON_BLOCKS:
-        if "not-run" in block.directives:
-            assert len(block.directives["not-run"]) >= 10, f"{block.id}: give the reason"
-            assert block.output is None, f"{block.id}: an Output block nobody checks"
+    for block in FRAGMENTS:
+        reason = (block.title or "").removeprefix(FRAGMENT_TITLE)
+        assert len(reason) >= 10, f"{block.id}: give the reason after {FRAGMENT_TITLE!r}"
+        assert block.output is None, f"{block.id}: an Output block nobody checks"
     assert len(RUNNABLE) >= 10  # the parser found the examples
+    assert len(FRAGMENTS) >= 5
 
 
 def test_directives_name_known_needs() -> None:
     for block in ALL_BLOCKS:
         if block.directives and block.lang != "python":
             pytest.fail(f"{block.id}: directives only apply to python blocks")
+        # `not-run` was an HTML comment the site's reader never saw: fragments are titled.
+        assert set(block.directives) <= {"needs"}, (
+            f"{block.id}: unknown directive {sorted(block.directives)}; a block that is not "
+            f'run is a fragment: python title="{FRAGMENT_TITLE}<why>"'
+        )
         for need in block.directives.get("needs", "").split(","):
             need = need.strip()
             assert not need or need == "redis-server" or need.isidentifier(), block.id
+
+
+# -- fragments -------------------------------------------------------------------------------
+
+
+def test_every_block_names_its_language() -> None:
+    # A block without a language escapes every check: a python one is neither run nor
+    # checked as a fragment, a kernel-ext command line is never parsed.
+    unnamed = [block.id for block in ALL_BLOCKS if not block.lang]
+    assert unnamed == [], "name the language (python, sh, text, …) of these blocks"
+
+
+def test_only_python_blocks_are_fragments_and_each_says_so_exactly() -> None:
+    # "fragment" in any other form (another case, another wording, another language) would
+    # be a block the reader takes for a fragment while the tests run it, or the reverse.
+    for block in ALL_BLOCKS:
+        if "fragment" in (block.title or "").lower():
+            assert block.kind == "fragment", (
+                f"{block.id}: a fragment is a python block titled {FRAGMENT_TITLE!r} + why"
+            )
+
+
+def test_the_site_shows_each_fragment_as_one_above_its_block() -> None:
+    # The page as the site renders it (the site's Markdown extensions): every fragment's
+    # title is the caption of its code block, and no other caption says "Fragment".
+    import markdown  # pymdown-extensions' dependency, in the test extra
+
+    extensions = _site_markdown_extensions()
+    assert {"pymdownx.highlight", "pymdownx.superfences"} <= set(extensions)
+    for page in PAGES:
+        html = markdown.markdown(page.read_text(encoding="utf-8"), extensions=extensions)
+        captions = [
+            unescape(caption)
+            for caption in re.findall(r'<span class="filename">([^<]*)</span>', html)
+            if unescape(caption).startswith(FRAGMENT_TITLE)
+        ]
+        titles = [block.title for block in FRAGMENTS if block.page == page.name]
+        assert captions == titles, f"{page.name}: fragments not captioned as such on the site"
+    # GitHub shows the README without code block titles: no fragment there.
+    assert [block.id for block in FRAGMENTS if block.page == README.name] == []
+
+
+class _DependencyMissing(Exception):
+    """A module exists but needs a dependency that is not installed here."""
+
+
+_BUILTINS = set(dir(builtins))
+
+
+def _names_read(table: symtable.SymbolTable) -> Iterator[tuple[str, bool]]:
+    """(name, whether it is looked up among the module's names) for every name read in
+    ``table`` and the scopes in it."""
+    for symbol in table.get_symbols():
+        if symbol.is_referenced():
+            if table.get_type() == "module":
+                unbound = not (symbol.is_assigned() or symbol.is_imported())
+                yield symbol.get_name(), unbound
+            else:
+                yield symbol.get_name(), symbol.is_global()
+    for child in table.get_children():
+        yield from _names_read(child)
+
+
+def _undefined_names(tree: ast.Module) -> list[str]:
+    """The names ``tree`` reads as globals that it neither imports nor defines and that
+    are not builtins, in order of first use; annotations count as read (without
+    ``from __future__ import annotations``, which would hide them)."""
+    evaluated = ast.Module(
+        [
+            node
+            for node in tree.body
+            if not (isinstance(node, ast.ImportFrom) and node.module == "__future__")
+        ],
+        type_ignores=[],
+    )
+    table = symtable.symtable(ast.unparse(evaluated), "<fragment>", "exec")
+    module = {
+        symbol.get_name()
+        for symbol in table.get_symbols()
+        if symbol.is_assigned() or symbol.is_imported()
+    }
+    undefined: list[str] = []
+    for name, global_read in _names_read(table):
+        if global_read and name not in module and name not in _BUILTINS and name not in undefined:
+            undefined.append(name)
+    return undefined
+
+
+def _import_faults(tree: ast.Module) -> list[str]:
+    """Why each import of ``tree`` does not import here (nothing when they all do)."""
+    faults = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                try:
+                    importlib.import_module(alias.name)
+                except ImportError as exc:
+                    faults.append(f"import {alias.name}: {exc}")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level or node.module is None:
+                faults.append(f"line {node.lineno}: a relative import")
+                continue
+            for alias in node.names:
+                if alias.name == "*":
+                    faults.append(f"from {node.module} import *: import the names it uses")
+                    continue
+                try:
+                    resolved = _resolve(f"{node.module}.{alias.name}")
+                except _DependencyMissing as exc:
+                    resolved = str(exc)
+                if resolved is not None:
+                    faults.append(f"from {node.module} import {alias.name}: {resolved}")
+    return faults
+
+
+def fragment_faults(source: str) -> list[str]:
+    """What keeps ``source`` from being a fragment a reader can build on: a syntax error, a
+    name it reads without importing or defining it, an import that does not import."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return [f"does not parse: {exc.msg} (line {exc.lineno})"]
+    faults = [f"{name} is neither imported nor defined" for name in _undefined_names(tree)]
+    return faults + _import_faults(tree)
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in FRAGMENTS])
+def test_every_fragment_parses_imports_what_it_uses_and_its_imports_exist(
+    block: CodeBlock,
+) -> None:
+    with _needs(block):
+        assert fragment_faults(block.text) == [], block.id
+
+
+def _shown_parameters(function: ast.FunctionDef) -> list[tuple[str, str, object]]:
+    """(name, kind, default) of each parameter of a ``def`` as written (default: a literal,
+    or ``inspect.Parameter.empty``)."""
+    arguments = function.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    defaults = [inspect.Parameter.empty] * (len(positional) - len(arguments.defaults))
+    defaults += [ast.literal_eval(node) for node in arguments.defaults]
+    shown = [
+        (each.arg, "POSITIONAL_ONLY" if each in arguments.posonlyargs else "POSITIONAL_OR_KEYWORD")
+        for each in positional
+    ]
+    found = [(name, kind, default) for (name, kind), default in zip(shown, defaults, strict=True)]
+    if arguments.vararg:
+        found.append((arguments.vararg.arg, "VAR_POSITIONAL", inspect.Parameter.empty))
+    for each, default in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True):
+        value = inspect.Parameter.empty if default is None else ast.literal_eval(default)
+        found.append((each.arg, "KEYWORD_ONLY", value))
+    if arguments.kwarg:
+        found.append((arguments.kwarg.arg, "VAR_KEYWORD", inspect.Parameter.empty))
+    return found
+
+
+def test_a_fragment_that_shows_a_function_of_the_package_shows_its_parameters() -> None:
+    # A fragment titled "… the signature of kernel_ext.publish" holds a `def publish(…)`:
+    # its parameters are the function's, in order, kind and default.
+    checked = 0
+    for block in FRAGMENTS:
+        for dotted in _DOTTED.findall(block.title or ""):
+            module, name = dotted.rsplit(".", 1)
+            shown = [
+                node
+                for node in ast.parse(block.text).body
+                if isinstance(node, ast.FunctionDef) and node.name == name
+            ]
+            if not shown:
+                continue
+            real = inspect.signature(getattr(importlib.import_module(module), name))
+            want = [(p.name, p.kind.name, p.default) for p in real.parameters.values()]
+            assert _shown_parameters(shown[0]) == want, f"{block.id}: not {dotted}'s parameters"
+            checked += 1
+    assert checked >= 2
+
+
+def test_a_fragment_with_an_undefined_name_a_syntax_error_or_a_bad_import_is_caught() -> None:
+    # The first example of the integrators page as it was: `your_describe_hook` came from
+    # nowhere; and the chat_event example: `...` inside a dict display.
+    assert fragment_faults(
+        "import kernel_ext\n\nkernel_ext.enable(describe=your_describe_hook)\n"
+    ) == ["your_describe_hook is neither imported nor defined"]
+    assert fragment_faults('publish_chat_event({"eventId": call_id, ...})\n')[0].startswith(
+        "does not parse"
+    )
+    # A name read in a function or a class body is looked up among the module's too.
+    assert fragment_faults("def f():\n    return call_id\n") == [
+        "call_id is neither imported nor defined"
+    ]
+    assert fragment_faults("class C:\n    x = [y for _ in ()]\n") == [
+        "y is neither imported nor defined"
+    ]
+    # An annotation is a name used, postponed or not.
+    assert fragment_faults(
+        "from __future__ import annotations\n\n\ndef describe(a) -> ToolDescription: ...\n"
+    ) == ["ToolDescription is neither imported nor defined"]
+    # Bound anywhere in the fragment is bound: parameters, closures, loops, with, except.
+    assert (
+        fragment_faults(
+            "import asyncio\n\n\ndef outer(a):\n    b = a\n    def inner():\n        return b\n"
+            "    for c in (a,):\n        pass\n    try:\n        pass\n    except Exception as e:\n"
+            "        print(e, c)\n    return inner, asyncio\n"
+        )
+        == []
+    )
+    # Imports import, here and for real: a name the package does not have, a module that
+    # does not exist, a relative import, a star import.
+    assert fragment_faults("from kernel_ext import no_such_name\n") == [
+        "from kernel_ext import no_such_name: kernel_ext has no no_such_name"
+    ]
+    assert fragment_faults("import kernel_ext.no_such_module\n")[0].startswith(
+        "import kernel_ext.no_such_module:"
+    )
+    assert fragment_faults("from . import x\n") == ["line 1: a relative import"]
+    assert fragment_faults("from kernel_ext import *\n") == [
+        "from kernel_ext import *: import the names it uses"
+    ]
 
 
 def _cli_commands() -> list[tuple[str, list[str]]]:
@@ -497,18 +751,19 @@ def _telemetry_names() -> set[str]:
     return names
 
 
-def _resolves(dotted: str) -> bool:
-    """Whether ``dotted`` names a module, or an attribute reached from the longest
-    importable module prefix (``kernel_ext.enabled().emitter`` is checked up to
-    ``kernel_ext.enabled``: what follows a call is a value's)."""
+def _resolve(dotted: str) -> str | None:
+    """Why ``dotted`` names neither a module nor an attribute reached from its longest
+    importable module prefix; ``None`` when it does. Raises :class:`_DependencyMissing`
+    when a module on the way needs a dependency not installed here (pydantic-ai on 3.10)."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
+        module = ".".join(parts[:cut])
         try:
-            value: object = importlib.import_module(".".join(parts[:cut]))
+            value: object = importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            if exc.name and not exc.name.startswith("kernel_ext"):
-                return True  # an optional dependency not installed here (pydantic-ai on 3.10)
-            continue
+            if exc.name and not (dotted + ".").startswith(exc.name + "."):
+                raise _DependencyMissing(f"{module} needs {exc.name}, not installed") from exc
+            continue  # not a module: a shorter prefix may be, with this as an attribute
         except ImportError:
             continue
         with warnings.catch_warnings():
@@ -517,9 +772,20 @@ def _resolves(dotted: str) -> bool:
                 try:
                     value = getattr(value, part)
                 except (AttributeError, DeprecationWarning):
-                    return False
+                    return f"{module} has no {'.'.join(parts[cut:])}"
+        return None
+    return f"no module {parts[0]}"
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module, or an attribute reached from the longest
+    importable module prefix (``kernel_ext.enabled().emitter`` is checked up to
+    ``kernel_ext.enabled``: what follows a call is a value's); a name behind an optional
+    dependency not installed here counts as a name."""
+    try:
+        return _resolve(dotted) is None
+    except _DependencyMissing:
         return True
-    return False
 
 
 def test_every_python_name_in_the_docs_exists() -> None:
@@ -528,7 +794,7 @@ def test_every_python_name_in_the_docs_exists() -> None:
     except telemetry names, which the tests above hold against the code."""
     telemetry = _telemetry_names()
     missing = []
-    for page in [*PAGES, ROOT / "README.md"]:
+    for page in [*PAGES, README]:
         for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
             for match in _DOTTED.finditer(line):
                 dotted = match.group(0)
@@ -544,12 +810,22 @@ def test_every_python_name_in_the_docs_exists() -> None:
 # -- the site ------------------------------------------------------------------------------
 
 
-def nav_pages() -> list[str]:
-    """The pages of mkdocs.yml's nav, in order (read without a YAML parser)."""
+def _mkdocs_section(key: str) -> str:
+    """The text under the top-level ``key:`` of mkdocs.yml (read without a YAML parser)."""
     text = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
-    section = re.search(r"^nav:\n(.*?)(?=^\S)", text, re.S | re.M)
-    assert section is not None, "mkdocs.yml has no nav"
-    return re.findall(r"([\w./-]+\.md)\s*$", section.group(1), re.M)
+    section = re.search(rf"^{key}:\n(.*?)(?=^\S|\Z)", text, re.S | re.M)
+    assert section is not None, f"mkdocs.yml has no {key}"
+    return section.group(1)
+
+
+def nav_pages() -> list[str]:
+    """The pages of mkdocs.yml's nav, in order."""
+    return re.findall(r"([\w./-]+\.md)\s*$", _mkdocs_section("nav"), re.M)
+
+
+def _site_markdown_extensions() -> list[str]:
+    """The names of mkdocs.yml's ``markdown_extensions``, with which the site renders."""
+    return re.findall(r"^  - ([\w.]+)", _mkdocs_section("markdown_extensions"), re.M)
 
 
 def test_every_page_is_in_the_nav_and_every_nav_entry_exists() -> None:
