@@ -8,20 +8,25 @@ reads as the reference reducer (:mod:`kernel_ext.view`) shows it."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import contextlib
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
 import pytest
 from attribution_support import pane_reads
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import StatusCode
 
 import kernel_ext
-from kernel_ext import current_call_id, plugin, publish
+from kernel_ext import ToolDescription, current_call_id, plugin, publish
+from kernel_ext.instrument import tool_call_scope
+from kernel_ext.processor import ToolSpanProcessor
+from kernel_ext.stream import StreamHub
 from kernel_ext.tap import Tap
 from kernel_ext.testing import MemoryEmitter
 
 CONV = "conv-outcome"
-TARGETS = [f"{__name__}:{name}" for name in ("lookup", "alookup", "research", "aresearch")]
+TARGETS = [f"{__name__}:{name}" for name in ("lookup", "alookup", "research", "aresearch", "steps")]
 
 
 class Boom(Exception):
@@ -55,6 +60,13 @@ async def aresearch(plan: Any, **kwargs: Any) -> Any:
     if asyncio.iscoroutine(result):
         result = await result
     return result
+
+
+def steps(**kwargs: Any) -> Generator[str, None, str]:
+    """A generator tool: its return value is the call's result."""
+    seen.append(current_call_id())
+    yield lookup("Lyon", tool_name="lookup")
+    return "stepped through Lyon"
 
 
 seen: list[str | None] = []
@@ -196,3 +208,89 @@ async def test_a_stream_the_tool_published_on_and_left_open_still_ends_aborted(
     assert ending(own) == ("aborted", default)
     railway = [b for b in blocks if b["taskId"] == "railway"]
     assert ending(railway) == ("aborted", default)
+
+
+async def test_a_generator_tool_ends_done_with_its_return_value(emitter: MemoryEmitter) -> None:
+    assert list(steps(tool_name="steps", conversation_id=CONV)) == ["3 stations in Lyon"]
+    _, blocks = await pane_of(emitter, 2)
+    assert ending(blocks) == ("done", {"text": "stepped through Lyon"})
+
+
+# -- without a result: tool_call_scope, and a runtime seen only through its spans ------------
+
+
+@pytest.fixture
+async def spans_to_hub() -> AsyncIterator[tuple[TracerProvider, StreamHub, MemoryEmitter]]:
+    """A tracer provider whose tool spans reach a hub (through a ToolSpanProcessor), and the
+    memory sender of that hub."""
+    hub = StreamHub()
+    provider = TracerProvider()
+    provider.add_span_processor(ToolSpanProcessor(tap=Tap(), sink=hub))
+    memory = MemoryEmitter(hub=hub)
+    await memory.start()
+    try:
+        yield provider, hub, memory
+    finally:
+        await memory.stop(timeout=2)
+        provider.shutdown()
+
+
+async def terminal_of(memory: MemoryEmitter, call_id: str) -> tuple[str, Any]:
+    """The state and payload of the one terminal of ``call_id``'s own stream."""
+    await memory.wait_for(lambda records: any(b["state"] != "running" for _, b in records))
+    await memory.flush(2)
+    blocks = [b for b in memory.blocks(CONV) if (b["callId"], b["taskId"]) == (call_id,) * 2]
+    assert [b["envelope"]["kind"] for b in blocks[:-1]] == ["tool_call"]
+    return ending(blocks)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["returned", "raised"])
+async def test_a_tool_call_scope_ends_done_with_the_neutral_text_or_aborted_with_the_error(
+    spans_to_hub: tuple[TracerProvider, StreamHub, MemoryEmitter], fail: bool
+) -> None:
+    provider, hub, memory = spans_to_hub
+    with (
+        contextlib.suppress(Boom),
+        tool_call_scope(
+            ToolDescription("research", CONV), tracer_provider=provider, sink=hub
+        ) as call,
+    ):
+        assert call is not None
+        with tool_call_scope(ToolDescription("lookup"), tracer_provider=provider, sink=hub):
+            pass
+        if fail:
+            raise Boom("no trains today")
+    expected = (
+        ("aborted", {"message": "Boom: no trains today"})
+        if fail
+        else ("done", {"text": "the tool call finished"})
+    )
+    assert await terminal_of(memory, call.call_id) == expected
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["returned", "error-status"])
+async def test_a_call_seen_only_through_its_span_ends_by_the_spans_status(
+    spans_to_hub: tuple[TracerProvider, StreamHub, MemoryEmitter], fail: bool
+) -> None:
+    # A runtime kernel_ext does not wrap: only its execute_tool spans are seen. A span that
+    # ends without an error status reads as returned (a cancelled call's too, when the
+    # runtime records no error for it); there is no result text.
+    provider, _, memory = spans_to_hub
+    tracer = provider.get_tracer("a runtime")
+    tool = {"gen_ai.operation.name": "execute_tool", "gen_ai.conversation.id": CONV}
+    with tracer.start_as_current_span(
+        "execute_tool research", attributes={**tool, "gen_ai.tool.name": "research"}
+    ) as outer:
+        with tracer.start_as_current_span(
+            "execute_tool lookup", attributes={**tool, "gen_ai.tool.name": "lookup"}
+        ):
+            pass
+        if fail:
+            outer.set_status(StatusCode.ERROR, "Boom: no trains today")
+    expected = (
+        ("aborted", {"message": "Boom: no trains today"})
+        if fail
+        else ("done", {"text": "the tool call finished"})
+    )
+    call_id = format(outer.get_span_context().span_id, "016x")
+    assert await terminal_of(memory, call_id) == expected
