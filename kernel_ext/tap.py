@@ -59,6 +59,11 @@ class CallSink(Protocol):
     Every member is required (the processor calls the first two, the instrumentor the last
     two). Implementations must be enqueue-only and must never raise: they run on the thread
     that starts or ends the span, inside the traced code.
+
+    A sink may also have ``tool_call_returned(call, result)`` (:class:`kernel_ext.stream.
+    StreamHub` has): for a call that returned, the instrumented runtime calls it, when the
+    sink has it, in place of ``tool_call_ended(call, None)``, with what the call's code
+    returned (the ``done`` text of the streams the hub opened for the call).
     """
 
     def tool_call_started(self, parent: LiveCall, child: LiveCall) -> None:
@@ -66,8 +71,10 @@ class CallSink(Protocol):
         emit a ``tool_call`` block (child's tool name, start marker) attributed to parent."""
 
     def tool_call_ended(self, call: LiveCall, error: str | None) -> None:
-        """``call``'s span ended: every stream of it with no terminal yet gets exactly one
-        ``aborted`` terminal (``error`` or a default message)."""
+        """``call`` ended: failed with ``error`` (a one-line summary; ``""`` when there is
+        none), or returned when ``error`` is ``None``. Every stream of it with no terminal
+        yet gets exactly one terminal (:meth:`kernel_ext.stream.StreamHub.tool_call_ended`
+        says which)."""
 
     def call_attributes(self, call_id: str) -> Mapping[str, AttributeValue]:
         """Span attributes describing ``call_id``'s streams so far (blocks sent and dropped,

@@ -1,5 +1,5 @@
 """Test doubles and helpers shared by the attribution tests (tap, resolver, processor,
-instrumentor, pydantic-ai integration)."""
+instrumentor, the integrations, how a call's pane ends)."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from opentelemetry.util.types import AttributeValue
 from kernel_ext import ToolCall, ToolDescription, current_tool_call
 from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.tap import LiveCall, Tap
+from kernel_ext.view import PaneStore
 
 
 class RecordingSink:
@@ -75,6 +76,19 @@ def make_tracing(sink: RecordingSink | None = None, tap: Tap | None = None) -> T
     processor = ToolSpanProcessor(tap=tap, sink=sink)
     provider.add_span_processor(processor)
     return Tracing(provider, exporter, processor, tap, sink)
+
+
+def pane_reads(blocks: list[dict[str, Any]], call_id: str) -> tuple[str, str, str]:
+    """How the reference reducer (:mod:`kernel_ext.view`, the twin of the browser renderer)
+    shows the pane of ``call_id`` after ``blocks``: its status, where its pinned final
+    answer is from (``done``, ``aborted``) and that answer's text."""
+    store = PaneStore()
+    for block in blocks:
+        store.apply_block(block)
+    pane = store.pane(call_id)
+    assert pane is not None
+    assert pane.final is not None
+    return pane.status, pane.final.source, pane.final.text
 
 
 def hex_id(span: ReadableSpan) -> str:

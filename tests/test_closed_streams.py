@@ -78,10 +78,13 @@ def check(browser: WatchedBrowser, call_id: str) -> None:
     for i in range(500):
         assert len(terminals(browser.stream(call_id, f"other-{i}"))) == 1
     # One terminal per stream: first, 500 others, the six calls' 600, "open", and the
-    # call's local stream that showed the six nested calls as tool_call blocks.
+    # call's local stream that showed the six nested calls as tool_call blocks — the hub's
+    # stream, ended done as the call returned.
     finals = [b for b in browser.blocks if b["state"] != "running"]
     assert len(finals) == len({(b["callId"], b["taskId"]) for b in finals}) == 1103
-    assert [b["state"] for b in browser.stream(call_id, call_id)][-1] == "aborted"
+    local = browser.stream(call_id, call_id)
+    assert [b["state"] for b in local] == ["running"] * 6 + ["done"]
+    assert local[-1]["envelope"]["payload"] == {"text": "the tool call finished"}
 
 
 def report_path(path: str, browser: WatchedBrowser, call_id: str, worker: Worker) -> None:

@@ -298,3 +298,34 @@ def test_openai_agents_copies_a_function_tool_through_its_invokers_bind_hook() -
     assert bound == [tool, copied]
     assert isinstance(copied.on_invoke_tool, Invoker)
     assert copied.on_invoke_tool is not invoker
+
+
+async def test_openai_agents_invoker_runs_its_implementation_inside_its_error_handling() -> None:
+    # kernel_ext.integrations.openai_agents puts a watch around the SDK invoker's
+    # implementation (its private _invoke_tool_impl) to learn that a tool raised when the
+    # invoker turns the exception into the tool's result text; a copy keeps the watch.
+    agents = need_module("agents", "pip install openai-agents")
+    from agents.tool_context import ToolContext
+
+    @agents.function_tool
+    async def explode() -> str:
+        """Fail."""
+        raise RuntimeError("boom")
+
+    invoker = explode.on_invoke_tool
+    implementation = invoker._invoke_tool_impl
+    raised: list[BaseException] = []
+
+    async def watched(*args: object) -> object:
+        try:
+            return await implementation(*args)
+        except BaseException as error:
+            raised.append(error)
+            raise
+
+    invoker._invoke_tool_impl = watched
+    context = ToolContext(None, tool_name="explode", tool_call_id="c-1", tool_arguments="{}")
+    result = await invoker(context, "{}")
+    assert isinstance(result, str)  # the SDK's error text: the exception did not propagate
+    assert [str(error) for error in raised] == ["boom"]
+    assert copy.copy(explode).on_invoke_tool._invoke_tool_impl is watched

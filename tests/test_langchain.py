@@ -411,6 +411,92 @@ async def test_a_tool_that_invokes_a_tool_is_the_parent_of_that_call(worker: Wor
     assert inner == ToolCall(hex_id(spans["execute_tool search"]), "search", THREAD, None, outer)
 
 
+def researcher(kind: str, fail: bool) -> BaseTool:
+    """A tool that only calls another tool (``search``, twice), then answers or raises."""
+    if kind == "async":
+
+        @tool
+        async def search(q: str) -> str:
+            """The inner tool."""
+            return f"results for {q}"
+
+        @tool
+        async def research(question: str) -> str:
+            """The outer tool: calls search twice."""
+            found = await search.ainvoke({"q": question})
+            found = await search.ainvoke({"q": found})
+            if fail:
+                raise Boom("the search went nowhere")
+            return f"summary of {found}"
+
+        return research
+
+    @tool
+    def search_sync(q: str) -> str:
+        """The inner tool."""
+        return f"results for {q}"
+
+    @tool
+    def research_sync(question: str) -> str:
+        """The outer tool: calls search twice."""
+        found = search_sync.invoke({"q": question})
+        found = search_sync.invoke({"q": found})
+        if fail:
+            raise Boom("the search went nowhere")
+        return f"summary of {found}"
+
+    return research_sync
+
+
+async def research_in_a_graph(
+    worker: Worker, kind: str, fail: bool
+) -> tuple[ToolMessage, list[tuple[str, str, Any]]]:
+    """LangGraph's agent loop runs ``researcher(kind, fail)`` once (``ToolNode`` turns an
+    error into a message); returns the model's tool message and the research call's blocks,
+    whose two ``tool_call`` lines name the two search calls."""
+    research = researcher(kind, fail)
+    graph = agent(
+        [research],
+        AIMessage("", tool_calls=[tool_call(research.name, "llm-r", question="trains")]),
+        AIMessage("ok"),
+        handle_tool_errors=True,
+    )
+    state = {"messages": [("user", "go")]}
+    if kind == "async":
+        result = await asyncio.wait_for(graph.ainvoke(state, RUN), 30)
+    else:
+        result = await asyncio.wait_for(asyncio.to_thread(graph.invoke, state, RUN), 30)
+    await worker.emitter.wait_for(lambda records: len(records) == 3)
+    spans = worker.tool_spans()
+    [outer] = [s for s in spans if s.name == f"execute_tool {research.name}"]
+    blocks = worker.blocks_of(hex_id(outer))
+    assert [state for _, state, _ in blocks[:2]] == ["running", "running"]
+    inner = sorted(hex_id(s) for s in spans if s is not outer)
+    assert sorted(payload["callId"] for _, _, payload in blocks[:2]) == inner
+    [message] = [m for m in result["messages"] if isinstance(m, ToolMessage)]
+    return message, blocks
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_a_tool_that_only_calls_tools_ends_its_pane_done_with_its_answer(
+    worker: Worker, kind: str
+) -> None:
+    message, blocks = await research_in_a_graph(worker, kind, fail=False)
+    answer = "summary of results for results for trains"
+    assert message.content == answer
+    # The pane reads as the call ended: done, with the text the model got.
+    assert blocks[-1] == (THREAD, "done", {"text": answer})
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_a_tool_that_only_calls_tools_and_raises_ends_its_pane_aborted_with_the_error(
+    worker: Worker, kind: str
+) -> None:
+    message, blocks = await research_in_a_graph(worker, kind, fail=True)
+    assert message.status == "error"
+    assert blocks[-1] == (THREAD, "aborted", {"message": "Boom: the search went nowhere"})
+
+
 @pytest.mark.skipif(
     sys.version_info < (3, 11),
     reason="LangGraph hands its config on through the context only from Python 3.11",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import copy
 import dataclasses
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from attribution_support import RecordingSink, Tracing, hex_id, make_tracing
+from attribution_support import RecordingSink, Tracing, hex_id, make_tracing, pane_reads
 from network import need_module
 
 need_module("agents", "pip install openai-agents")
@@ -39,6 +40,7 @@ from openai.types.responses import (  # noqa: E402
     ResponseOutputText,
 )
 from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
+from opentelemetry.trace import StatusCode  # noqa: E402
 
 import kernel_ext  # noqa: E402
 from kernel_ext import ToolCall, ToolDescription, current_tool_call, publish  # noqa: E402
@@ -94,6 +96,22 @@ def calls_then_text(*calls: ResponseFunctionToolCall) -> TurnsModel:
     return TurnsModel(list(calls), [text("done")])
 
 
+def kernel_agent(
+    tool: FunctionTool, *calls: ResponseFunctionToolCall, **options: Any
+) -> Agent[Any]:
+    """The kernel's agent with ``tool`` attributed (``options`` go to
+    :func:`attributed_tools`), whose model asks for ``calls`` in one turn, then answers."""
+    return Agent(
+        name="kernel", model=calls_then_text(*calls), tools=attributed_tools([tool], **options)
+    )
+
+
+def asked_twice(tool: FunctionTool, **options: Any) -> Agent[Any]:
+    """The kernel's agent, whose model asks ``tool`` questions "a" and "b" in one turn."""
+    a = call(tool.name, '{"question": "a"}', "llm-a")
+    return kernel_agent(tool, a, call(tool.name, '{"question": "b"}', "llm-b"), **options)
+
+
 @pytest.fixture
 def tracing() -> Iterator[Tracing]:
     tracing = make_tracing(sink=RecordingSink({"kernel_ext.blocks.sent": 2}))
@@ -135,6 +153,20 @@ def sdk_traces() -> Iterator[RecordingTraceProcessor]:
     set_trace_processors([])  # nothing exports the SDK's traces after the test
 
 
+@contextlib.asynccontextmanager
+async def enabled() -> AsyncIterator[tuple[TracerProvider, MemoryEmitter]]:
+    """kernel_ext enabled with a private provider and a memory emitter (the plugin's
+    loopback emitter in production); disabled afterwards."""
+    provider = TracerProvider()
+    emitter = MemoryEmitter()
+    kernel_ext.enable(emitter=emitter, tracer_provider=provider, tap=Tap())
+    try:
+        yield provider, emitter
+    finally:
+        await kernel_ext.adisable()
+        provider.shutdown()
+
+
 # -- attribution -----------------------------------------------------------------------------
 
 
@@ -162,16 +194,7 @@ async def test_two_concurrent_calls_of_one_tool_each_see_their_own_span(tracing:
         await asyncio.wait_for(both_resolved.wait(), 10)  # neither ends before both resolved
         return question
 
-    agent = Agent(
-        name="kernel",
-        model=calls_then_text(
-            call("ask_colleague", '{"question": "a"}', "llm-a"),
-            call("ask_colleague", '{"question": "b"}', "llm-b"),
-        ),
-        tools=attributed_tools(
-            [ask_colleague], sink=tracing.sink, tracer_provider=tracing.provider
-        ),
-    )
+    agent = asked_twice(ask_colleague, sink=tracing.sink, tracer_provider=tracing.provider)
     result = await asyncio.wait_for(Runner.run(agent, "go", run_config=NO_SDK_TRACING), 30)
     assert result.final_output == "done"
     spans = {
@@ -193,39 +216,26 @@ async def test_two_concurrent_calls_of_one_tool_each_see_their_own_span(tracing:
 
 
 async def test_the_blocks_two_concurrent_calls_publish_carry_each_its_own_call_id() -> None:
-    provider = TracerProvider()
-    emitter = MemoryEmitter()
-    kernel_ext.enable(emitter=emitter, tracer_provider=provider, tap=Tap())
-    both_live = asyncio.Event()
-    started: list[str] = []
-    call_ids: dict[str, str | None] = {}
+    async with enabled() as (provider, emitter):
+        both_live = asyncio.Event()
+        started: list[str] = []
+        call_ids: dict[str, str | None] = {}
 
-    @function_tool
-    async def ask_colleague(question: str) -> str:
-        """Ask a colleague."""
-        started.append(question)
-        if len(started) == 2:
-            both_live.set()
-        await asyncio.wait_for(both_live.wait(), 10)
-        call_ids[question] = kernel_ext.current_call_id()
-        publish(f"thinking about {question}", conversation_id="conv-1")
-        publish(f"answer {question}", state="done", conversation_id="conv-1")
-        return question
+        @function_tool
+        async def ask_colleague(question: str) -> str:
+            """Ask a colleague."""
+            started.append(question)
+            if len(started) == 2:
+                both_live.set()
+            await asyncio.wait_for(both_live.wait(), 10)
+            call_ids[question] = kernel_ext.current_call_id()
+            publish(f"thinking about {question}", conversation_id="conv-1")
+            publish(f"answer {question}", state="done", conversation_id="conv-1")
+            return question
 
-    agent = Agent(
-        name="kernel",
-        model=calls_then_text(
-            call("ask_colleague", '{"question": "a"}', "llm-a"),
-            call("ask_colleague", '{"question": "b"}', "llm-b"),
-        ),
-        tools=attributed_tools([ask_colleague], tracer_provider=provider),
-    )
-    try:
+        agent = asked_twice(ask_colleague, tracer_provider=provider)
         await asyncio.wait_for(Runner.run(agent, "go", run_config=NO_SDK_TRACING), 30)
         records = await emitter.wait_for(lambda records: len(records) == 4, 10)
-    finally:
-        await kernel_ext.adisable()
-        provider.shutdown()
     assert set(call_ids) == {"a", "b"}
     assert call_ids["a"] != call_ids["b"]
     for question in ("a", "b"):
@@ -255,7 +265,7 @@ async def test_a_sync_tool_runs_in_a_worker_thread_and_sees_its_call(tracing: Tr
     assert thread != threading.get_ident()  # not the event loop's thread
 
 
-async def test_a_tool_that_fails_ends_its_span_and_the_model_gets_the_sdks_error_text(
+async def test_a_tool_that_fails_ends_its_call_failed_though_the_model_gets_the_sdks_error_text(
     tracing: Tracing,
 ) -> None:
     @function_tool
@@ -272,12 +282,13 @@ async def test_a_tool_that_fails_ends_its_span_and_the_model_gets_the_sdks_error
     result = await asyncio.wait_for(Runner.run(agent, "go", run_config=NO_SDK_TRACING), 30)
     assert result.final_output == "done"  # the SDK turned the error into the tool's output
     [span] = tracing.tool_spans()
-    # The SDK's invoker catches the error: the call returns (the integration's end and the
-    # span's end both report it, neither with an error).
+    # The SDK's invoker catches the error and returns its text, yet the call failed: the
+    # integration's end and the span's end both report the tool's exception.
     assert [(ended.call_id, error) for ended, error in tracing.sink.ended] == [
-        (hex_id(span), None),
-        (hex_id(span), None),
+        (hex_id(span), "RuntimeError: tool failed"),
+        (hex_id(span), "RuntimeError: tool failed"),
     ]
+    assert span.status.status_code is StatusCode.ERROR
     assert current_tool_call() is None
     assert len(tracing.tap) == 0
 
@@ -545,6 +556,73 @@ async def test_an_agent_as_tool_is_the_parent_of_its_agents_tool_calls(tracing: 
     assert (parent.call_id, child.tool_name) == (inner.parent.call_id, "search")
 
 
+class BrokenModel(TurnsModel):
+    """Answers its first turns like a :class:`TurnsModel`, then fails."""
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        if self.calls >= len(self.turns):
+            raise RuntimeError("the colleague's model is down")
+        return await super().get_response(*args, **kwargs)
+
+
+async def run_agent_as_tool(colleague_model: TurnsModel) -> tuple[str, list[dict[str, Any]]]:
+    """The kernel's agent calls a colleague agent as a tool (``as_tool``); the colleague's
+    model asks for two searches. Returns the as_tool call's id and its blocks."""
+    async with enabled() as (provider, emitter):
+        seen: list[str | None] = []
+
+        @function_tool
+        async def search(q: str) -> str:
+            """Search."""
+            seen.append(kernel_ext.current_tool_call().parent.call_id)  # type: ignore[union-attr]
+            return f"results for {q}"
+
+        colleague = Agent(
+            name="colleague",
+            model=colleague_model,
+            tools=attributed_tools([search], tracer_provider=provider),
+        )
+        ask = colleague.as_tool(tool_name="ask_colleague", tool_description="Ask a colleague.")
+        asked = call("ask_colleague", '{"input": "trains?"}', "llm-out")
+        agent = kernel_agent(ask, asked, tracer_provider=provider)
+        await asyncio.wait_for(Runner.run(agent, "go", run_config=NO_SDK_TRACING), 30)
+        records = await emitter.wait_for(lambda records: len(records) == 3, 10)
+        await emitter.flush(2)
+        hub = kernel_ext.stream.get_default_hub()
+        assert (hub.stats().calls, hub.stats().streams) == (0, 0)
+    assert len(records) == 3
+    [call_id, also] = seen
+    assert call_id == also is not None
+    blocks = [block for room, block in records if room == "conv-1" and block["callId"] == call_id]
+    assert [(b["taskId"], b["envelope"]["kind"]) for b in blocks[:2]] == [
+        (call_id, "tool_call"),
+        (call_id, "tool_call"),
+    ]
+    return call_id, blocks
+
+
+def two_searches() -> list[ResponseFunctionToolCall]:
+    return [call("search", '{"q": "Lyon"}', "llm-a"), call("search", '{"q": "Nice"}', "llm-b")]
+
+
+async def test_an_agent_as_tool_that_succeeds_ends_its_pane_done_with_the_agents_answer() -> None:
+    model = TurnsModel(two_searches(), [text("Lyon and Nice have 6 stations")])
+    call_id, blocks = await run_agent_as_tool(model)
+    terminal = blocks[-1]
+    assert (terminal["taskId"], terminal["state"]) == (call_id, "done")
+    assert terminal["envelope"]["payload"] == {"text": "Lyon and Nice have 6 stations"}
+    assert pane_reads(blocks, call_id) == ("ended", "done", "Lyon and Nice have 6 stations")
+
+
+async def test_an_agent_as_tool_whose_agent_fails_ends_its_pane_aborted_with_the_error() -> None:
+    call_id, blocks = await run_agent_as_tool(BrokenModel(two_searches()))
+    terminal = blocks[-1]
+    assert (terminal["taskId"], terminal["state"]) == (call_id, "aborted")
+    assert terminal["envelope"]["payload"] == {
+        "message": "RuntimeError: the colleague's model is down"
+    }
+
+
 async def test_a_copy_of_an_attributed_tool_is_attributed_and_reads_through_to_the_sdk(
     tracing: Tracing,
 ) -> None:
@@ -569,31 +647,22 @@ async def test_a_copy_of_an_attributed_tool_is_attributed_and_reads_through_to_t
     assert seen == [ToolCall(hex_id(span), "search", "conv-1", "llm-1", None)]
 
 
-async def test_a_stream_a_failing_tool_left_open_ends_aborted() -> None:
-    provider = TracerProvider()
-    emitter = MemoryEmitter()
-    kernel_ext.enable(emitter=emitter, tracer_provider=provider, tap=Tap())
+async def test_a_stream_a_failing_tool_left_open_ends_aborted_with_its_error() -> None:
+    async with enabled() as (provider, emitter):
 
-    @function_tool
-    async def explode() -> str:
-        """Fail."""
-        publish("working on it", conversation_id="conv-1")
-        raise RuntimeError("tool failed")
+        @function_tool
+        async def explode() -> str:
+            """Fail."""
+            publish("working on it", conversation_id="conv-1")
+            raise RuntimeError("tool failed")
 
-    agent = Agent(
-        name="kernel",
-        model=calls_then_text(call("explode", "{}", "llm-x")),
-        tools=attributed_tools([explode], tracer_provider=provider),
-    )
-    try:
+        agent = kernel_agent(explode, call("explode", "{}", "llm-x"), tracer_provider=provider)
         await asyncio.wait_for(Runner.run(agent, "go", run_config=NO_SDK_TRACING), 30)
         records = await emitter.wait_for(lambda records: len(records) == 2, 10)
-    finally:
-        await kernel_ext.adisable()
-        provider.shutdown()
     (_, running), (_, terminal) = records
     assert (running["state"], terminal["state"]) == ("running", "aborted")
     assert running["callId"] == terminal["callId"]
+    assert terminal["envelope"]["payload"] == {"message": "RuntimeError: tool failed"}
 
 
 async def test_with_openinferences_agents_instrumentation_its_tool_span_is_the_calls_span(

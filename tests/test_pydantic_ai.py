@@ -11,15 +11,19 @@ import contextvars
 from collections.abc import Iterator
 
 from attribution_support import RecordingSink, Tracing, hex_id, make_tracing
+from opentelemetry.sdk.trace import TracerProvider
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import AbstractCapability, Instrumentation
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturn
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
 
+import kernel_ext
 from kernel_ext import ToolCall, current_tool_call
 from kernel_ext.integrations.pydantic_ai import KernelExtCapability
 from kernel_ext.resolve import Resolution, ResolutionPath, resolve_call_id
+from kernel_ext.tap import Tap
+from kernel_ext.testing import MemoryEmitter
 
 
 @pytest.fixture
@@ -173,3 +177,61 @@ async def test_a_failing_tool_raises_unchanged_and_restores_the_context(
         await asyncio.wait_for(agent.run("go", conversation_id="conv-1"), 30)
     assert current_tool_call() is None
     assert len(tracing.tap) == 0
+
+
+@pytest.mark.parametrize("instrumented", [True, False], ids=["pydantic-span", "own-span"])
+@pytest.mark.parametrize("tool_return", [False, True], ids=["str", "ToolReturn"])
+async def test_a_tool_that_runs_an_agent_ends_its_pane_done_with_what_it_returned(
+    instrumented: bool, tool_return: bool
+) -> None:
+    provider = TracerProvider()
+    emitter = MemoryEmitter()
+    kernel_ext.enable(emitter=emitter, tracer_provider=provider, tap=Tap())
+    ours = KernelExtCapability(tracer_provider=provider)  # the sink enable() attached
+    extra = [Instrumentation(InstrumentationSettings(tracer_provider=provider))]
+    caps: list[AbstractCapability[None]] = [ours, *extra] if instrumented else [ours]
+    colleague = Agent(
+        FunctionModel(
+            lambda messages, info: ModelResponse(
+                parts=[ToolCallPart("search", {"q": "x"}, tool_call_id="llm-in")]
+                if len(messages) == 1
+                else [TextPart("Lyon has 3 stations")]
+            )
+        ),
+        capabilities=caps,
+    )
+
+    @colleague.tool_plain
+    async def search(q: str) -> str:
+        return q
+
+    agent = Agent(
+        two_calls_then_text(
+            ToolCallPart("ask_colleague", {"question": "q"}, tool_call_id="llm-out")
+        ),
+        capabilities=caps,
+    )
+    call_ids: list[str | None] = []
+
+    @agent.tool_plain
+    async def ask_colleague(question: str) -> str | ToolReturn:
+        call_ids.append(kernel_ext.current_call_id())
+        answer = (await colleague.run(question)).output
+        return (
+            ToolReturn(return_value=answer, content="for the model only") if tool_return else answer
+        )
+
+    try:
+        await asyncio.wait_for(agent.run("go", conversation_id="conv-1"), 30)
+        records = await emitter.wait_for(lambda records: len(records) == 2, 10)
+        await emitter.flush(2)
+    finally:
+        await kernel_ext.adisable()
+        provider.shutdown()
+    [call_id] = call_ids
+    assert [(b["callId"], b["taskId"], b["state"]) for _, b in records] == [
+        (call_id, call_id, "running"),
+        (call_id, call_id, "done"),
+    ]
+    assert records[0][1]["envelope"]["payload"]["toolName"] == "search"
+    assert records[1][1]["envelope"]["payload"] == {"text": "Lyon has 3 stations"}

@@ -12,7 +12,7 @@ import pytest
 from timing import FakeClock
 
 from kernel_ext.context import ToolCall, use_tool_call
-from kernel_ext.protocol import FALLBACK_INVALID, Envelope, decode
+from kernel_ext.protocol import FALLBACK_INVALID, Envelope, block_size, decode
 from kernel_ext.stream import (
     ATTR_BLOCKS_ADMITTED,
     ATTR_BLOCKS_DROPPED,
@@ -278,6 +278,219 @@ async def test_nested_tool_call_block_and_abort_of_open_streams_on_end(
     assert hub.call_attributes(CALL) == {}
     assert hub.stats().streams == 0
     assert hub.stats().calls == 0
+
+
+# -- the call's end: a stream the hub opened for nested calls ends by the call's outcome --
+
+
+def nested_call(hub: StreamHub, parent: LiveCall, n: int = 1) -> None:
+    """``n`` tool calls start inside ``parent`` (their tool_call lines on its local stream)."""
+    for i in range(n):
+        child = LiveCall(f"{i + 1:016x}", f"search_{i}", CONV, parent_call_id=parent.call_id)
+        hub.tool_call_started(parent, child)
+
+
+def local_stream(mem: MemoryEmitter, call_id: str = CALL) -> list[dict[str, Any]]:
+    return [b for b in mem.blocks() if (b["callId"], b["taskId"]) == (call_id, call_id)]
+
+
+def one_terminal_per_stream(mem: MemoryEmitter) -> None:
+    streams = [(b["callId"], b["taskId"]) for b in mem.terminals()]
+    assert len(streams) == len(set(streams))
+
+
+async def test_the_stream_of_nested_calls_ends_done_with_the_result_text_when_the_call_returns(
+    hub: StreamHub, mem: MemoryEmitter
+) -> None:
+    parent = LiveCall(CALL, "research", CONV)
+    nested_call(hub, parent, 2)
+    hub.tool_call_returned(parent, "Lyon has 3 train stations.")
+    hub.tool_call_ended(parent, None)  # the span's end comes after: nothing more
+    hub.tool_call_ended(parent, "late error")
+    await mem.wait_for(n_blocks(3))
+    await mem.flush(1)
+    blocks = local_stream(mem)
+    assert [(b["state"], b["envelope"]["seq"]) for b in blocks] == [
+        ("running", 1),
+        ("running", 2),
+        ("done", 3),
+    ]
+    assert [b["envelope"]["payload"].get("toolName") for b in blocks[:2]] == [
+        "search_0",
+        "search_1",
+    ]
+    assert blocks[-1]["envelope"]["payload"] == {"text": "Lyon has 3 train stations."}
+    for block in blocks:
+        decode(block)
+    stats = hub.stats()
+    assert (stats["duplicate_terminal"], stats["error"], stats.calls, stats.streams) == (0,) * 4
+
+
+@pytest.mark.parametrize(
+    ("end", "outcome"),
+    [
+        (
+            lambda hub, call: hub.tool_call_ended(call, None),
+            ("done", "text", "the tool call finished"),
+        ),
+        (
+            lambda hub, call: hub.tool_call_returned(call, None),
+            ("done", "text", "the tool call finished"),
+        ),
+        (
+            lambda hub, call: hub.tool_call_ended(call, "Boom: no trains"),
+            ("aborted", "message", "Boom: no trains"),
+        ),
+        (
+            lambda hub, call: hub.tool_call_ended(call, ""),
+            ("aborted", "message", "the tool call ended before its stream did"),
+        ),
+    ],
+    ids=["ended-returned", "returned-without-result", "failed", "failed-without-message"],
+)
+async def test_the_stream_of_nested_calls_follows_how_the_call_ended(
+    hub: StreamHub, mem: MemoryEmitter, end: Any, outcome: tuple[str, str, str]
+) -> None:
+    parent = LiveCall(CALL, "research", CONV)
+    nested_call(hub, parent)
+    end(hub, parent)
+    await mem.wait_for(n_blocks(2))
+    await mem.flush(1)
+    [terminal] = mem.terminals()
+    state, key, text = outcome
+    assert (terminal["taskId"], terminal["state"]) == (CALL, state)
+    assert terminal["envelope"]["payload"] == {key: text}
+    assert hub.stats().calls == 0
+
+
+@pytest.mark.parametrize("tool_first", [False, True], ids=["lines-first", "text-first"])
+async def test_a_local_stream_the_tool_published_on_keeps_the_old_rule_and_one_seq_counter(
+    hub: StreamHub, mem: MemoryEmitter, tool_first: bool
+) -> None:
+    # The tool's own text and the nested calls' lines share the local stream: one counter
+    # numbers both; the stream is the tool's, so a return that leaves it open aborts it.
+    parent = LiveCall(CALL, "research", CONV)
+    with in_call(CALL):
+        if tool_first:
+            hub.publish("looking it up")
+        nested_call(hub, parent)
+        hub.publish("found it")
+        nested_call(hub, parent)
+        if not tool_first:
+            hub.publish("checking it")
+    hub.tool_call_returned(parent, "the answer")
+    await mem.wait_for(n_blocks(5))
+    await mem.flush(1)
+    blocks = local_stream(mem)
+    assert [b["envelope"]["seq"] for b in blocks] == [1, 2, 3, 4, 5]
+    assert [b["state"] for b in blocks] == ["running"] * 4 + ["aborted"]
+    assert blocks[-1]["envelope"]["payload"] == {
+        "message": "the tool call ended before its stream did"
+    }
+
+
+async def test_a_provisional_terminal_and_streams_the_tool_opened_keep_the_old_rules(
+    hub: StreamHub, mem: MemoryEmitter
+) -> None:
+    parent = LiveCall(CALL, "research", CONV)
+    nested_call(hub, parent)
+    with in_call(CALL):
+        hub.publish("which city?", state="done", provisional=True)  # on the local stream
+        hub.publish("asking", task_id="task-a")
+    hub.tool_call_returned(parent, "the answer")
+    await mem.wait_for(n_blocks(4))
+    await mem.flush(1)
+    ends = {b["taskId"]: (b["state"], b["envelope"]["payload"]) for b in mem.terminals()}
+    assert ends == {
+        CALL: ("done", {"text": "which city?"}),
+        "task-a": ("aborted", {"message": "the tool call ended before its stream did"}),
+    }
+    one_terminal_per_stream(mem)
+
+
+async def test_a_huge_result_text_is_cut_with_the_marker_not_dropped(
+    hub: StreamHub, mem: MemoryEmitter
+) -> None:
+    parent = LiveCall(CALL, "research", CONV)
+    nested_call(hub, parent)
+    hub.tool_call_returned(parent, "é" * 200_000)
+    await mem.wait_for(n_blocks(2))
+    [terminal] = mem.terminals()
+    text = terminal["envelope"]["payload"]["text"]
+    assert terminal["state"] == "done"
+    assert text.startswith("é")
+    assert "…[truncated " in text
+    assert block_size(terminal) <= hub.max_block_bytes
+    assert hub.stats()["degraded"] == 0
+
+
+class _Message:
+    """A chat message: LangChain's ToolMessage has a ``content`` like this."""
+
+    def __init__(self, content: object) -> None:
+        self.content = content
+
+
+class _Hostile:
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+    @property
+    def content(self) -> str:
+        raise RuntimeError("no content")
+
+
+class _HostileStr(str):
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+
+NEUTRAL = "the tool call finished"
+
+
+@pytest.mark.parametrize(
+    ("result", "text"),
+    [
+        ("plain text", "plain text"),
+        (_HostileStr("a str subclass"), "a str subclass"),
+        (_Message("the message's text"), "the message's text"),
+        (_Message(["a", "list"]), NEUTRAL),
+        (_Message(""), NEUTRAL),
+        ("", NEUTRAL),
+        (None, NEUTRAL),
+        ({"answer": 42}, NEUTRAL),
+        (b"bytes", NEUTRAL),
+        (42, NEUTRAL),
+        (_Hostile(), NEUTRAL),
+    ],
+    ids=[
+        "str",
+        "str-subclass",
+        "message",
+        "message-with-list",
+        "empty-message",
+        "empty-str",
+        "none",
+        "dict",
+        "bytes",
+        "int",
+        "hostile",
+    ],
+)
+async def test_any_result_gives_a_defined_done_text_and_never_raises(
+    hub: StreamHub, mem: MemoryEmitter, result: object, text: str
+) -> None:
+    parent = LiveCall(CALL, "research", CONV)
+    nested_call(hub, parent)
+    hub.tool_call_returned(parent, result)
+    await mem.wait_for(n_blocks(2))
+    [terminal] = mem.terminals()
+    assert terminal["envelope"]["payload"] == {"text": text}
+    assert type(terminal["envelope"]["payload"]["text"]) is str
+    assert hub.stats()["error"] == 0
 
 
 async def test_state_is_released_after_many_finished_calls(clock: FakeClock, tap: Tap) -> None:

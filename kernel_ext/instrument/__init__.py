@@ -18,7 +18,9 @@ Around each call it
 3. sets the contextvar (:func:`kernel_ext.current_tool_call`) for the duration, with the
    enclosing active call as ``parent``;
 4. before the call returns, writes the sink's ``call_attributes(call_id)`` onto the span
-   (while it is live, invariant 7), and ends the span if it opened it.
+   (while it is live, invariant 7), tells the sink how the call ended — returned, with what
+   it returned (the sink's optional ``tool_call_returned``), or failed, cancelled or
+   interrupted (``tool_call_ended`` with the error) — and ends the span if it opened it.
 
 Sync functions, coroutine functions, async generator functions and generator functions
 are supported (the kind is read from the target when it is instrumented). For generators

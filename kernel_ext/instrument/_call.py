@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from contextvars import Token
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -71,10 +71,13 @@ __all__ = [
     "ToolDescription",
     "begin",
     "begin_described",
+    "begin_scope",
     "default_describe",
     "tool_call_scope",
     "tracer_of",
 ]
+
+_T = TypeVar("_T")
 
 # One logger for the whole instrumentor package: its faults read as kernel_ext.instrument's.
 log = logging.getLogger("kernel_ext.instrument")
@@ -164,9 +167,24 @@ class ActiveCall:
     :meth:`activate`, :meth:`deactivate` and :meth:`finish` (no special-method calls on its
     hot path). Generators activate it around each step instead and finish it once, at the
     end of ``with active.ending():``.
+
+    How the call ended is what the sink is told: with the exception that left the block,
+    else with the one :meth:`failed` recorded (a runtime that turns the tool's exception
+    into its result), else returned — with the value :meth:`returned` recorded (the
+    ``done`` text of the streams the hub opened for the call).
     """
 
-    __slots__ = ("_tokens", "call", "context", "opened", "rare", "sink_of", "span")
+    __slots__ = (
+        "_tokens",
+        "call",
+        "context",
+        "error",
+        "opened",
+        "rare",
+        "result",
+        "sink_of",
+        "span",
+    )
 
     def __init__(
         self,
@@ -184,6 +202,8 @@ class ActiveCall:
         self.rare = rare
         self.sink_of = sink_of
         self._tokens: _Tokens | None = None
+        self.error: BaseException | None = None
+        self.result: object = None
 
     def activate(self) -> _Tokens:
         """Make the span current and the call active in this context; return the tokens."""
@@ -203,6 +223,17 @@ class ActiveCall:
         if call_token is not None:
             _CURRENT_CALL.reset(call_token)
         otel_context.detach(otel_token)
+
+    def returned(self, result: _T) -> _T:
+        """Record what the call's code returned; returns ``result`` (``return
+        active.returned(await tool())`` inside ``with active:``)."""
+        self.result = result
+        return result
+
+    def failed(self, error: BaseException) -> None:
+        """Record that the call failed with ``error`` though its block returns normally
+        (the runtime turned the exception into the call's result)."""
+        self.error = error
 
     def __enter__(self) -> ToolCall | None:
         self._tokens = self.activate()
@@ -233,9 +264,12 @@ class ActiveCall:
             self.finish(error)
 
     def finish(self, error: BaseException | None) -> None:
-        """End the call: record ``error``, write the sink's call attributes, tell the sink
-        the call ended (whether or not its span records: the SDK calls no processor hook
-        for a span its sampler dropped), end the span if ours. Never raises."""
+        """End the call — failed with ``error``, else as the class docstring says: record
+        the error, write the sink's call attributes, tell the sink the call ended (whether
+        or not its span records: the SDK calls no processor hook for a span its sampler
+        dropped), end the span if ours. Never raises."""
+        if error is None:
+            error = self.error
         span = self.span
         call = self.call
         sink = self.sink_of()
@@ -255,21 +289,26 @@ class ActiveCall:
                 call.life.ended = True
                 if sink is not None:
                     try:
-                        sink.tool_call_ended(
-                            # LiveCall(...) without its generated __new__ (half the cost).
-                            _tuple_new(
-                                LiveCall,
-                                (
-                                    call.call_id,
-                                    call.tool_name,
-                                    call.conversation_id,
-                                    call.llm_call_id,
-                                    call.parent.call_id if call.parent is not None else None,
-                                    0,
-                                ),
+                        # LiveCall(...) without its generated __new__ (half the cost).
+                        ended = _tuple_new(
+                            LiveCall,
+                            (
+                                call.call_id,
+                                call.tool_name,
+                                call.conversation_id,
+                                call.llm_call_id,
+                                call.parent.call_id if call.parent is not None else None,
+                                0,
                             ),
-                            None if error is None else _error_text(error),
                         )
+                        # The sink's optional tool_call_returned (tap.CallSink).
+                        returned = (
+                            None if error is not None else getattr(sink, "tool_call_returned", None)
+                        )
+                        if returned is not None:
+                            returned(ended, self.result)
+                        else:
+                            sink.tool_call_ended(ended, _error_text(error))
                     except Exception:
                         self.rare("finish_error", "sink.tool_call_ended failed", exc_info=True)
             if self.opened:
@@ -279,15 +318,22 @@ class ActiveCall:
                     self.rare("finish_error", "tool span could not be ended", exc_info=True)
 
 
-def _error_text(error: BaseException) -> str | None:
-    """How a call's error reads in its span status and its streams' ``aborted`` message:
-    ``Type: message`` for an ``Exception``, a fixed text for a cancellation, ``None`` (the
-    default message) for other exits (``GeneratorExit``, ``KeyboardInterrupt``)."""
+def _error_text(error: BaseException | None) -> str | None:
+    """How a call's end reads in its span status and its sink's ``tool_call_ended``:
+    ``Type: message`` for an ``Exception`` (``Type`` alone when its message cannot be
+    read), a fixed text for a cancellation and for an interruption (``KeyboardInterrupt``,
+    ``SystemExit``), ``None`` — returned — for no error and for ``GeneratorExit`` (a
+    generator its consumer closed early)."""
+    if error is None or isinstance(error, GeneratorExit):
+        return None
     if isinstance(error, Exception):
-        return f"{type(error).__name__}: {error}"
+        try:
+            return f"{type(error).__name__}: {error}"
+        except Exception:
+            return type(error).__name__
     if isinstance(error, asyncio.CancelledError):
         return "the tool call was cancelled"
-    return None
+    return f"the tool call was interrupted ({type(error).__name__})"
 
 
 def begin(
@@ -437,22 +483,32 @@ def tool_call_scope(
     Yields the active :class:`ToolCall` (``None`` when no valid span exists). Use it in the
     task or thread that runs the tool's code; it restores everything in ``finally``.
     An explicit request: unlike the wrappers, it attributes the block also inside
-    OpenTelemetry's ``suppress_instrumentation()``.
+    OpenTelemetry's ``suppress_instrumentation()``. A block that ends without an exception
+    ends the call as returned, without a result (the streams the hub opened for the call's
+    nested tool calls end ``done`` with the neutral text).
     """
-    try:
-        active: ActiveCall | None = begin(
-            tracer_of(tracer_provider), description, _rare, lambda: sink
-        )
-    except Exception:
-        _rare(
-            "describe_error", "tool span could not be started; call not attributed", exc_info=True
-        )
-        active = None
+    active = begin_scope(description, tracer_provider, sink)
     if active is None:
         yield None
         return
     with active as call:
         yield call
+
+
+def begin_scope(
+    description: ToolDescription,
+    tracer_provider: TracerProvider | None,
+    sink: CallSink | None,
+) -> ActiveCall | None:
+    """:func:`begin` for :func:`tool_call_scope` and the integrations with hooks: ``None``
+    (the call runs unattributed) when the span cannot be started (logged rarely)."""
+    try:
+        return begin(tracer_of(tracer_provider), description, _rare, lambda: sink)
+    except Exception:
+        _rare(
+            "describe_error", "tool span could not be started; call not attributed", exc_info=True
+        )
+        return None
 
 
 @functools.lru_cache(maxsize=16)

@@ -15,7 +15,8 @@ function is called, its wrapper
   around each step only, because a generator's frame runs in its consumer's context.
 
 Arguments, values sent in, values thrown in, yielded and returned values and exceptions
-pass through unchanged.
+pass through unchanged. What a sync function or a coroutine returns, and a generator's
+return value, is what the call is said to have returned (:meth:`ActiveCall.returned`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def make_wrapper(
         if active is None:
             return await wrapped(*args, **kwargs)
         with active:
-            return await wrapped(*args, **kwargs)
+            return active.returned(await wrapped(*args, **kwargs))
 
     def run_generator(
         wrapped: Callable[..., Generator[Any, Any, Any]],
@@ -103,7 +104,7 @@ def make_wrapper(
         if active is None:
             return (yield from wrapped(*args, **kwargs))
         with active.ending():  # closed early (GeneratorExit): ends without an error
-            return (yield from _stepped(active, wrapped(*args, **kwargs)))
+            return active.returned((yield from _stepped(active, wrapped(*args, **kwargs))))
 
     async def run_async_generator(
         wrapped: Callable[..., AsyncGenerator[Any, Any]],
@@ -184,6 +185,7 @@ def make_wrapper(
             active.finish(error)
             raise
         deactivate(tokens)
+        active.result = result
         active.finish(None)
         return result
 

@@ -33,20 +33,26 @@ concurrency``), and ``@function_tool`` runs a sync function in a worker thread w
 of the context: each sees its own call. A tool with ``timeout_seconds`` runs in one more
 task, inside the scope too; a timeout cancels it and the call ends cancelled (its streams
 ``aborted``). A tool's exception is caught by the SDK's own invoker, inside ours, and
-turned into the model-visible error text, as without kernel_ext: the call ends without an
-error, and a stream the tool left open still gets its ``aborted`` terminal when the call
-ends. A tool declared to take a plain ``RunContextWrapper`` (a hand-made ``FunctionTool``)
-is handed no ``ToolContext`` by the SDK: its calls have no model call id, and their
-conversation comes from the SDK trace only. A describe hook that raises, or returns
-something other than a :class:`~kernel_ext.ToolDescription`, leaves the call unattributed
-(logged).
+turned into the model-visible error text, as without kernel_ext; the call still ends
+failed with that exception (recorded on the span kernel_ext opened, and the ``aborted``
+message of its streams). A call that returns ends with what it returned (for an agent as
+a tool, the agent's answer): the ``done`` text of the stream kernel_ext opened for its
+nested tool calls. A tool declared to take a plain ``RunContextWrapper`` (a hand-made
+``FunctionTool``) is handed no ``ToolContext`` by the SDK: its calls have no model call
+id, and their conversation comes from the SDK trace only. A describe hook that raises, or
+returns something other than a :class:`~kernel_ext.ToolDescription`, leaves the call
+unattributed (logged).
 
 The attributed tool's invoker is a proxy of the SDK's (wrapt): what the runner reads from
 its invoker (its type, the argument preparation of approvals, the sync marker, its
-signature) reads through to the SDK's own. The one private name it relies on is the
-invoker's ``__agents_bind_function_tool__`` hook, which the SDK calls when a ``FunctionTool``
-is copied (``copy.copy``, ``tool_namespace()``): the proxy answers it, so a copy of an
-attributed tool stays attributed (contract test in tests/test_compat.py).
+signature) reads through to the SDK's own. It relies on two private names of the SDK's
+invoker (contract tests in tests/test_compat.py): the ``__agents_bind_function_tool__``
+hook, which the SDK calls when a ``FunctionTool`` is copied (``copy.copy``,
+``tool_namespace()``): the proxy answers it, so a copy of an attributed tool stays
+attributed; and ``_invoke_tool_impl``, the implementation its error handling runs, which
+the attributed copy's invoker (never the tool given) gets a watch around, to see the
+exception the SDK turns into text. An invoker without it (a hand-made one) has no error
+handling to look inside: its exceptions reach the call unchanged.
 
 MCP server tools (``Agent(mcp_servers=...)``) are made anew by the runner each turn and are
 not attributed; nor are hosted tools, which do not run here.
@@ -59,6 +65,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Callable, Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -144,10 +151,22 @@ class _AttributedInvoker(_Proxy):
             (),
             {},
         )
-        if active is None:
-            return await self.__wrapped__(context, arguments)
-        with active:
-            return await self.__wrapped__(context, arguments)
+        # This call's own record of its tool's exceptions (none when it is not attributed):
+        # not its enclosing call's, whose record this context inherited.
+        failures: list[BaseException] | None = None if active is None else []
+        token = _FAILURES.set(failures)
+        try:
+            if active is None:
+                return await self.__wrapped__(context, arguments)
+            with active:
+                result = await self.__wrapped__(context, arguments)
+                if failures:  # the SDK's invoker turned the tool's exception into `result`
+                    active.failed(failures[-1])
+                else:
+                    active.returned(result)
+                return result
+        finally:
+            _FAILURES.reset(token)
 
     def __agents_bind_function_tool__(self, function_tool: FunctionTool) -> _AttributedInvoker:
         """The SDK's copy hook: bind the SDK's invoker to the copy, and stay around it."""
@@ -156,6 +175,43 @@ class _AttributedInvoker(_Proxy):
         if invoker is self.__wrapped__ and function_tool is self._self_tool:
             return self
         return _AttributedInvoker(invoker, function_tool, self._self_options)
+
+
+_FAILURES: ContextVar[list[BaseException] | None] = ContextVar(
+    "kernel_ext.openai_agents.failures", default=None
+)
+"""The exceptions that left the tool's implementation during the attributed call running
+in this context (``None`` outside one, or in a call that is not attributed)."""
+
+
+class _FailureWatch(_Proxy):
+    """The SDK invoker's implementation (``_invoke_tool_impl``, which its failure handling
+    wraps): an exception that leaves it is recorded for the call running in this context
+    (:data:`_FAILURES`), then propagates unchanged. Everything else reads through."""
+
+    async def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self.__wrapped__(*args, **kwargs)
+        except BaseException as error:
+            failures = _FAILURES.get()
+            if failures is not None:
+                failures.append(error)
+            raise
+
+
+_IMPLEMENTATION = "_invoke_tool_impl"  # the SDK's; contract test in tests/test_compat.py
+
+
+def _watch_failures(invoker: Any, given: Any) -> None:
+    """Put a :class:`_FailureWatch` around the implementation of ``invoker``, the SDK
+    invoker bound to an attributed copy, once — unless it is ``given``, the invoker of the
+    tool the caller gave (left as it was). An invoker without one (a hand-made
+    ``FunctionTool``'s) has no failure handling to look inside: its exceptions reach the
+    call's scope unchanged."""
+    implementation = getattr(invoker, _IMPLEMENTATION, None)
+    if implementation is None or isinstance(implementation, _FailureWatch) or invoker is given:
+        return
+    setattr(invoker, _IMPLEMENTATION, _FailureWatch(implementation))
 
 
 def attributed_tool(
@@ -187,6 +243,8 @@ def attributed_tool(
     invoker = attributed.on_invoke_tool
     if isinstance(invoker, _AttributedInvoker):
         invoker = invoker.__wrapped__
+    given = tool.on_invoke_tool
+    _watch_failures(invoker, given.__wrapped__ if isinstance(given, _AttributedInvoker) else given)
     attributed.on_invoke_tool = _AttributedInvoker(invoker, attributed, options)
     return attributed
 

@@ -17,7 +17,9 @@ For each tool call it
   ``tool_name``, ``conversation_id`` (the run's), ``llm_call_id`` (the model's
   ``tool_call_id``), ``parent`` = the enclosing call (a tool that runs an agent),
 * writes the sink's ``call_attributes(call_id)`` on the span before the call returns
-  (while the span is live).
+  (while the span is live), and tells the sink how the call ended: raised, cancelled, or
+  returned with what the tool returned (a ``ToolReturn``'s ``return_value``), the ``done``
+  text of the streams the hub opened for the call's nested tool calls.
 
 Concurrent tool calls of one model turn run as separate asyncio tasks, and sync tools run
 in worker threads with a copy of the context: each sees its own call. Exceptions from the
@@ -38,10 +40,11 @@ from pydantic_ai.capabilities.abstract import (
     ValidatedToolArgs,
     WrapToolExecuteHandler,
 )
-from pydantic_ai.messages import ToolCallPart
+from pydantic_ai.messages import ToolCallPart, ToolReturn
 from pydantic_ai.tools import RunContext, ToolDefinition
 
-from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor, tool_call_scope
+from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
+from kernel_ext.instrument._call import begin_scope
 from kernel_ext.tap import CallSink
 
 __all__ = ["KernelExtCapability"]
@@ -82,5 +85,12 @@ class KernelExtCapability(AbstractCapability[Any]):
             call.tool_name, ctx.conversation_id or None, call.tool_call_id or None
         )
         sink = self.sink if self.sink is not None else ToolRuntimeInstrumentor().sink
-        with tool_call_scope(description, tracer_provider=self.tracer_provider, sink=sink):
+        active = begin_scope(description, self.tracer_provider, sink)
+        if active is None:
             return await handler(args)
+        with active:
+            result = await handler(args)
+            # What the tool returned: a ToolReturn's return value (its `content` goes to
+            # the model as a separate message).
+            active.returned(result.return_value if isinstance(result, ToolReturn) else result)
+            return result

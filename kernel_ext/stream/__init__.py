@@ -29,11 +29,17 @@ Guarantees of :meth:`StreamHub.publish` (and the module-level :func:`kernel_ext.
   stream: a second terminal is dropped (``duplicate_terminal``), and so is any running block
   after it (``closed``), for as long as the call is live — what closed is remembered with
   the call, not on a clock.
-* A call's end (:meth:`StreamHub.tool_call_ended`: the instrumented runtime returned or
-  raised, or the call's span ended) closes every stream of it: an open stream gets its
-  provisional terminal if it has one (``publish(..., provisional=True)``), else one
-  ``aborted``; afterwards nothing more of that call is sent (``closed``), also not from
-  tasks the tool started that outlive it (they hold the ended :class:`~kernel_ext.ToolCall`).
+* A call's end (:meth:`StreamHub.tool_call_ended` / :meth:`StreamHub.tool_call_returned`:
+  the instrumented runtime returned or raised, or the call's span ended) closes every
+  stream of it: an open stream gets its provisional terminal if it has one
+  (``publish(..., provisional=True)``), else ``aborted`` with the error when the call
+  failed, else ``done`` with the call's result text when it is the stream the hub opened
+  for the call's nested tool calls and the tool published nothing on it, else ``aborted``;
+  afterwards nothing more of that call is sent (``closed``), also not from tasks the tool
+  started that outlive it (they hold the ended :class:`~kernel_ext.ToolCall`).
+* The ``tool_call`` line of a nested call (:meth:`StreamHub.tool_call_started`) goes on the
+  calling call's own stream with a ``seq`` from its counter, the one its text and progress
+  reports take theirs from: one numbering, never a seq twice.
 * Bounded: at most ``max_streams`` open streams (``stream_limit`` beyond), ``max_queue``
   queued running blocks (``queue_full`` beyond; terminals are queued regardless, and their
   number is bounded by the streams), ``max_calls`` live calls with state (the oldest is

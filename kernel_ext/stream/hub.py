@@ -83,10 +83,25 @@ PublishItem = Envelope | Mapping[str, Any] | Progress | str
 _current_tool_call = _CURRENT_CALL.get  # kernel_ext.current_tool_call without its call
 _time_ns = time.time_ns
 _DEFAULT_ABORT_MESSAGE = "the tool call ended before its stream did"
+_RETURNED_TEXT = "the tool call finished"  # docs/tool-authors.md, docs/protocol.md
 _IDLE_ABORT_MESSAGE = "the stream was idle too long; its tool call's end was never seen"
 _MAX_RING = 1024
 _SWEEP_EVERY = 1.0
 _TEXT_BLOCK_CHARS = 256  # the fixed parts of a text block, for the frame-size estimate
+
+
+def _result_text(result: object) -> str:
+    """The ``done`` text of a call that returned ``result`` (:meth:`StreamHub.
+    tool_call_returned` says which). Runs no code of ``result``'s but its ``content``
+    attribute (an exception from that gives the neutral text); never raises. A long text is
+    cut to the block size bound when the block is built, like any block's."""
+    try:
+        text = result if isinstance(result, str) else getattr(result, "content", None)
+        if isinstance(text, str) and text:
+            return str.__str__(text)  # a plain str (of a subclass too), no code of its own
+    except Exception:
+        pass
+    return _RETURNED_TEXT
 
 
 class StreamHub:
@@ -238,6 +253,7 @@ class StreamHub:
                                 return
                     if not self._admit(stream, now):
                         return
+                    stream.ours = False  # the tool publishes on it: its stream from now on
                     # A caller-made envelope (a pseudo-envelope, a progress report): its
                     # seq is the stream's.
                     if item.__class__ is str or item.__class__ is Progress:
@@ -291,7 +307,10 @@ class StreamHub:
 
     def tool_call_started(self, parent: LiveCall, child: LiveCall) -> None:
         """CallSink: a ``tool_call`` block (``payload.toolName``/``name``, ``callId`` of the
-        child, status ``running``) on the parent's local stream. Never raises."""
+        child, status ``running``) on the parent's local stream, numbered by its counter
+        (the one the tool's text and progress reports take theirs from). A local stream
+        opened here is the hub's until the tool publishes on it: its terminal then follows
+        the call's outcome (:meth:`tool_call_returned`). Never raises."""
         try:
             if parent.conversation_id is None:
                 self._counts.add(NO_ROOM)
@@ -306,6 +325,7 @@ class StreamHub:
                     stream = self._open(key, parent.conversation_id, "context")
                     if stream is None:
                         return
+                    stream.ours = True
                 if not self._admit(stream, self._clock()):
                     return
                 stream.seq += 1
@@ -317,13 +337,34 @@ class StreamHub:
             _rare(ERROR, "tool_call_started failed; block dropped", exc_info=True)
 
     def tool_call_ended(self, call: LiveCall, error: str | None) -> None:
-        """CallSink: the call ended. Every open stream of it gets exactly one terminal — its
-        provisional one if it has one, else ``aborted`` with ``error`` or a default message —
-        and everything the hub held for the call is released; what is published for it
+        """CallSink: the call ended — failed with ``error`` (``""``: without a message), or
+        returned when ``error`` is ``None`` (as :meth:`tool_call_returned` without a
+        result). Every open stream of the call gets exactly one terminal:
+
+        1. its provisional terminal, if the tool left one (``publish(..., provisional=True)``);
+        2. the call failed: ``aborted`` with ``error`` (the default message when empty);
+        3. the stream this hub opened for the call's nested tool calls
+           (:meth:`tool_call_started`), with nothing of the tool's on it: ``done`` with the
+           call's result text (``"the tool call finished"`` without one);
+        4. any other stream (the tool's own, left open): ``aborted`` with the default
+           message, "the tool call ended before its stream did".
+
+        Everything the hub held for the call is released; what is published for it
         afterwards is dropped (``closed``). Telling the hub twice is harmless (the
         instrumented runtime and the span processor may both tell it). Never raises."""
+        self._end_call(call.call_id, error, None)
+
+    def tool_call_returned(self, call: LiveCall, result: object) -> None:
+        """The call returned ``result`` (what its code returned; the optional member of
+        :class:`~kernel_ext.tap.CallSink`): :meth:`tool_call_ended` with ``error`` ``None``,
+        the ``done`` text being ``result`` when it is a non-empty ``str``, else a chat
+        message's non-empty ``str`` ``content`` (LangChain's ``ToolMessage``), else
+        ``"the tool call finished"``. Never raises, whatever ``result`` is."""
+        self._end_call(call.call_id, None, result)
+
+    def _end_call(self, call_id: str, error: str | None, result: object) -> None:
+        """The call's end (the rule: :meth:`tool_call_ended`)."""
         try:
-            call_id = call.call_id
             if call_id not in self._calls:
                 # Most calls publish nothing. Without the lock: a stream opened by a publish
                 # racing this end is the same as one opened just after it (under the lock).
@@ -334,11 +375,23 @@ class StreamHub:
                     return
                 if stats.life is not None:
                     stats.life.ended = True
-                streams = list(stats.open.items())
-            message = error if error else _DEFAULT_ABORT_MESSAGE
-            for task_id, stream in streams:
-                state, item = stream.provisional or ("aborted", message)
-                self._terminal(item, call_id, task_id, state, stream.room, stats.path)
+                streams = [
+                    (task_id, stream.room, stream.provisional, stream.ours)
+                    for task_id, stream in stats.open.items()
+                ]
+            text: str | None = None
+            for task_id, room, provisional, ours in streams:
+                if provisional is not None:
+                    state, item = provisional
+                elif error is not None:
+                    state, item = "aborted", error or _DEFAULT_ABORT_MESSAGE
+                elif ours:
+                    if text is None:
+                        text = _result_text(result)
+                    state, item = "done", text
+                else:
+                    state, item = "aborted", _DEFAULT_ABORT_MESSAGE
+                self._terminal(item, call_id, task_id, state, room, stats.path)
             with self._lock:
                 if self._calls.get(call_id) is stats:
                     del self._calls[call_id]

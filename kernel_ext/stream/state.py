@@ -28,7 +28,17 @@ class CallState:
 
 
 class StreamState:
-    __slots__ = ("call", "closed", "cursor", "provisional", "ring", "room", "seq", "touched")
+    __slots__ = (
+        "call",
+        "closed",
+        "cursor",
+        "ours",
+        "provisional",
+        "ring",
+        "room",
+        "seq",
+        "touched",
+    )
 
     def __init__(self, room: str, call: CallState, ring_size: int, now: float) -> None:
         # Set (under the hub's lock) when the stream leaves the hub's streams: a publisher
@@ -42,6 +52,9 @@ class StreamState:
         self.touched = now
         # (state, item) of the terminal to send if the call ends with the stream open.
         self.provisional: tuple[str, Any] | None = None
+        # Opened by the hub for the call's nested tool calls (their tool_call lines), and
+        # nothing of the tool's admitted on it since: its terminal follows the call's outcome.
+        self.ours = False
 
 
 @dataclass(frozen=True)
