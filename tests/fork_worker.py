@@ -7,7 +7,8 @@ way ``MODE`` says; each child runs one tool call (two running blocks and a ``don
 terminal) in the conversation ``CONV``. Every process prints one JSON line per event on
 stdout (``{"who": ..., ...}``); the test reads them and checks the browser.
 
-Usage: ``KERNEL_EXT_SECRET=s python tests/fork_worker.py MODE RELAY_URL CONV [CHILDREN]``
+Usage: ``KERNEL_EXT_SECRET=s python tests/fork_worker.py MODE RELAY_URL CONV [CHILDREN [RUN]]``
+(``RUN`` goes into every call id, so that repeated runs against one relay never reuse one).
 
 Modes:
 
@@ -51,6 +52,7 @@ logging.basicConfig(
 
 MODE, URL, CONV = sys.argv[1:4] if len(sys.argv) >= 4 else ("", "", "")
 CHILDREN = int(sys.argv[4]) if len(sys.argv) > 4 else 3
+RUN = int(sys.argv[5]) if len(sys.argv) > 5 else 0
 FRESH_IMPORT = ("spawn", "forkserver")
 
 
@@ -61,7 +63,11 @@ def say(who: str, **what: Any) -> None:
 
 
 def call_id_of(index: int) -> str:
-    return f"c0{index:014x}"
+    return f"c{RUN:03x}{index:012x}"
+
+
+def parent_call_id(which: int) -> str:
+    return f"9a{RUN:03x}{which:011x}"
 
 
 def run_call(index: int) -> str:
@@ -147,7 +153,7 @@ def forking_main() -> None:
     hold, held = threading.Event(), threading.Event()
     state.loop.call_soon_threadsafe(lambda: (held.set(), hold.wait(30)))
     assert held.wait(10)
-    parent_call = "9a0000000000000f"
+    parent_call = parent_call_id(1)
     with use_tool_call(ToolCall(parent_call, "ask_colleague", CONV)):
         kernel_ext.publish("parent working", task_id="t")
         kernel_ext.publish("parent answer", task_id="t", state="done")
@@ -166,7 +172,7 @@ def forking_main() -> None:
     hold.set()
     statuses = [os.waitpid(pid, 0)[1] for pid in pids]
     # The parent's sender keeps working after its children came and went.
-    second = "9a000000000000f0"
+    second = parent_call_id(2)
     with use_tool_call(ToolCall(second, "ask_colleague", CONV)):
         kernel_ext.publish("parent again", task_id="t")
         kernel_ext.publish("parent second answer", task_id="t", state="done")
@@ -221,7 +227,7 @@ async def async_forking_main() -> None:
     if pid == 0:
         child_ends_itself_with_sigterm()
     _, status = await asyncio.to_thread(os.waitpid, pid, 0)
-    second = "9a000000000000f0"
+    second = parent_call_id(2)
     with use_tool_call(ToolCall(second, "ask_colleague", CONV)):
         kernel_ext.publish("parent again", task_id="t")
         kernel_ext.publish("parent second answer", task_id="t", state="done")

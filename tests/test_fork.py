@@ -5,7 +5,8 @@ sender keeps working; what the parent had queued at the fork is sent once, by th
 
 Real processes over 127.0.0.1: the worker is ``tests/fork_worker.py`` in a subprocess (it
 forks for real), the relay is uvicorn in this process, the browser a real python-socketio
-client.
+client. Each scenario runs ``KERNEL_EXT_RELIABILITY_RUNS`` times (3 in CI, 20 in the soak)
+and reports its figures (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -22,20 +23,20 @@ from typing import Any
 
 import pytest
 from network import RedisServer, free_port, need_module, serve_asgi, wait_listening_async
-from relay_helpers import SECRET, barrier
-from reliability_support import browser_on, one_terminal_last
+from relay_helpers import SECRET, barrier, terminals
+from reliability_support import RUNS, WatchedBrowser, browser_on, one_terminal_last, report
 from test_redis import wait_subscribed
 
 from kernel_ext.relay import allow_all, create_app
 
-pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.network, pytest.mark.timeout(60 + 40 * RUNS)]
 
 WORKER = Path(__file__).with_name("fork_worker.py")
 CHILDREN = 3
 
 
 async def run_worker(
-    mode: str, port: int, conversation: str, redis_url: str | None = None
+    mode: str, port: int, conversation: str, run: int = 0, redis_url: str | None = None
 ) -> tuple[list[dict[str, Any]], str]:
     env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
     if redis_url is not None:
@@ -47,6 +48,7 @@ async def run_worker(
         f"http://127.0.0.1:{port}",
         conversation,
         str(CHILDREN),
+        str(run),
         env=env,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -69,11 +71,24 @@ def done_text(blocks: list[dict[str, Any]]) -> str:
     return text
 
 
-def assert_child_calls_arrived(browser: Any, call_ids: list[str]) -> None:
+def assert_child_calls_arrived(browser: WatchedBrowser, call_ids: list[str]) -> None:
     for index, call_id in enumerate(call_ids, start=1):
         stream = browser.stream(call_id, "t")
         assert [b["state"] for b in stream] == ["running", "running", "done"], stream
         assert done_text(stream) == f"answer {index}"
+
+
+async def ended(browser: WatchedBrowser, call_ids: list[str]) -> None:
+    """Each call's stream has its terminal at the browser (then a barrier: nothing more of
+    them is on its way)."""
+    await browser.wait_for(
+        lambda _: all(terminals(browser.stream(c)) for c in call_ids),
+        timeout=30,
+    )
+
+
+def who(lines: list[dict[str, Any]], name: str, key: str) -> list[dict[str, Any]]:
+    return [line for line in lines if line["who"] == name and key in line]
 
 
 @pytest.mark.parametrize("mode", ["fork", "fork-thread"])
@@ -93,44 +108,56 @@ async def test_children_forked_after_enable_with_the_redis_sender_deliver_their_
 async def forked_children_deliver(mode: str, redis_url: str | None = None) -> None:
     conversation = f"conv-{mode}"
     ready = create_app(SECRET, authorize_join=allow_all, redis_url=redis_url)
+    disable_seconds: list[float] = []
     async with serve_asgi(ready.app) as port, browser_on(port, conversation) as browser:
         if redis_url is not None:
             await wait_subscribed(redis_url, 1)
-        lines, err = await run_worker(mode, port, conversation, redis_url)
-        children = [line for line in lines if line["who"] == "child" and "call_id" in line]
-        starts = [line for line in lines if line["who"] == "child" and "queue_at_start" in line]
-        parent = [line for line in lines if line["who"] == "parent"]
-        assert len(children) == CHILDREN, (lines, err)
-        call_ids = [c["call_id"] for c in sorted(children, key=lambda c: c["index"])]
-        expected = [*call_ids, parent[0]["call_id"], parent[-1]["second_call"]]
-        await browser.wait_for(
-            lambda _: all(
-                browser.stream(c) and browser.stream(c)[-1]["state"] != "running" for c in expected
-            ),
-            timeout=30,
-        )
-        await barrier(browser, port)
+        for run in range(RUNS):
+            lines, err = await run_worker(mode, port, conversation, run, redis_url)
+            children = sorted(who(lines, "child", "call_id"), key=lambda c: c["index"])
+            starts = who(lines, "child", "queue_at_start")
+            first, last = (
+                who(lines, "parent", "queued_at_fork")[0],
+                who(lines, "parent", "flushed")[0],
+            )
+            assert len(children) == CHILDREN, (lines, err)
+            call_ids = [c["call_id"] for c in children]
+            await ended(browser, [*call_ids, first["call_id"], last["second_call"]])
+            await barrier(browser, port)
 
-        assert_child_calls_arrived(browser, call_ids)
-        # What the parent had queued at the fork is the parent's: sent once, by it.
-        assert parent[0]["queued_at_fork"] == 2
-        assert all(s["queue_at_start"] == 0 and s["streams_at_start"] == 0 for s in starts)
-        first = browser.stream(parent[0]["call_id"], "t")
-        assert [b["state"] for b in first] == ["running", "done"]
-        assert done_text(first) == "parent answer"
-        # The parent's sender still works after the children came and went.
-        second = browser.stream(parent[-1]["second_call"], "t")
-        assert done_text(second) == "parent second answer"
-        assert parent[-1]["statuses"] == [0] * CHILDREN
-        assert parent[-1]["flushed"] is True
-        # disable() in a child flushed everything within its timeout (a hang would have
-        # used it up and reported not flushed), and said nothing alarming.
-        assert all(c["flushed"] is True for c in children), children
-        assert all(c["counts"].get("unflushed", 0) == 0 for c in children), children
-        assert all(c["counts"]["delivered"] == 3 for c in children), children
-        assert "Traceback" not in err, err
-        assert "TimeoutError" not in err, err
-        assert len(browser.blocks) == 3 * CHILDREN + 2 + 2
+            assert_child_calls_arrived(browser, call_ids)
+            # What the parent had queued at the fork is the parent's: sent once, by it.
+            assert first["queued_at_fork"] == 2
+            assert all(s["queue_at_start"] == 0 and s["streams_at_start"] == 0 for s in starts)
+            own = browser.stream(first["call_id"], "t")
+            assert [b["state"] for b in own] == ["running", "done"]
+            assert done_text(own) == "parent answer"
+            # The parent's sender still works after the children came and went.
+            assert done_text(browser.stream(last["second_call"], "t")) == "parent second answer"
+            assert last["statuses"] == [0] * CHILDREN
+            assert last["flushed"] is True
+            # disable() in a child flushed everything within its timeout (a hang would
+            # have used the timeout up and reported not flushed), and said nothing alarming.
+            assert all(c["flushed"] is True for c in children), children
+            assert all(c["counts"].get("unflushed", 0) == 0 for c in children), children
+            assert all(c["counts"]["delivered"] == 3 for c in children), children
+            assert "Traceback" not in err, err
+            assert "TimeoutError" not in err, err
+            disable_seconds += [c["disable_seconds"] for c in children]
+        delivered = len(browser.blocks)
+        terminal_count = len(terminals(browser.blocks))
+    calls = RUNS * (CHILDREN + 2)
+    assert delivered == RUNS * (3 * CHILDREN + 2 + 2)
+    assert terminal_count == calls
+    report(
+        f"workers forked after enable() ({mode}{', Redis sender' if redis_url else ''})",
+        runs=RUNS,
+        children=RUNS * CHILDREN,
+        terminals_expected=calls,
+        terminals_delivered=terminal_count,
+        blocks_delivered=delivered,
+        child_disable_max_s=max(disable_seconds),
+    )
 
 
 async def test_a_child_forked_inside_a_call_leaves_that_call_to_the_parent() -> None:
@@ -141,21 +168,15 @@ async def test_a_child_forked_inside_a_call_leaves_that_call_to_the_parent() -> 
     ready = create_app(SECRET, authorize_join=allow_all)
     async with serve_asgi(ready.app) as port, browser_on(port, conversation) as browser:
         lines, err = await run_worker("fork-in-call", port, conversation)
-        children = [line for line in lines if line["who"] == "child" and "call_id" in line]
-        parent = [line for line in lines if line["who"] == "parent"]
+        children = sorted(who(lines, "child", "call_id"), key=lambda c: c["index"])
+        first, last = who(lines, "parent", "queued_at_fork")[0], who(lines, "parent", "flushed")[0]
         assert len(children) == CHILDREN, (lines, err)
-        call_ids = [c["call_id"] for c in sorted(children, key=lambda c: c["index"])]
-        await browser.wait_for(
-            lambda _: all(
-                browser.stream(c) and browser.stream(c)[-1]["state"] == "done"
-                for c in [*call_ids, parent[-1]["second_call"]]
-            ),
-            timeout=30,
-        )
+        call_ids = [c["call_id"] for c in children]
+        await ended(browser, [*call_ids, first["call_id"], last["second_call"]])
         await barrier(browser, port)
         assert_child_calls_arrived(browser, call_ids)
-        first = browser.stream(parent[0]["call_id"], "t")
-        assert [b["envelope"]["payload"].get("text") for b in first] == [
+        own = browser.stream(first["call_id"], "t")
+        assert [b["envelope"]["payload"].get("text") for b in own] == [
             "parent working",
             "parent answer",
         ]
@@ -170,15 +191,9 @@ async def test_a_sigterm_to_a_child_of_an_async_kernel_ends_the_child_not_the_pa
     ready = create_app(SECRET, authorize_join=allow_all)
     async with serve_asgi(ready.app) as port, browser_on(port, conversation) as browser:
         lines, err = await run_worker("async-fork-sigterm", port, conversation)
-        (child,) = [line for line in lines if line["who"] == "child"]
-        (parent,) = [line for line in lines if line["who"] == "parent"]
-        await browser.wait_for(
-            lambda _: all(
-                browser.stream(c) and browser.stream(c)[-1]["state"] == "done"
-                for c in (child["call_id"], parent["second_call"])
-            ),
-            timeout=30,
-        )
+        (child,) = who(lines, "child", "call_id")
+        (parent,) = who(lines, "parent", "flushed")
+        await ended(browser, [child["call_id"], parent["second_call"]])
         await barrier(browser, port)
         assert_child_calls_arrived(browser, [child["call_id"]])
         assert parent["child_signal"] == signal.SIGTERM
@@ -193,22 +208,27 @@ async def test_a_multiprocessing_pool_delivers_every_childs_call(mode: str) -> N
     finalizers after close()+join(), the SIGTERM flush when the pool terminates them);
     spawn and forkserver children enable afresh at import."""
     conversation = f"conv-{mode}"
+    runs = RUNS if mode.startswith("pool") else 1
     ready = create_app(SECRET, authorize_join=allow_all)
     async with serve_asgi(ready.app) as port, browser_on(port, conversation) as browser:
-        lines, err = await run_worker(mode, port, conversation)
-        (results,) = [line["results"] for line in lines if "results" in line]
-        assert all(r["enabled"] for r in results), results
-        assert len({r["pid"] for r in results}) >= 1
-        call_ids = [r["call_id"] for r in sorted(results, key=lambda r: r["index"])]
-        await browser.wait_for(
-            lambda _: all(
-                browser.stream(c) and browser.stream(c)[-1]["state"] == "done" for c in call_ids
-            ),
-            timeout=30,
-        )
-        await barrier(browser, port)
-        assert_child_calls_arrived(browser, call_ids)
-        assert "Traceback" not in err, err
+        for run in range(runs):
+            lines, err = await run_worker(mode, port, conversation, run)
+            (results,) = [line["results"] for line in lines if "results" in line]
+            assert all(r["enabled"] for r in results), results
+            call_ids = [r["call_id"] for r in sorted(results, key=lambda r: r["index"])]
+            await ended(browser, call_ids)
+            await barrier(browser, port)
+            assert_child_calls_arrived(browser, call_ids)
+            assert "Traceback" not in err, err
+        terminal_count = len(terminals(browser.blocks))
+    assert terminal_count == runs * CHILDREN
+    report(
+        f"multiprocessing pool after enable() ({mode})",
+        runs=runs,
+        calls=runs * CHILDREN,
+        terminals_expected=runs * CHILDREN,
+        terminals_delivered=terminal_count,
+    )
 
 
 async def test_gunicorn_preload_workers_deliver_their_calls() -> None:
@@ -233,12 +253,7 @@ async def test_gunicorn_preload_workers_deliver_their_calls() -> None:
                 for index in range(1, 7)
             ]
             call_ids = [answer.split()[0] for answer in answers]
-            await browser.wait_for(
-                lambda _: all(
-                    browser.stream(c) and browser.stream(c)[-1]["state"] == "done" for c in call_ids
-                ),
-                timeout=30,
-            )
+            await ended(browser, call_ids)
             await barrier(browser, port)
         finally:
             proc.terminate()
@@ -247,14 +262,8 @@ async def test_gunicorn_preload_workers_deliver_their_calls() -> None:
             stream = browser.stream(call_id, "t")
             assert [b["state"] for b in stream] == ["running", "running", "done"], stream
             assert done_text(stream) == f"answer {index}"
-        assert {answer.split()[1] for answer in answers} != {str(proc.pid)}
+        assert str(proc.pid) not in {answer.split()[1] for answer in answers}
         assert b"Traceback" not in err, err.decode()
-
-
-def get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=20) as response:
-        body: bytes = response.read()
-    return body.decode()
 
 
 def start_gunicorn(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -267,3 +276,9 @@ def start_gunicorn(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=20) as response:
+        body: bytes = response.read()
+    return body.decode()
