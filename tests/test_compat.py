@@ -11,6 +11,7 @@ import contextlib
 import copy
 import json
 import re
+from typing import Any
 
 import pytest
 import socketio
@@ -329,3 +330,86 @@ async def test_openai_agents_invoker_runs_its_implementation_inside_its_error_ha
     assert isinstance(result, str)  # the SDK's error text: the exception did not propagate
     assert [str(error) for error in raised] == ["boom"]
     assert copy.copy(explode).on_invoke_tool._invoke_tool_impl is watched
+
+
+# -- catch-up: what the relay relies on of python-socketio's managers ---------------------
+# ChatRelay holds a block for catch-up in the same step as the emit that picks the room's
+# browsers, and enters a joining browser into the room in the same step as its last look at
+# what it holds (kernel_ext.relay.namespace, ChatRelay._catch_up): that is exact only while
+# python-socketio's manager picks an emit's recipients, and enters a room, before it first
+# suspends. A release that changes this must fail here.
+
+
+def _recording(manager: Any) -> list[str]:
+    """Give ``manager`` a real python-socketio server whose sends are recorded, not made."""
+    server = socketio.AsyncServer(client_manager=manager, async_mode="asgi")
+    sent: list[str] = []
+
+    async def record(eio_sid: str, eio_pkt: object) -> None:
+        sent.append(eio_sid)
+
+    server._send_eio_packet = record  # type: ignore[method-assign]
+    return sent
+
+
+def _first_step(coroutine: Any) -> bool:
+    """Run a coroutine's first step; whether it finished there (no suspension)."""
+    try:
+        coroutine.send(None)
+    except StopIteration:
+        return True
+    coroutine.close()
+    return False
+
+
+@pytest.mark.parametrize("kind", ["AsyncManager", "AsyncRedisManager"])
+async def test_entering_a_room_takes_no_suspension(kind: str) -> None:
+    manager = (
+        socketio.AsyncManager()
+        if kind == "AsyncManager"
+        else socketio.AsyncRedisManager("redis://127.0.0.1:1", write_only=True)
+    )
+    _recording(manager)
+    sid = await manager.connect("eio-1", "/chat")
+    assert _first_step(manager.enter_room(sid, "/chat", "conv-1"))
+    assert "conv-1" in manager.get_rooms(sid, "/chat")
+
+
+async def test_an_emit_picks_its_recipients_before_it_first_suspends() -> None:
+    manager = socketio.AsyncManager()
+    sent = _recording(manager)
+    first = await manager.connect("eio-1", "/chat")
+    await manager.enter_room(first, "/chat", "conv-1")
+    emitting = asyncio.ensure_future(
+        manager.emit("tool_event_stream", {"v": 1}, "/chat", room="conv-1")
+    )
+    await asyncio.sleep(0)  # the emit's first step, up to its first suspension
+    late = await manager.connect("eio-2", "/chat")
+    await manager.enter_room(late, "/chat", "conv-1")  # joins after that step
+    await emitting
+    assert sent == ["eio-1"]
+
+
+async def test_a_redis_managers_local_emit_holds_then_picks_in_one_step() -> None:
+    """RelayRedisManager holds in ``_handle_emit`` before python-socketio's own
+    ``_handle_emit`` reaches the local emit: nothing of python-socketio's may suspend
+    before the recipients are picked there either."""
+    manager = socketio.AsyncRedisManager("redis://127.0.0.1:1", write_only=True)
+    sent = _recording(manager)
+    first = await manager.connect("eio-1", "/chat")
+    await manager.enter_room(first, "/chat", "conv-1")
+    message = {
+        "method": "emit",
+        "event": "tool_event_stream",
+        "data": [{"v": 1}],
+        "namespace": "/chat",
+        "room": "conv-1",
+        "skip_sid": None,
+        "callback": None,
+    }
+    handling = asyncio.ensure_future(manager._handle_emit(message))
+    await asyncio.sleep(0)  # its first step, up to its first suspension
+    late = await manager.connect("eio-2", "/chat")
+    await manager.enter_room(late, "/chat", "conv-1")
+    await handling
+    assert sent == ["eio-1"]

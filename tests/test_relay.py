@@ -303,9 +303,11 @@ async def test_a_re_sent_terminal_is_acknowledged_but_emitted_once() -> None:
         assert relay.stats()["duplicate_terminal"] == 1
 
 
-async def test_a_terminal_sent_to_an_empty_room_reaches_a_browser_that_joins_soon_after() -> None:
+async def test_without_catch_up_a_terminal_sent_to_an_empty_room_reaches_a_late_joiner() -> None:
+    """catch_up=False: only the terminal is held for late joiners (tests/test_catch_up.py
+    has what catch-up keeps)."""
     final = block(5, state="aborted", text="peer failed")
-    async with relay_server() as (port, relay):
+    async with relay_server(catch_up=False) as (port, relay):
         async with worker(port) as w:
             await w.call("kx_blocks", frame(C1, [block(4), final]), namespace=NS)
         async with browsers(port, C1, C1) as (late, other):

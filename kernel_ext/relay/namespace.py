@@ -19,6 +19,10 @@ Guarantees:
 * A terminal already emitted recently is not emitted again, and one emitted into a room
   with no browser on this process is kept for browsers that join it meanwhile
   (:mod:`kernel_ext.relay.terminals`).
+* A browser that joins a room — late, after a reload, after a reconnect — is caught up:
+  it first receives the blocks it lacks of the conversation's held streams (the relay's
+  memory of them, :mod:`kernel_ext.relay.replay`), as ordinary ``tool_event_stream``
+  blocks, then the live ones; nothing twice within one join, nothing lost in between.
 * A worker gone for longer than ``worker_grace`` has its open streams ended with
   ``aborted`` (:mod:`kernel_ext.relay.workers`).
 * Works with ``AsyncRedisManager`` as the server's client manager: rooms then span every
@@ -64,12 +68,16 @@ from kernel_ext.relay.auth import (
 )
 from kernel_ext.relay.hostile import GuardedNamespace
 from kernel_ext.relay.redis import RelayRedisManager
+from kernel_ext.relay.replay import ReplayMemory, read_cursors
 from kernel_ext.relay.terminals import TerminalMemory
 from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, ConnectionGrace, track_workers
 
 __all__ = ["ChatRelay"]
 
 _ROOM_MAX = 512
+_CATCH_UP_ROUNDS = 8
+"""Rounds a catch-up takes at most to find nothing more to send before the browser enters
+the room (each sends what arrived during the one before)."""
 
 
 class _Internal:
@@ -112,8 +120,15 @@ class ChatRelay(GuardedNamespace):
         max_pending_frames: frames queued per internal connection before ``busy``.
         dedup_terminals: terminals remembered to suppress re-sends (0 disables).
         dedup_ttl: seconds a terminal is remembered.
-        hold_terminals: terminals kept for late joiners of empty rooms (0 disables).
+        hold_terminals: terminals kept for late joiners of empty rooms (0 disables); not
+            used with ``catch_up`` (the held streams have their terminals).
         hold_ttl: seconds such a terminal is kept.
+        catch_up: keep the conversations' streams in memory and catch joining browsers up
+            (default ``True``; docs/operations.md, "Catch-up").
+        replay_stream_bytes, replay_conversation_bytes, replay_total_bytes,
+            replay_max_streams, replay_hold, replay_idle: the bounds of that memory
+            (:class:`~kernel_ext.relay.replay.ReplayMemory`).
+        max_cursors: entries of a join's ``have`` list read at most.
         worker_grace: seconds a worker may stay disconnected before the relay ends its open
             streams with ``aborted`` (``None`` disables; see "Gone workers" below).
         max_workers: workers with open streams tracked at once.
@@ -152,13 +167,40 @@ class ChatRelay(GuardedNamespace):
         worker_grace: float | None = DEFAULT_WORKER_GRACE,
         max_workers: int = 1_024,
         max_worker_streams: int = 10_000,
+        catch_up: bool = True,
+        replay_stream_bytes: int = 1 << 20,
+        replay_conversation_bytes: int = 4 << 20,
+        replay_total_bytes: int = 64 << 20,
+        replay_max_streams: int = 10_000,
+        replay_hold: float = 30.0,
+        replay_idle: float = 900.0,
+        max_cursors: int = 1_000,
     ) -> None:
         self._secret = InternalSecret(secret)
         check_positive_ints(
             max_block_bytes=max_block_bytes,
             max_frame_blocks=max_frame_blocks,
             max_pending_frames=max_pending_frames,
+            max_cursors=max_cursors,
         )
+        self.replay: ReplayMemory | None = (
+            ReplayMemory(
+                stream_bytes=replay_stream_bytes,
+                conversation_bytes=replay_conversation_bytes,
+                total_bytes=replay_total_bytes,
+                max_streams=replay_max_streams,
+                max_block_bytes=max_block_bytes,
+                hold=replay_hold,
+                idle=replay_idle,
+                count=self._count,
+            )
+            if catch_up
+            else None
+        )
+        """The conversations' held streams (``None`` without ``catch_up``)."""
+        self.max_cursors = max_cursors
+        if catch_up:
+            hold_terminals = 0  # the held streams keep their terminals
         super().__init__(namespace)
         streams = track_workers(
             worker_grace,
@@ -219,6 +261,8 @@ class ChatRelay(GuardedNamespace):
         manager = getattr(self.server, "manager", None)
         if isinstance(manager, RelayRedisManager):
             counts.update(manager.worker_sizes())
+        if self.replay is not None:
+            counts.update(self.replay.sizes())
         return counts
 
     # -- connections ----------------------------------------------------------------------
@@ -289,14 +333,68 @@ class ChatRelay(GuardedNamespace):
         if not allowed:
             self._count("join_refused")
             return {"ok": False, "error": "forbidden"}
-        await self.enter_room(sid, room)
+        if self.replay is None:
+            await self.enter_room(sid, room)
+            self._count("joins")
+            late = self.terminals.late(sid, room)
+            for raw in late:
+                await self.emit(TOOL_EVENT_STREAM, raw, to=sid)
+            if late:
+                self._count("late_terminals", len(late))
+            return {"ok": True}
+        cursors, ignored = read_cursors(data.get("have"), self.max_cursors)
+        if ignored:  # counted and rarely logged; the join itself goes on
+            self._reject(sid, "bad_cursor", f"{ignored} cursor(s) of {JOIN_EVENT}")
+            self._count("ignored_cursors", ignored)
+        if room in self.rooms(sid):
+            await self.leave_room(sid, room)  # joined again: caught up anew, then live
+        replay = await self._catch_up(sid, room, cursors)
         self._count("joins")
-        late = self.terminals.late(sid, room)
-        for raw in late:
-            await self.emit(TOOL_EVENT_STREAM, raw, to=sid)
-        if late:
-            self._count("late_terminals", len(late))
-        return {"ok": True}
+        # What the catch-up sent is told to a browser that asked (it sent ``have``, an empty
+        # list included); any other gets the acknowledgement it always got.
+        return {"ok": True, "replay": replay} if "have" in data else {"ok": True}
+
+    async def _catch_up(self, sid: str, room: str, cursors: dict[Any, int]) -> dict[str, Any]:
+        """Send the browser ``sid`` what it lacks of ``room``'s held streams, then put it
+        into the room; the join acknowledgement's ``replay``.
+
+        The browser enters the room in the same step as the last look at the memory finds
+        nothing more to send: a block is held in the same step as the live emit that picks
+        its browsers (:meth:`_emit_block`), so every block reaches the browser exactly once,
+        by the catch-up or live, and the catch-up comes first."""
+        replay = self.replay
+        assert replay is not None
+        sent = 0
+        streams: set[Any] = set()
+        missing: dict[Any, int] = {}
+        entered = False
+        for round_ in range(_CATCH_UP_ROUNDS):
+            blocks, after, gone = replay.catch_up(room, cursors)
+            if not blocks or round_ == _CATCH_UP_ROUNDS - 1:
+                # Nothing more (or blocks keep coming: the last of them go after the entry).
+                await self.enter_room(sid, room)  # no await before it since catch_up()
+                entered = True
+            for key, n in gone.items():
+                missing.setdefault(key, n)
+            for raw in blocks:
+                await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
+            sent += len(blocks)
+            streams.update(key for key, seq in after.items() if seq != cursors.get(key))
+            cursors = after
+            if entered:
+                break
+        if sent:
+            self._count("replay_blocks", sent)
+        if missing:
+            self._count("replay_missing", len(missing))
+        return {
+            "blocks": sent,
+            "streams": len(streams),
+            "missing": [
+                {"callId": call_id, "taskId": task_id, "blocks": n}
+                for (call_id, task_id), n in missing.items()
+            ],
+        }
 
     async def on_leave_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
         """Take a browser out of a conversation's room."""
@@ -453,16 +551,24 @@ class ChatRelay(GuardedNamespace):
         """
         if len(blocks) > 1 and not isinstance(self.server.manager, AsyncPubSubManager):
             loop = asyncio.get_running_loop()
-            tasks = [
-                loop.create_task(self.emit(TOOL_EVENT_STREAM, raw, room=room)) for raw in blocks
-            ]
+            tasks = [loop.create_task(self._emit_block(raw, room)) for raw in blocks]
             results = await asyncio.gather(*tasks, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
             return
         for raw in blocks:
-            await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+            await self._emit_block(raw, room)
+
+    async def _emit_block(self, raw: Any, room: str) -> None:
+        """Emit one block to its room; held for catch-up in the same step (before the emit
+        picks the room's browsers, with nothing awaited in between) — unless the server's
+        manager is a :class:`~kernel_ext.relay.RelayRedisManager`, which holds every block
+        it emits to this process's browsers, wherever it came from."""
+        replay = self.replay
+        if replay is not None and not isinstance(self.server.manager, RelayRedisManager):
+            replay.add(room, raw)
+        await self.emit(TOOL_EVENT_STREAM, raw, room=room)
 
     async def _submit(self, conn: _Internal, kind: str, room: str, payload: Any) -> int:
         """Emit a job now when the connection is free, else queue it behind the others (in
@@ -576,7 +682,7 @@ class ChatRelay(GuardedNamespace):
         if not self.terminals.admit(raw, room, self._listeners(room), self._browsers):
             return False  # its terminal went out already (another connection re-sent it)
         try:
-            await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+            await self._emit_block(raw, room)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -183,7 +183,33 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
                 "relay: dropped a block of a stream ended when its worker was gone",
             )
             return
+        self._hold(message)
         await super()._handle_emit(message)
+
+    def _hold(self, message: Mapping[str, Any]) -> None:
+        """Hold a ``tool_event_stream`` block this process is about to emit to a room's
+        browsers for catch-up (its namespace's :class:`~kernel_ext.relay.ChatRelay`
+        memory), in the same step as the emit picks them; wherever it came from — this
+        process, another one, a write-only worker. Never raises."""
+        data = message.get("data")
+        room = message.get("room")
+        if (
+            message.get("event") != TOOL_EVENT_STREAM
+            or not isinstance(room, str)
+            or not isinstance(data, list)
+            or len(data) != 1
+            or not isinstance(data[0], Mapping)
+        ):
+            return
+        namespace = message.get("namespace")
+        handlers = getattr(self.server, "namespace_handlers", None) or {}
+        replay = getattr(handlers.get(namespace or "/"), "replay", None)
+        if replay is None:
+            return
+        try:
+            replay.add(room, data[0])
+        except Exception:
+            rare("replay_add", "relay: holding a block for catch-up failed", exc_info=True)
 
     def _note_worker_emit(self, worker: Any, message: Mapping[str, Any]) -> bool:
         """Track a tagged emit; ``False`` when it belongs to a stream ended already."""
@@ -275,7 +301,11 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         assert workers is not None
 
         async def emit(room: str, raw: dict[str, Any]) -> bool:
-            # This process's browsers only: each web process ends the streams for its own.
+            # This process's browsers only: each web process ends the streams for its own
+            # (and holds what it emits for its catch-ups).
+            self._hold(
+                {"event": TOOL_EVENT_STREAM, "data": [raw], "room": room, "namespace": namespace}
+            )
             await self.emit(
                 TOOL_EVENT_STREAM, raw, namespace=namespace, room=room, ignore_queue=True
             )

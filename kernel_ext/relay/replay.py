@@ -1,0 +1,348 @@
+"""What a relay keeps of each conversation's streams, so that a browser that joins late,
+reloads or reconnects is caught up: the spec's ``mode: "replay"``, in memory only.
+
+:class:`ReplayMemory` holds the blocks this process emitted to each room's browsers, per
+stream ``(callId, taskId)``, while the stream is live and for ``hold`` seconds after its
+terminal; nothing is written anywhere (decision T3). Guarantees:
+
+* **Bounded.** In bytes of the blocks' wire size (:func:`kernel_ext.protocol.block_size`,
+  the protocol's one measure): at most ``stream_bytes`` per stream, ``conversation_bytes``
+  per conversation and ``total_bytes`` in all; at most ``max_streams`` streams without a
+  terminal and as many after it.
+* **What gives way.** At a bound, the oldest running blocks give way first (those of the
+  stream that has held running blocks longest, oldest first); a stream's first block and
+  its terminal never give way to running blocks. Only when a conversation (or the whole
+  memory) holds nothing but first blocks and terminals above its bound are whole streams
+  dropped, the oldest first. Everything that gave way is counted, and a catch-up tells how
+  many blocks of a stream are missing (:meth:`ReplayMemory.catch_up`).
+* **Released.** A stream is released ``hold`` seconds after its terminal, ``idle`` seconds
+  after its last block when no terminal comes, or when a bound drops it; a conversation
+  with no stream is forgotten. Expiry is checked on every block and every catch-up.
+* Cheap: adding a block is O(1) amortized; a catch-up sorts each stream's blocks by seq.
+
+Used from the event loop's thread only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kernel_ext._bounded import BoundedMap
+from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, block_size
+
+__all__ = ["MAX_SEQ", "Cursors", "ReplayMemory", "StreamKey", "read_cursors"]
+
+StreamKey = tuple[Any, Any]
+"""``(callId, taskId)`` of a stream (``callId`` may be ``None``: an unattributed terminal)."""
+Cursors = dict[StreamKey, int]
+"""Per stream, the highest seq a browser holds."""
+Entry = tuple[int, Mapping[str, Any], int]
+"""``(seq, block, size)`` of a held block."""
+
+MAX_SEQ = 2**53 - 1
+"""The largest seq a cursor may name (the largest integer a JSON number holds exactly)."""
+
+
+def read_cursors(have: object, max_entries: int) -> tuple[Cursors, int]:
+    """The cursors of a join's ``have`` list, and how many entries were ignored: not an
+    object, a ``callId`` neither a string nor ``null``, a ``taskId`` not a non-empty string,
+    a ``seq`` not an integer in 0 .. :data:`MAX_SEQ` (a bool is not one), or beyond the
+    first ``max_entries``. A ``have`` that is absent (``None``) gives no cursor; one that
+    is not a list counts as one ignored entry. Never raises."""
+    if have is None:
+        return {}, 0
+    if not isinstance(have, list):
+        return {}, 1
+    cursors: Cursors = {}
+    ignored = max(0, len(have) - max_entries)
+    for entry in have[:max_entries]:
+        if not isinstance(entry, Mapping):
+            ignored += 1
+            continue
+        call_id, task_id, seq = entry.get("callId"), entry.get("taskId"), entry.get("seq")
+        if (
+            (call_id is not None and not isinstance(call_id, str))
+            or not isinstance(task_id, str)
+            or not task_id
+            or seq.__class__ is not int
+            or not 0 <= seq <= MAX_SEQ
+        ):
+            ignored += 1
+            continue
+        key = (call_id, task_id)
+        cursors[key] = max(seq, cursors.get(key, seq))
+    return cursors, ignored
+
+
+class _Stream:
+    """The held blocks of one stream: its first block, its running blocks in arrival order
+    (the ones that may give way), its terminal; and what gave way."""
+
+    __slots__ = (
+        "first",
+        "gone",
+        "gone_last",
+        "key",
+        "room",
+        "running",
+        "size",
+        "terminal",
+    )
+
+    def __init__(self, room: str, key: StreamKey) -> None:
+        self.room = room
+        self.key = key
+        self.first: Entry | None = None
+        self.running: deque[Entry] = deque()
+        self.terminal: Entry | None = None
+        self.size = 0
+        self.gone = 0  # running blocks that gave way
+        self.gone_last = -1  # the highest seq among them
+
+    def held(self) -> list[Entry]:
+        """The blocks in seq order (a seq once), the terminal last."""
+        entries = [self.first] if self.first is not None else []
+        entries += sorted(self.running, key=_seq)
+        seen: set[int] = set()
+        ordered = []
+        for entry in entries:
+            if entry[0] not in seen:
+                seen.add(entry[0])
+                ordered.append(entry)
+        if self.terminal is not None:
+            ordered.append(self.terminal)
+        return ordered
+
+
+def _seq(entry: Entry) -> int:
+    return entry[0]
+
+
+class _Room:
+    __slots__ = ("running", "size", "streams")
+
+    def __init__(self) -> None:
+        self.streams: dict[StreamKey, _Stream] = {}  # in the order the streams started
+        self.running: dict[StreamKey, None] = {}  # streams holding running blocks, oldest first
+        self.size = 0
+
+
+class ReplayMemory:
+    """The streams a relay holds for catch-up (module docstring for the guarantees).
+
+    Args:
+        stream_bytes: bytes held per stream (default 1 MiB).
+        conversation_bytes: bytes held per conversation (default 4 MiB).
+        total_bytes: bytes held in all (default 64 MiB).
+        max_streams: streams held without a terminal (default 10,000), and as many after
+            their terminal.
+        max_block_bytes: the size bound of one block: ``stream_bytes`` must hold two (a
+            stream's first block and its terminal always fit), ``conversation_bytes`` one
+            stream, ``total_bytes`` one conversation.
+        hold: seconds a stream is held after its terminal (default 30).
+        idle: seconds a stream without a terminal is held after its last block (default 900).
+        count: the relay's counter (``count(name, n)``).
+        clock: the monotonic clock of ``hold`` and ``idle`` (tests pass a fake).
+
+    Raises:
+        ConfigError: a bound that is not a positive int or is smaller than the one it holds,
+            a time not a positive number.
+    """
+
+    def __init__(
+        self,
+        *,
+        stream_bytes: int = 1 << 20,
+        conversation_bytes: int = 4 << 20,
+        total_bytes: int = 64 << 20,
+        max_streams: int = 10_000,
+        max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
+        hold: float = 30.0,
+        idle: float = 900.0,
+        count: Callable[[str, int], None] = lambda name, n: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        check_positive_ints(
+            stream_bytes=stream_bytes,
+            conversation_bytes=conversation_bytes,
+            total_bytes=total_bytes,
+            max_streams=max_streams,
+        )
+        check_positive_numbers(hold=hold, idle=idle)
+        for name, value, holds, what in (
+            ("stream_bytes", stream_bytes, 2 * max_block_bytes, "two blocks"),
+            ("conversation_bytes", conversation_bytes, stream_bytes, "stream_bytes"),
+            ("total_bytes", total_bytes, conversation_bytes, "conversation_bytes"),
+        ):
+            if value < holds:
+                raise ConfigError(f"{name} must hold {what} ({holds} bytes), got {value}")
+        self.stream_bytes = stream_bytes
+        self.conversation_bytes = conversation_bytes
+        self.total_bytes = total_bytes
+        self.max_streams = max_streams
+        self.hold = float(hold)
+        self.idle = float(idle)
+        self._count = count
+        self._rooms: dict[str, _Room] = {}
+        self._running: dict[tuple[str, StreamKey], None] = {}  # as _Room.running, all rooms
+        self._size = 0
+        # The live streams by their last block (released after `idle`), and the ended ones
+        # by their terminal (released after `hold`); together at most `max_streams`.
+        self._live: BoundedMap[tuple[str, StreamKey], _Stream] = BoundedMap(
+            max_streams, idle, clock=clock, on_forget=self._forgotten
+        )
+        self._ended: BoundedMap[tuple[str, StreamKey], _Stream] = BoundedMap(
+            max_streams, hold, clock=clock, on_forget=self._forgotten
+        )
+
+    # -- feeding: every block this process emits to a room's browsers -----------------------
+
+    def add(self, room: str, block: Mapping[str, Any]) -> None:
+        """Hold ``block`` (a valid block, as emitted) of ``room``. A block of a stream whose
+        terminal is held already is not held again."""
+        self.expire()
+        key: StreamKey = (block.get("callId"), block.get("taskId"))
+        envelope = block.get("envelope")
+        seq = envelope.get("seq") if isinstance(envelope, Mapping) else None
+        if seq.__class__ is not int:
+            return  # not a valid block: the relay emits only valid ones
+        entry: Entry = (seq, block, block_size(block))
+        where = self._rooms.get(room)
+        if where is None:
+            where = self._rooms[room] = _Room()
+        stream = where.streams.get(key)
+        if stream is None:
+            stream = where.streams[key] = _Stream(room, key)
+        elif stream.terminal is not None:
+            return
+        handle = (room, key)
+        if block.get("state") == "running":
+            if stream.first is None and not stream.running and not stream.gone:
+                stream.first = entry
+            else:
+                stream.running.append(entry)
+                where.running.setdefault(key, None)
+                self._running.setdefault(handle, None)
+            self._live.set(handle, stream, refresh=True)
+        else:
+            stream.terminal = entry
+            self._live.pop(handle)
+            self._ended.set(handle, stream)
+        size = entry[2]
+        stream.size += size
+        where.size += size
+        self._size += size
+        self._bound(stream, where)
+
+    def _bound(self, stream: _Stream, where: _Room) -> None:
+        """Bring the stream, its conversation and the whole memory within their bounds."""
+        while stream.size > self.stream_bytes and stream.running:
+            self._give_way(stream)
+        while where.size > self.conversation_bytes:
+            oldest = next(iter(where.running), None)
+            if oldest is not None:
+                self._give_way(where.streams[oldest])
+            else:
+                self._drop_oldest(where.streams)
+        while self._size > self.total_bytes:
+            handle = next(iter(self._running), None)
+            if handle is not None:
+                self._give_way(self._rooms[handle[0]].streams[handle[1]])
+            else:
+                self._drop_oldest(
+                    {key: s for room in self._rooms.values() for key, s in room.streams.items()}
+                )
+
+    def _give_way(self, stream: _Stream) -> None:
+        """The stream's oldest running block gives way (counted)."""
+        seq, _, size = stream.running.popleft()
+        stream.gone += 1
+        stream.gone_last = max(stream.gone_last, seq)
+        self._shrink(stream, size)
+        if not stream.running:
+            self._rooms[stream.room].running.pop(stream.key, None)
+            self._running.pop((stream.room, stream.key), None)
+        self._count("replay_gave_way", 1)
+
+    def _drop_oldest(self, streams: Mapping[StreamKey, _Stream]) -> None:
+        """Release the oldest stream (ended ones first) of ``streams``."""
+        oldest = next((s for s in streams.values() if s.terminal is not None), None)
+        if oldest is None:
+            oldest = next(iter(streams.values()))
+        self._release(oldest, "replay_dropped_streams")
+
+    def _shrink(self, stream: _Stream, size: int) -> None:
+        stream.size -= size
+        self._rooms[stream.room].size -= size
+        self._size -= size
+
+    def _release(self, stream: _Stream, reason: str | None) -> None:
+        """Forget a stream entirely (counted ``reason`` unless ``None``)."""
+        where = self._rooms.get(stream.room)
+        if where is None or where.streams.get(stream.key) is not stream:
+            return
+        handle = (stream.room, stream.key)
+        del where.streams[stream.key]
+        where.running.pop(stream.key, None)
+        self._running.pop(handle, None)
+        self._live.pop(handle)
+        self._ended.pop(handle)
+        where.size -= stream.size
+        self._size -= stream.size
+        if not where.streams:
+            del self._rooms[stream.room]
+        if reason is not None:
+            self._count(reason, 1)
+
+    def _forgotten(self, handle: tuple[str, StreamKey], stream: _Stream, why: str) -> None:
+        """A stream's time (``hold``, ``idle``) or the stream bound is up: release it."""
+        if why == "expired":
+            self._release(stream, None if stream.terminal is not None else "replay_idle_released")
+        else:
+            self._release(stream, "replay_dropped_streams")
+
+    def expire(self) -> None:
+        """Release the streams whose hold or idle time is up."""
+        self._ended.expire()
+        self._live.expire()
+
+    # -- catching a browser up ---------------------------------------------------------------
+
+    def catch_up(
+        self, room: str, cursors: Cursors
+    ) -> tuple[list[Mapping[str, Any]], Cursors, dict[StreamKey, int]]:
+        """What a browser that holds ``cursors`` lacks of ``room``: the blocks (stream by
+        stream in the order the streams started, each in seq order, its terminal last), the
+        cursors after them, and per stream how many blocks the browser lacks that gave way
+        (at most that many: the running blocks that gave way after its cursor)."""
+        self.expire()
+        where = self._rooms.get(room)
+        if where is None:
+            return [], dict(cursors), {}
+        blocks: list[Mapping[str, Any]] = []
+        after = dict(cursors)
+        missing: dict[StreamKey, int] = {}
+        for key, stream in where.streams.items():
+            cursor = cursors.get(key, -1)
+            if stream.gone and cursor < stream.gone_last:
+                missing[key] = stream.gone
+            for seq, block, _ in stream.held():
+                if seq > cursor:
+                    blocks.append(block)
+                    after[key] = max(seq, after.get(key, seq))
+        return blocks, after, missing
+
+    # -- sizes --------------------------------------------------------------------------------
+
+    def sizes(self) -> dict[str, int]:
+        """What is held now: ``replay_rooms``, ``replay_streams``, ``replay_bytes``."""
+        self.expire()
+        return {
+            "replay_rooms": len(self._rooms),
+            "replay_streams": sum(len(room.streams) for room in self._rooms.values()),
+            "replay_bytes": self._size,
+        }
