@@ -29,7 +29,14 @@ from collections.abc import Awaitable, Callable, Coroutine
 from types import FrameType
 from typing import Any, TypeVar
 
-__all__ = ["LoopThread", "SigtermFlush", "at_exit", "at_multiprocessing_exit"]
+__all__ = [
+    "LoopThread",
+    "SigtermFlush",
+    "at_exit",
+    "at_multiprocessing_start",
+    "forking_for_multiprocessing",
+    "in_multiprocessing_child",
+]
 
 # The plugin's logger: these lines are the plugin's shutdown paths, as operators know them.
 logger = logging.getLogger("kernel_ext.plugin")
@@ -105,16 +112,40 @@ _MULTIPROCESSING_UTILS = ("multiprocessing.util", "billiard.util")  # billiard: 
 _multiprocessing_pid = 0
 
 
-def at_multiprocessing_exit(hook: Callable[[], None]) -> None:
-    """Run ``hook`` also when a process that ``multiprocessing`` (or Celery's ``billiard``)
-    started ends: with the fork and forkserver start methods such a process ends with
-    ``os._exit``, so ``atexit`` hooks never run there, but its finalizers do.
+def in_multiprocessing_child() -> bool:
+    """Whether ``multiprocessing`` (or ``billiard``) started this process and its bootstrap
+    has run."""
+    for name in ("multiprocessing.process", "billiard.process"):
+        process = sys.modules.get(name)
+        parent = getattr(process, "parent_process", None)
+        if parent is not None and parent() is not None:
+            return True
+    return False
 
-    Covers this process (when multiprocessing started it) and the children it forks, also
-    when the call comes before the child's bootstrap (an application imported afresh by a
-    spawn or forkserver child), which drops the finalizers registered before it. Once per
-    process; nothing when no such module is imported yet (the fork hook calls it again in
-    each child).
+
+def forking_for_multiprocessing() -> bool:
+    """In an at-fork hook of the child: whether ``multiprocessing`` (or ``billiard``) forked
+    this process (its code is on the stack of the fork)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_globals.get("__name__")
+        if isinstance(name, str) and name.startswith(("multiprocessing.", "billiard.")):
+            return True
+        frame = frame.f_back  # type: ignore[assignment]
+    return False
+
+
+def at_multiprocessing_start(start: Callable[[], None], end: Callable[[], None]) -> None:
+    """For the processes ``multiprocessing`` (or Celery's ``billiard``) starts — with any
+    start method: ``start()`` when the process's bootstrap runs, and ``end()`` when it
+    ends. Such a process ends with ``os._exit`` under the fork and forkserver methods, so
+    ``atexit`` hooks never run there, but its finalizers do.
+
+    Covers the children this process forks, a process whose bootstrap is still to come (an
+    application imported afresh by a spawn or forkserver child: the bootstrap drops the
+    finalizers registered before it), and this process when multiprocessing started it
+    and its bootstrap has run. Once per process; nothing when no such module is imported
+    yet (the fork hook calls it again in each child).
     """
     global _multiprocessing_pid
     if _multiprocessing_pid == os.getpid():
@@ -124,11 +155,13 @@ def at_multiprocessing_exit(hook: Callable[[], None]) -> None:
         if util is None:
             continue
         _multiprocessing_pid = os.getpid()
-        util.Finalize(None, hook, exitpriority=0)
-        util.register_after_fork(
-            _MULTIPROCESSING_KEY,
-            lambda _key, util=util: util.Finalize(None, hook, exitpriority=0),
-        )
+
+        def started(_key: object, util: Any = util) -> None:
+            start()
+            util.Finalize(None, end, exitpriority=0)
+
+        util.register_after_fork(_MULTIPROCESSING_KEY, started)
+        util.Finalize(None, end, exitpriority=0)
 
 
 class SigtermFlush:

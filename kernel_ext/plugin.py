@@ -62,7 +62,14 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
 from kernel_ext._fork import call_in_child
-from kernel_ext._shutdown import LoopThread, SigtermFlush, at_exit, at_multiprocessing_exit
+from kernel_ext._shutdown import (
+    LoopThread,
+    SigtermFlush,
+    at_exit,
+    at_multiprocessing_start,
+    forking_for_multiprocessing,
+    in_multiprocessing_child,
+)
 from kernel_ext.emit import Emitter, LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError, check_positive_numbers
 from kernel_ext.instrument import Describe, ToolRuntimeInstrumentor, ToolTarget
@@ -265,7 +272,7 @@ def enable(
                     env_name("relay_url"),
                     env_name("redis_url"),
                 )
-            if emitter is not None and handle_sigterm:
+            if emitter is not None and handle_sigterm and not in_multiprocessing_child():
                 state._sigterm = SigtermFlush(_sigterm_disable, _sigterm_adisable, state.timeout)
                 state._sigterm.install(state.loop)
         except BaseException:
@@ -273,7 +280,7 @@ def enable(
             raise
         _state = state
         at_exit(_at_exit)
-        at_multiprocessing_exit(_at_exit)
+        at_multiprocessing_start(_in_multiprocessing_child, _at_exit)
         return state
 
 
@@ -516,7 +523,9 @@ def _after_fork_in_child() -> None:
     state.emitter, state.loop, state._loop_thread = None, None, None
     if state._sigterm is not None:
         state._sigterm = state._sigterm.after_fork()
-    at_multiprocessing_exit(_at_exit)
+    if forking_for_multiprocessing():
+        _in_multiprocessing_child()  # now, not only at its bootstrap: a SIGTERM may come first
+    at_multiprocessing_start(_in_multiprocessing_child, _at_exit)
     if parent_sender is None:
         return
     sender = parent_sender.forked()
@@ -534,6 +543,16 @@ def _after_fork_in_child() -> None:
 
 
 call_in_child(_after_fork_in_child)
+
+
+def _in_multiprocessing_child() -> None:
+    """A process ``multiprocessing`` started: no SIGTERM flush here. A pool's
+    ``terminate()`` (which its ``with`` block calls) needs its workers to die at once: a
+    worker that flushes first can leave the pool hanging. Its finalizers flush when it
+    ends normally (``close()`` and ``join()``)."""
+    state = _state
+    if state is not None:
+        _restore_sigterm(state)
 
 
 def _at_exit() -> None:

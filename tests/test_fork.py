@@ -26,6 +26,7 @@ from network import RedisServer, free_port, need_module, serve_asgi, wait_listen
 from relay_helpers import SECRET, barrier, terminals
 from reliability_support import RUNS, WatchedBrowser, browser_on, one_terminal_last, report
 from test_redis import wait_subscribed
+from timing import wait_until
 
 from kernel_ext.relay import allow_all, create_app
 
@@ -202,11 +203,48 @@ async def test_a_sigterm_to_a_child_of_an_async_kernel_ends_the_child_not_the_pa
         assert "SIGTERM; flushing the sender" in err
 
 
-@pytest.mark.parametrize("mode", ["pool-join", "pool-exit", "spawn", "forkserver"])
+async def test_a_terminated_pool_ends_at_once_and_every_pane_it_started_ends_once() -> None:
+    """The pool's ``with`` block terminates its workers (SIGTERM): they die at once, as
+    Python documents (no SIGTERM flush in a multiprocessing child: a worker that flushes
+    first can leave the pool hanging), so what a worker had not sent yet is lost. The pool
+    never hangs, and each pane that got a block ends exactly once — with its own terminal,
+    or the relay's ``aborted`` once the worker's grace is over."""
+    conversation = "conv-pool-exit"
+    ready = create_app(SECRET, authorize_join=allow_all, worker_grace=1.0)
+    started = 0
+    async with serve_asgi(ready.app) as port, browser_on(port, conversation) as browser:
+        for run in range(RUNS):
+            lines, err = await run_worker("pool-exit", port, conversation, run)
+            (results,) = [line["results"] for line in lines if "results" in line]
+            assert "SIGTERM; flushing" not in err, err
+            assert "Traceback" not in err, err
+            call_ids = [r["call_id"] for r in results]
+            await wait_until(
+                lambda call_ids=call_ids: all(
+                    terminals(browser.stream(c)) or not browser.stream(c) for c in call_ids
+                ),
+                15,
+            )
+            await barrier(browser, port)
+            for call_id in call_ids:
+                stream = browser.stream(call_id, "t")
+                if stream:
+                    started += 1
+                    assert one_terminal_last(stream)["state"] in ("done", "aborted"), stream
+    report(
+        "multiprocessing pool terminated after enable() (pool-exit)",
+        runs=RUNS,
+        calls=RUNS * CHILDREN,
+        panes_started=started,
+        panes_ended_once=started,
+    )
+
+
+@pytest.mark.parametrize("mode", ["pool-join", "spawn", "forkserver"])
 async def test_a_multiprocessing_pool_delivers_every_childs_call(mode: str) -> None:
     """Nobody calls disable() in the pool's children: they flush when they end (their
-    finalizers after close()+join(), the SIGTERM flush when the pool terminates them);
-    spawn and forkserver children enable afresh at import."""
+    finalizers, after close() and join()); spawn and forkserver children enable afresh at
+    import."""
     conversation = f"conv-{mode}"
     runs = RUNS if mode.startswith("pool") else 1
     ready = create_app(SECRET, authorize_join=allow_all)
