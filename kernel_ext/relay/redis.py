@@ -30,6 +30,7 @@ from kernel_ext._compat import PublishResult, publish_result_supported
 from kernel_ext.protocol import TERMINAL_STATES, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.relay._log import logger, rare
 from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, is_worker_id, track_workers
+from kernel_ext.settings import check_redis_url
 
 __all__ = ["RelayRedisManager"]
 
@@ -66,7 +67,8 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
     (:meth:`ChatRelay.aclose <kernel_ext.relay.ChatRelay.aclose>` does).
 
     Raises:
-        ConfigError: a bad bound, grace or time.
+        ConfigError: a URL redis-py cannot parse (:func:`~kernel_ext.settings.check_redis_url`),
+            a bad bound, grace or time.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         max_workers: int = 1_024,
         max_worker_streams: int = 10_000,
     ) -> None:
+        check_redis_url(url)
         workers = track_workers(
             worker_grace,
             self._bump,
