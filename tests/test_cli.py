@@ -7,7 +7,8 @@
 * ``relay`` and ``tail`` stop on SIGTERM with 143 and on SIGINT with 130 (the demo's own
   test is in test_demo.py); ``relay`` prints one start-up line first.
 * ``--version`` prints the package's version; ``relay --help`` shows every option with its
-  default; ``python -m kernel_ext.relay`` is the same command, without a RuntimeWarning.
+  default; ``python -m kernel_ext.relay`` is the same command, without a RuntimeWarning;
+  ``python -m kernel_ext`` is ``kernel-ext``.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ import contextlib
 import importlib.metadata
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -46,10 +48,11 @@ def cli_env() -> dict[str, str]:
     return dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
 
 
-def kernel_ext(*args: str) -> subprocess.CompletedProcess[str]:
-    """``kernel-ext ARGS`` expected to end by itself (a refusal; killed at the timeout)."""
+def kernel_ext(*args: str, command: Sequence[str] = CLI) -> subprocess.CompletedProcess[str]:
+    """``kernel-ext ARGS`` (``command`` ``ARGS``) expected to end by itself (a refusal;
+    killed at the timeout)."""
     return subprocess.run(
-        [*CLI, *args],
+        [*command, *args],
         env=cli_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -222,6 +225,22 @@ def test_version_is_the_packages() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"kernel-ext {importlib.metadata.version('kernel-ext')}\n"
     assert importlib.metadata.version("kernel-ext") == __version__
+
+
+def test_python_m_kernel_ext_is_the_kernel_ext_command() -> None:
+    script = shutil.which("kernel-ext", path=str(Path(sys.executable).parent))
+    assert script is not None, "the kernel-ext console script is not installed next to python"
+    for args, code in ((["--version"], 0), (["relay", "--port", "-1", *HOOKS], 2)):
+        runs = [
+            kernel_ext(*args, command=command)
+            for command in ([sys.executable, "-W", "error", "-m", "kernel_ext"], [script])
+        ]
+        assert [(run.returncode, run.stdout, run.stderr) for run in runs] == 2 * [
+            (runs[1].returncode, runs[1].stdout, runs[1].stderr)
+        ]
+        assert runs[0].returncode == code, runs[0].stderr
+    assert runs[0].stderr.startswith("kernel-ext relay: error: ")
+    assert f"--port: {ANY_PORT_RANGE}" in runs[0].stderr
 
 
 def test_relay_help_lists_every_option_with_its_default() -> None:
