@@ -21,6 +21,7 @@ import json
 import re
 import shutil
 import signal
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -106,6 +107,29 @@ def test_a_relay_on_a_redis_manager_that_does_not_listen_yet_is_not_ready() -> N
         "status": "unavailable",
         "reasons": ["redis listener not started"],
     }
+
+
+@pytest.mark.network
+async def test_a_redis_that_never_answers_is_connecting_until_the_connect_timeout() -> None:
+    """A real TCP peer that accepts and never answers (what a frozen Redis looks like to a
+    new connection): connecting first, unreachable once ``connect_timeout`` has passed."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        manager = RelayRedisManager(
+            f"redis://127.0.0.1:{silent.getsockname()[1]}/0", connect_timeout=0.5
+        )
+        relay = mount_relay(socketio.AsyncServer(async_mode="asgi", client_manager=manager), SECRET)
+        manager.start()
+        listener = manager.thread  # python-socketio's listener task
+        manager.start()
+        manager.initialize()  # what the server calls at its first connection
+        assert manager.thread is listener  # one listener
+        assert relay.readiness().reasons == ("redis connecting",)
+        assert await manager.tried(10) == "unreachable"
+        assert relay.readiness().reasons == ("redis unreachable",)
+        assert manager.counts["redis_unreachable"] >= 1
+        await relay.aclose()
 
 
 # -- the probes over HTTP ----------------------------------------------------------------

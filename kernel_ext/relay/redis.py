@@ -335,6 +335,7 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         if self._started:
             return
         self._started = True
+        self.redis_state = "connecting"  # the listener task runs next
         super().initialize()
 
     def start(self) -> None:
