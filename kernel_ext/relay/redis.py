@@ -290,11 +290,14 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         probe = json.dumps({"method": WORKER_HEARTBEAT, "worker": None, "host_id": self.host_id})
         while workers.workers:
             try:
-                if self.redis is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(
-                            self.redis.publish(self.channel, probe), self._watch_step
-                        )
+                with contextlib.suppress(Exception):
+                    if not self.connected:
+                        # python-socketio's publishing client, made as its publish makes it
+                        # (the subscription is a client of this manager's own).
+                        self._redis_connect()
+                    await asyncio.wait_for(
+                        self.redis.publish(self.channel, probe), self._watch_step
+                    )
                 await asyncio.sleep(self._watch_step)
                 # Judged at the last time this process heard the channel (its own checks
                 # come back every step while Redis works): a worker is gone only if it was
