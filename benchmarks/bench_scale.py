@@ -71,7 +71,7 @@ from typing import Any
 from bench_stream import _free_port, _line, _wait_port, plain_relay_app
 from bench_stream import _spawn as _spawn_script
 
-SECRET = "bench-secret"
+SECRET = "bench-internal-secret"
 NS = "/chat"
 EVENT = "tool_event_stream"
 RATE = 10  # blocks/s per stream

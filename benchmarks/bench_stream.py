@@ -44,7 +44,7 @@ import sys
 import time
 from typing import Any
 
-SECRET = "bench-secret"
+SECRET = "bench-internal-secret"
 ROOM = "bench-room"
 NS = "/chat"
 CALL_ID = "00f067aa0ba902b7"

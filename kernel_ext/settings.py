@@ -19,13 +19,23 @@ configuration values (and command-line options) name code with.
 ``KERNEL_EXT_TARGETS``              comma-separated tool runtime targets to instrument
 ``KERNEL_EXT_DESCRIBE``             ``package.module:function``, the targets' describe hook
 ==================================  ==========================================================
+
+Two rules hold wherever a value is taken, here and in the constructors that take it directly:
+
+* **The internal secret** is at least :data:`MIN_SECRET_BYTES` bytes of UTF-8
+  (:func:`check_secret`): ``enable()``, ``kernel-ext relay``, :class:`~kernel_ext.relay.ChatRelay`
+  (``mount_relay``, ``create_app``) and :class:`~kernel_ext.emit.LoopbackEmitter` refuse a
+  shorter one, saying how to make a good one (:data:`MAKE_SECRET`).
+* **A Redis URL** is one redis-py parses (``redis://``, ``rediss://``, ``unix://``;
+  :func:`check_redis_url`); it is shown only without its password (:func:`redacted_url`).
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -33,9 +43,99 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import NAMESPACE
 
-__all__ = ["ENV_PREFIX", "Settings", "env_name", "load_callable", "load_settings"]
+__all__ = [
+    "ENV_PREFIX",
+    "MAKE_SECRET",
+    "MIN_SECRET_BYTES",
+    "Settings",
+    "check_redis_url",
+    "check_secret",
+    "env_name",
+    "list_problems",
+    "load_callable",
+    "load_settings",
+    "read_settings",
+    "redacted_url",
+]
 
 ENV_PREFIX = "KERNEL_EXT_"
+
+MIN_SECRET_BYTES = 16
+"""The shortest internal secret accepted, in bytes of its UTF-8 encoding (the bytes the relay
+compares): 16 random bytes are 128 bits."""
+
+MAKE_SECRET = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+"""A command that prints a good secret (32 random bytes, 43 URL-safe characters)."""
+
+
+def _secret_problem(secret: object) -> str | None:
+    """What is wrong with ``secret`` as the internal secret (``None``: nothing)."""
+    if not isinstance(secret, str):
+        return f"must be a string, got {type(secret).__name__}"
+    try:
+        size = len(secret.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"must be text that encodes as UTF-8; make one with: {MAKE_SECRET}"
+    if size < MIN_SECRET_BYTES:
+        return (
+            f"must be at least {MIN_SECRET_BYTES} bytes (UTF-8), got {size}; "
+            f"make one with: {MAKE_SECRET}"
+        )
+    return None
+
+
+def check_secret(secret: object, what: str = "secret") -> str:
+    """``secret`` if it can be the internal secret: a string of at least
+    :data:`MIN_SECRET_BYTES` bytes in UTF-8. Raises :class:`ConfigError` naming ``what`` and
+    the rule (never the value), with the command that makes a good one."""
+    problem = _secret_problem(secret)
+    if problem is not None:
+        raise ConfigError(f"{what} {problem}")
+    assert isinstance(secret, str)
+    return secret
+
+
+def _redis_url_problem(url: object) -> str | None:
+    """What is wrong with ``url`` as a Redis URL, by redis-py's own parser (``None``:
+    nothing)."""
+    if not isinstance(url, str) or not url:
+        return "must be a redis://, rediss:// or unix:// URL"
+    try:
+        from redis.connection import parse_url
+    except ImportError:
+        return "needs the redis package: pip install 'kernel-ext[redis]'"
+    try:
+        parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError as exc:
+        return f"is not a Redis URL ({exc})"
+    return None
+
+
+def check_redis_url(url: object, what: str = "url") -> str:
+    """``url`` if redis-py parses it as a Redis URL (``redis://``, ``rediss://`` or
+    ``unix://``; the redis package installed). Raises :class:`ConfigError` naming ``what``,
+    the problem and the URL without its password."""
+    problem = _redis_url_problem(url)
+    if problem is not None:
+        shown = redacted_url(url) if isinstance(url, str) else url
+        raise ConfigError(f"{what} {problem}, got {shown!r}")
+    assert isinstance(url, str)
+    return url
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password, if it has one, replaced by ``***`` (for logs and
+    messages); a URL that does not parse is not shown at all."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:
+        return "<a URL that does not parse>"
+    if password is None:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{hostport}"))
 
 
 def env_name(field: str) -> str:
@@ -79,6 +179,22 @@ class Settings(BaseSettings):
     def _stripped(cls, value: str | None) -> str | None:
         return value.strip() or None if value is not None else None
 
+    @field_validator("redis_url", mode="after")
+    @classmethod
+    def _a_redis_url(cls, value: str | None) -> str | None:
+        problem = _redis_url_problem(value) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+    @field_validator("secret", mode="after")
+    @classmethod
+    def _long_enough(cls, value: SecretStr | None) -> SecretStr | None:
+        problem = _secret_problem(value.get_secret_value()) if value is not None else None
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
     def secret_value(self) -> str | None:
         """The secret as a string (``None`` when unset)."""
         return self.secret.get_secret_value() if self.secret is not None else None
@@ -116,15 +232,67 @@ def load_callable(spec: str, what: str) -> Callable[..., Any]:
     return found  # type: ignore[no-any-return]
 
 
-def load_settings(**overrides: Any) -> Settings:
+_NOT_SHOWN = frozenset({"secret"})
+_URLS = frozenset({"relay_url", "redis_url"})
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    """One pydantic error as a problem: our own rule's message as it is, pydantic's own."""
+    cause = (error.get("ctx") or {}).get("error")
+    message = str(cause) if error.get("type") == "value_error" and cause else error["msg"]
+    field = str(error["loc"][0]) if error["loc"] else "?"
+    if field in _NOT_SHOWN:
+        return str(message)
+    given = error.get("input")
+    if field in _URLS and isinstance(given, str):
+        given = redacted_url(given)
+    return f"{message} (got {given!r})"
+
+
+def read_settings(
+    labels: Mapping[str, str] | None = None, **overrides: Any
+) -> tuple[Settings, dict[str, str]]:
     """The settings from the environment, with ``overrides`` (arguments; ``None`` values are
-    ignored) winning. Raises :class:`ConfigError` for a bad value, naming the argument (a
-    bad override) or the variable and the field it sets (a bad variable)."""
+    ignored) winning, and every problem found, by field (its first one): a message naming
+    the argument (by its name in ``labels``, else its own) or the variable and the field it
+    sets, and the value (a URL without its password; never the secret). A field with a
+    problem is at its default in the settings returned."""
     given = {name: value for name, value in overrides.items() if value is not None}
     try:
-        return Settings(**given)
+        return Settings(**given), {}
     except ValidationError as error:
-        first = error.errors(include_url=False)[0]
-        field = str(first["loc"][0]) if first["loc"] else "?"
-        where = field if field in given else f"{env_name(field)} ({field})"
-        raise ConfigError(f"{where}: {first['msg']} (got {first.get('input')!r})") from None
+        problems: dict[str, str] = {}
+        for each in error.errors(include_url=False):
+            field = str(each["loc"][0]) if each["loc"] else "?"
+            if field in given:
+                where = (labels or {}).get(field, field)
+            else:
+                where = f"{env_name(field)} ({field})"
+            problems.setdefault(field, f"{where}: {_problem(each)}")  # the first one a field
+    fields = Settings.model_fields
+    defaults = {
+        name: fields[name].get_default(call_default_factory=True)
+        for name in problems
+        if name in fields
+    }
+    kept = {name: value for name, value in given.items() if name not in problems}
+    return Settings(**kept, **defaults), problems
+
+
+def list_problems(problems: Sequence[str]) -> str:
+    """Problems as one line: a single one as it is, several as ``N problems: (1) …; (2) …``."""
+    if len(problems) == 1:
+        return problems[0]
+    numbered = "; ".join(f"({number}) {problem}" for number, problem in enumerate(problems, 1))
+    return f"{len(problems)} problems: {numbered}"
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """The settings from the environment, with ``overrides`` (arguments; ``None`` values are
+    ignored) winning. Raises :class:`ConfigError` listing every bad value
+    (:func:`list_problems`), each naming the argument (a bad override) or the variable and
+    the field it sets (a bad variable) — :func:`read_settings`."""
+    settings, problems = read_settings(**overrides)
+    if problems:
+        raise ConfigError(list_problems(list(problems.values())))
+    return settings

@@ -6,6 +6,7 @@
   connection, with a deadline, failing early when its process exited;
 * :class:`RedisServer` (a real redis-server), :func:`serve_asgi` (uvicorn in the running
   loop), :func:`chromium` (headless Chromium through Playwright);
+* :func:`http_request` — one plain HTTP request with a timeout (status, headers, body);
 * :class:`LoopThread` (an event loop on a thread of its own, for tests whose thread
   belongs to Playwright's sync API) and :class:`NoWebSocketProxy` (an HTTP proxy that
   refuses WebSocket upgrades, as some corporate proxies do);
@@ -24,6 +25,8 @@ import socket
 import subprocess
 import tempfile
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import ModuleType
 from typing import Any
@@ -147,21 +150,24 @@ async def wait_listening_async(
 
 def _answers_ping(sock: socket.socket) -> bool:
     sock.sendall(b"PING\r\n")
-    return sock.recv(16).startswith(b"+PONG")
+    return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up, with or without a password
 
 
 class RedisServer:
-    """A real redis-server on 127.0.0.1, started and stopped by the test."""
+    """A real redis-server on 127.0.0.1, started and stopped by the test (on the same port
+    each time), with ``password`` required when given."""
 
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, password: str | None = None) -> None:
         self.binary = binary
+        self.password = password
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="kx-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
         """Start it; return once it answers ``PING``."""
@@ -179,6 +185,7 @@ class RedisServer:
                 "no",
                 "--dir",
                 self.dir,
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -196,6 +203,19 @@ class RedisServer:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.proc = None
+
+
+def http_request(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
+    """One HTTP request (10 s timeout): the status, the headers (lower-case names) and the
+    body, an error status included."""
+    request = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            headers = {k.lower(): v for k, v in response.headers.items()}
+            return response.status, headers, response.read()
+    except urllib.error.HTTPError as exc:
+        headers = {k.lower(): v for k, v in exc.headers.items()}
+        return exc.code, headers, exc.read()
 
 
 @contextlib.asynccontextmanager

@@ -11,7 +11,7 @@
   so a test can check that nothing grows;
 * ``--worker-grace``: the relay's (and its Redis manager's) grace period for gone workers.
 
-Usage: ``KERNEL_EXT_SECRET=s python tests/reliability_relay.py --port P [--redis-url U]``.
+Usage: ``KERNEL_EXT_SECRET=… python tests/reliability_relay.py --port P [--redis-url U]``.
 """
 
 from __future__ import annotations

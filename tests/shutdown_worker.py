@@ -5,7 +5,7 @@ at once (while the sender is still connecting, so they are surely queued), then 
 way ``MODE`` says. On its way out (where it still can) it prints one JSON line with the
 hub's counts.
 
-Usage: ``KERNEL_EXT_SECRET=s python tests/shutdown_worker.py MODE RELAY_URL CONV CALL_ID``
+Usage: ``KERNEL_EXT_SECRET=… python tests/shutdown_worker.py MODE RELAY_URL CONV CALL_ID``
 
 Modes: ``sync-exit`` (the script just ends), ``sync-sigterm``, ``sync-disable``,
 ``async-adisable``, ``async-sigterm``, ``async-disable-awaited`` (the sync ``disable()`` on

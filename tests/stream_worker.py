@@ -16,7 +16,7 @@ standard input and answers each with one line:
 
 then waits for the next. End of input: the sender is stopped and the process exits.
 
-Usage: ``KERNEL_EXT_SECRET=s python tests/stream_worker.py --relay-url URL --worker-id W``.
+Usage: ``KERNEL_EXT_SECRET=… python tests/stream_worker.py --relay-url URL --worker-id W``.
 """
 
 from __future__ import annotations

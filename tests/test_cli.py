@@ -7,7 +7,8 @@
 * ``relay`` and ``tail`` stop on SIGTERM with 143 and on SIGINT with 130 (the demo's own
   test is in test_demo.py); ``relay`` prints one start-up line first.
 * ``--version`` prints the package's version; ``relay --help`` shows every option with its
-  default; ``python -m kernel_ext.relay`` is the same command, without a RuntimeWarning.
+  default; ``python -m kernel_ext.relay`` is the same command, without a RuntimeWarning;
+  ``python -m kernel_ext`` is ``kernel-ext``.
 """
 
 from __future__ import annotations
@@ -17,17 +18,16 @@ import contextlib
 import importlib.metadata
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
-import urllib.error
-import urllib.request
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from network import free_port
+from network import free_port, http_request
 
 from kernel_ext import __version__
 from kernel_ext._cli import exit_code_after, never_resolves
@@ -48,10 +48,11 @@ def cli_env() -> dict[str, str]:
     return dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
 
 
-def kernel_ext(*args: str) -> subprocess.CompletedProcess[str]:
-    """``kernel-ext ARGS`` expected to end by itself (a refusal; killed at the timeout)."""
+def kernel_ext(*args: str, command: Sequence[str] = CLI) -> subprocess.CompletedProcess[str]:
+    """``kernel-ext ARGS`` (``command`` ``ARGS``) expected to end by itself (a refusal;
+    killed at the timeout)."""
     return subprocess.run(
-        [*CLI, *args],
+        [*command, *args],
         env=cli_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -226,6 +227,22 @@ def test_version_is_the_packages() -> None:
     assert importlib.metadata.version("kernel-ext") == __version__
 
 
+def test_python_m_kernel_ext_is_the_kernel_ext_command() -> None:
+    script = shutil.which("kernel-ext", path=str(Path(sys.executable).parent))
+    assert script is not None, "the kernel-ext console script is not installed next to python"
+    for args, code in ((["--version"], 0), (["relay", "--port", "-1", *HOOKS], 2)):
+        runs = [
+            kernel_ext(*args, command=command)
+            for command in ([sys.executable, "-W", "error", "-m", "kernel_ext"], [script])
+        ]
+        assert [(run.returncode, run.stdout, run.stderr) for run in runs] == 2 * [
+            (runs[1].returncode, runs[1].stdout, runs[1].stderr)
+        ]
+        assert runs[0].returncode == code, runs[0].stderr
+    assert runs[0].stderr.startswith("kernel-ext relay: error: ")
+    assert f"--port: {ANY_PORT_RANGE}" in runs[0].stderr
+
+
 def test_relay_help_lists_every_option_with_its_default() -> None:
     result = kernel_ext("relay", "--help")
     assert result.returncode == 0, result.stderr
@@ -333,14 +350,15 @@ async def test_relay_prints_one_startup_line_and_stops_on_a_signal(signum: int) 
 @pytest.mark.network
 @pytest.mark.timeout(120)
 async def test_relay_startup_line_names_the_open_mode_and_redis_without_its_password() -> None:
-    redis = "redis://:hunter2@127.0.0.1:1/0"  # not connected to before a block needs it
+    redis = "redis://:hunter2@127.0.0.1:1/0"  # nothing listens there: tried at start
     async with running(
         "relay", "--port", "0", "--allow-anyone", "--redis-url", redis, "--no-page"
     ) as relay:
         found = await relay.wait_for_line(STARTUP)
         assert found.group(3) == (
             "open: without hooks every browser may join any conversation, "
-            "Redis redis://:***@127.0.0.1:1/0, channel socketio"
+            "Redis redis://:***@127.0.0.1:1/0 (unreachable: retrying, not ready until it "
+            "answers), channel socketio"
         )
         assert found.group(4) is None  # --no-page
         code, err = await relay.stop(signal.SIGTERM)
@@ -349,11 +367,8 @@ async def test_relay_startup_line_names_the_open_mode_and_redis_without_its_pass
 
 
 def _get(url: str) -> tuple[int, str, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as response:
-            return response.status, response.headers["Content-Type"], response.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, "", b""
+    status, headers, body = http_request(url)
+    return status, headers.get("content-type", "") if status == 200 else "", body
 
 
 @pytest.mark.network

@@ -368,6 +368,9 @@ async def test_the_page_and_its_assets_are_served_with_a_strict_policy() -> None
         assert config["firstQuestion"] == FIRST_QUESTION
         assert config["lang"] == "zh"
         assert (await http.get(base + "/demo/health")).json() == {"agent": False}
+        for probe in ("/healthz", "/readyz"):  # the relay's probes (kernel_ext.relay.health)
+            answer = await http.get(base + probe)
+            assert (answer.status_code, answer.json()) == (200, {"status": "ok"}), probe
         app_js = (await http.get(base + "/static/app.js")).text
         assert "innerHTML" not in app_js
         assert 'from "/vendor/socket.io.esm.min.js"' in app_js

@@ -1,7 +1,8 @@
 """docs/deployment.md, run for real: its nginx configuration (TLS, WebSocket upgrade, sticky
 sessions) in front of two web processes started with its systemd unit's ``ExecStart`` command,
 behind a real redis-server, a worker that enables kernel_ext against one web process, and
-browsers (python-socketio clients) on WebSocket and on long-polling through nginx.
+browsers (python-socketio clients) on WebSocket and on long-polling through nginx; the probe
+paths of its pod specification, asked of those web processes.
 
 The page's blocks are taken as they are; the test only swaps what must differ on a test
 machine (ports, certificate paths, the hooks module, the console script's path), and fails if
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -24,7 +26,7 @@ from typing import Any
 
 import pytest
 import socketio
-from network import RedisServer, free_port, need_binary, wait_listening
+from network import RedisServer, free_port, http_request, need_binary, wait_listening
 from timing import wait_until
 
 pytestmark = [pytest.mark.network, pytest.mark.redis, pytest.mark.timeout(120)]
@@ -316,3 +318,15 @@ async def test_long_polling_needs_the_sticky_upstream_the_page_configures(
             await asyncio.wait_for(polling.client.shutdown(), timeout=5)
         async with viewers(("websocket", public), ("websocket", public)) as opened:
             assert all(v.client.connected for v in opened)
+
+
+async def test_the_pod_s_probe_paths_answer_on_the_page_s_web_processes(
+    sticky: tuple[int, int, int],
+) -> None:
+    pod = page_block("yaml")
+    probes = dict(re.findall(r"^ +(\w+Probe):\n +httpGet:\n +path: (\S+)\n", pod, re.M))
+    assert probes == {"livenessProbe": "/healthz", "readinessProbe": "/readyz"}, pod
+    for web in sticky[1:]:
+        for path in probes.values():
+            status, _, body = await asyncio.to_thread(http_request, f"http://127.0.0.1:{web}{path}")
+            assert (status, json.loads(body)) == (200, {"status": "ok"}), (web, path)

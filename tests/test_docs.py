@@ -504,6 +504,8 @@ def _cli_commands() -> list[tuple[str, list[str]]]:
             continue
         for line in block.text.replace("\\\n", " ").splitlines():
             line = line.strip().removeprefix("$ ")
+            if "kernel-ext" not in line:
+                continue  # another command (its quoting may hold the separators below)
             for part in re.split(r"&&|;|\|", line):
                 words = shlex.split(part, comments=True)
                 if words and words[0] == "kernel-ext":

@@ -103,7 +103,7 @@ async def test_a_wrong_secret_never_connects_and_is_counted() -> None:
     hub = StreamHub(tap=Tap())
     async with relay_in_loop() as (port, relay):
         emitter = LoopbackEmitter(
-            f"http://127.0.0.1:{port}", "not-the-secret", hub=hub, reconnect_delay=0.05
+            f"http://127.0.0.1:{port}", "not-the-relays-secret", hub=hub, reconnect_delay=0.05
         )
         async with emitter:
             await wait_until(lambda: emitter.counts.get("connect_failures", 0) >= 2)
@@ -123,7 +123,7 @@ async def test_a_refused_secret_is_logged_once_in_the_workers_own_words(
     async with relay_in_loop() as (port, relay):
         emitter = LoopbackEmitter(
             f"http://127.0.0.1:{port}",
-            "not-the-secret",
+            "not-the-relays-secret",
             hub=hub,
             reconnect_delay=0.05,
             reconnect_delay_max=0.2,

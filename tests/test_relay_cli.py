@@ -8,12 +8,16 @@ clients.
 * ``--authenticate`` / ``--authorize-join`` load ``module:function`` hooks, which the
   relay then applies; a spec that cannot be loaded is refused with a clear error.
 * ``--help`` is short and shows every option's default.
+* Misconfiguration is caught before it starts, all at once (issue 23, part 3): a Redis URL
+  that does not parse, a secret under 16 bytes (with how to make one; exactly 16 starts),
+  and everything missing together in one line listing each requirement.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -70,9 +74,10 @@ class CliRelay(RelayProcess):
 
     __test__ = False
 
-    def __init__(self, *args: str) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         super().__init__()
         self.args = args
+        self.env = env or relay_env()
         handle, name = tempfile.mkstemp(prefix="kx-relay-cli-", suffix=".log")
         os.close(handle)
         self.log_path = Path(name)
@@ -81,7 +86,7 @@ class CliRelay(RelayProcess):
         cmd = [sys.executable, "-m", "kernel_ext.relay", "--port", str(self.port), *self.args]
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
-                cmd, env=relay_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log
+                cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=log, stderr=log
             )
 
     def log(self) -> str:
@@ -94,8 +99,8 @@ class CliRelay(RelayProcess):
 
 
 @contextlib.asynccontextmanager
-async def cli_relay(*args: str) -> AsyncIterator[CliRelay]:
-    relay = CliRelay(*args)
+async def cli_relay(*args: str, env: dict[str, str] | None = None) -> AsyncIterator[CliRelay]:
+    relay = CliRelay(*args, env=env)
     relay.start()
     try:
         await relay.wait_ready()
@@ -233,3 +238,80 @@ async def test_hooks_given_as_module_specs_are_applied() -> None:
         log = relay.log()
     assert alice.blocks == [block(2, task_id="conv-of-alice")]
     assert "--allow-anyone" not in log
+
+
+# -- misconfiguration caught at start, all of it at once (issue 23, part 3) -----------------
+
+
+def test_a_redis_url_that_does_not_parse_is_refused_naming_it_without_its_password() -> None:
+    for url, problem in (
+        ("notaurl", "redis://, rediss://, unix://"),
+        ("http://127.0.0.1:6379/0", "redis://, rediss://, unix://"),
+        ("redis://:hunter2@127.0.0.1:notaport/0", "notaport"),
+    ):
+        line = assert_refused(run_relay("--allow-anyone", "--redis-url", url), problem)
+        assert "--redis-url: is not a Redis URL" in line
+        assert "hunter2" not in line
+    env = dict(relay_env(), KERNEL_EXT_REDIS_URL="redis://:hunter2@127.0.0.1:99999/0")
+    line = assert_refused(run_relay("--allow-anyone", env=env), "Port out of range")
+    assert "KERNEL_EXT_REDIS_URL (redis_url): is not a Redis URL" in line
+    assert "redis://:***@127.0.0.1:99999/0" in line
+    assert "hunter2" not in line
+
+
+def test_a_secret_shorter_than_16_bytes_is_refused_with_how_to_make_one() -> None:
+    for short in ("s3cret", "a" * 15, "é" * 7 + "a"):  # 15 bytes, 8 characters
+        env = dict(relay_env(), KERNEL_EXT_SECRET=short)
+        line = assert_refused(
+            run_relay("--allow-anyone", env=env),
+            "KERNEL_EXT_SECRET (secret): must be at least 16 bytes (UTF-8), got ",
+            'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"',
+        )
+        assert short not in line
+
+
+async def test_a_secret_of_exactly_16_bytes_starts_the_relay() -> None:
+    sixteen = "é" * 8  # 16 bytes, 8 characters
+    async with (
+        cli_relay("--allow-anyone", env=dict(relay_env(), KERNEL_EXT_SECRET=sixteen)) as relay,
+        worker(relay.port, secret=sixteen) as sender,
+    ):
+        ack = await sender.call("kx_blocks", frame("conv", [block(1)]), namespace=NS)
+    assert ack == {"ok": True, "accepted": 1, "rejected": 0}
+
+
+def test_everything_missing_at_once_is_one_line_listing_each_requirement() -> None:
+    env = relay_env()
+    del env["KERNEL_EXT_SECRET"]
+    env["KERNEL_EXT_MAX_QUEUE"] = "none"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [
+                *[sys.executable, "-m", "kernel_ext.relay", "--port", str(port)],
+                *["--redis-url", "notaurl", "--authenticate", "no_such_module_kx:f"],
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    line = assert_refused(result, "6 problems: (1) ")
+    parts = line.split(": error: 6 problems: ", 1)[1]
+    expected = [
+        "--redis-url: is not a Redis URL",
+        "KERNEL_EXT_MAX_QUEUE (max_queue):",
+        "set KERNEL_EXT_SECRET to the internal senders' shared secret (at least 16 bytes; "
+        'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))")',
+        "without --authorize-join every authenticated browser may join any conversation",
+        "--authenticate 'no_such_module_kx:f' cannot be loaded",
+        f"port {port} on 127.0.0.1 is in use",
+    ]
+    for number, phrase in enumerate(expected, 1):
+        start = parts.index(f"({number}) ")
+        assert phrase in parts[start:], (number, phrase, parts)
+        parts = parts[start:]

@@ -17,8 +17,9 @@ Guarantees:
   died (then the demo stops the others and exits 1, showing the end of that child's log).
   On Linux each child also gets SIGTERM if the demo process itself is killed outright.
   Children run in their own sessions, so a terminal's Ctrl-C reaches the demo only.
-* The URL is printed once every process is ready (colleagues listening, the agent
-  connected and running on ``--kernel``, as the web process's ``/demo/health`` says).
+* The URL is printed once every process is ready (colleagues listening, the web process's
+  relay ready as its ``/readyz`` says, the agent connected and running on ``--kernel``, as
+  its ``/demo/health`` says).
 * ``--headless``: one scripted conversation (the questions of
   :func:`kernel_ext.demo.script.wording` in ``--lang``), sent over ``/chat`` as a browser
   would, printed as ``kernel-ext tail --lang`` prints (plus the user's and the agent's
@@ -208,6 +209,14 @@ async def _listening(port: int) -> bool:
     with contextlib.suppress(OSError):
         await writer.wait_closed()
     return True
+
+
+async def _ready(client: Any, url: str) -> bool:
+    """Whether the web process's relay is ready (``/readyz``: Redis too, with ``--redis``)."""
+    try:
+        return bool((await client.get(url + "/readyz")).status_code == 200)
+    except Exception:
+        return False
 
 
 async def _agent_connected(client: Any, url: str, kernel: str) -> bool:
@@ -440,6 +449,7 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
                     supervisor, "a colleague", functools.partial(_listening, port), deadline
                 )
             async with httpx.AsyncClient(timeout=2.0) as client:
+                await _until(supervisor, "the web process", lambda: _ready(client, url), deadline)
                 await _until(
                     supervisor,
                     f"the agent (on {options.kernel})",

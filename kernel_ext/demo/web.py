@@ -12,6 +12,8 @@
   :mod:`kernel_ext.demo.script`;
   ``/demo/health`` — ``{"agent": bool}``, whether the worker's agent is connected, and
   while it is, ``"kernel"``: the kernel it said it runs on (``--kernel``), else ``null``.
+* ``/healthz``, ``/readyz`` — the relay's liveness and readiness
+  (:func:`kernel_ext.relay.with_probes`).
 
 The browser → worker path (the only thing a browser may send besides join/leave):
 a browser that has joined conversation ``C`` emits ``user_message`` ``{conversationId: C,
@@ -22,7 +24,7 @@ The worker only ever *answers* a message: blocks and snapshots still come from i
 senders alone, and every other browser event reaches no one (:class:`~kernel_ext.relay.
 ChatRelay`).
 
-Run by ``kernel-ext demo``; on its own: ``KERNEL_EXT_SECRET=s python -m
+Run by ``kernel-ext demo``; on its own: ``KERNEL_EXT_SECRET=… python -m
 kernel_ext.demo.web --port 8000 [--lang en]`` (binds 127.0.0.1 unless ``--host`` says
 otherwise).
 """
@@ -56,7 +58,7 @@ from kernel_ext.demo.script import (
     is_conversation_id,
     wording,
 )
-from kernel_ext.relay import ChatRelay, RelayRedisManager
+from kernel_ext.relay import ChatRelay, RelayRedisManager, with_probes
 from kernel_ext.settings import env_name, load_settings
 from kernel_ext.web import SOCKET_IO_CLIENT, asset_path
 
@@ -247,7 +249,7 @@ def create_demo_app(
             Mount("/static", StaticFiles(directory=root), name="static"),
         ]
     )
-    return DemoApp(socketio.ASGIApp(sio, other_asgi_app=starlette), sio, relay)
+    return DemoApp(with_probes(socketio.ASGIApp(sio, other_asgi_app=starlette), relay), sio, relay)
 
 
 def main(argv: list[str] | None = None) -> int:

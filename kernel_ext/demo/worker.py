@@ -29,7 +29,7 @@ forwards a joined browser's ``user_message`` to it as ``kx_user_message`` (see
 
 Run by ``kernel-ext demo``; on its own::
 
-    KERNEL_EXT_SECRET=s python -m kernel_ext.demo.worker --relay http://127.0.0.1:8000 \\
+    KERNEL_EXT_SECRET=… python -m kernel_ext.demo.worker --relay http://127.0.0.1:8000 \\
         --colleague orders=http://127.0.0.1:8801/ --colleague carrier=http://127.0.0.1:8802/ \\
         [--lang en] [--kernel langgraph]
 

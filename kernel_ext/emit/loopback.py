@@ -48,6 +48,7 @@ from kernel_ext.protocol import (
     REFUSED_BAD_WORKER,
     REFUSED_UNAUTHORIZED,
 )
+from kernel_ext.settings import check_secret
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 
 __all__ = ["LoopbackEmitter"]
@@ -115,8 +116,8 @@ class LoopbackEmitter(Emitter):
       ``terminals_degraded``.
 
     Raises:
-        ConfigError: a bad argument (a ``reconnect_delay_max`` below ``reconnect_delay``
-            among them).
+        ConfigError: a bad argument (a ``reconnect_delay_max`` below ``reconnect_delay``, a
+            secret under 16 bytes: :func:`~kernel_ext.settings.check_secret`, among them).
     """
 
     sender = "loopback"
@@ -151,8 +152,7 @@ class LoopbackEmitter(Emitter):
         super().__init__(hub=hub, batch_max=batch_max, on_health=on_health)
         if not isinstance(url, str) or not url:
             raise ConfigError("url must be the relay's http(s) URL")
-        if not isinstance(secret, str) or not secret:
-            raise ConfigError("secret must be a non-empty string")
+        check_secret(secret)  # the relay's rule: at least 16 bytes
         check_positive_ints(frame_max_blocks=frame_max_blocks, frame_max_chars=frame_max_chars)
         check_positive_numbers(ack_timeout=ack_timeout, connect_timeout=connect_timeout)
         self.url = url

@@ -19,7 +19,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from kernel_ext import _compat
 from kernel_ext.emit.base import (
@@ -33,8 +32,9 @@ from kernel_ext.emit.base import (
     remembers_arguments,
 )
 from kernel_ext.emit.terminals import HeldTerminals
-from kernel_ext.errors import ConfigError, check_positive_numbers
+from kernel_ext.errors import check_positive_numbers
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
+from kernel_ext.settings import check_redis_url, redacted_url
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 
 __all__ = ["RedisEmitter"]
@@ -52,14 +52,6 @@ def _manager_class() -> Any:
         pass
 
     return ReportingRedisManager
-
-
-def _safe_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-        return urlunsplit(parts._replace(netloc=netloc))
-    return url
 
 
 def _now() -> float:
@@ -100,8 +92,9 @@ class RedisEmitter(Emitter):
       ``terminal_resends``.
 
     Raises:
-        ConfigError: a bad argument (a ``retry_interval_max`` below ``retry_interval``
-            among them).
+        ConfigError: a bad argument (a ``retry_interval_max`` below ``retry_interval``, a
+            URL redis-py cannot parse: :func:`~kernel_ext.settings.check_redis_url`, among
+            them).
     """
 
     sender = "redis"
@@ -131,8 +124,7 @@ class RedisEmitter(Emitter):
         heartbeat_interval: float | None = 5.0,
     ) -> None:
         super().__init__(hub=hub, batch_max=batch_max, on_health=on_health)
-        if not isinstance(url, str) or not url:
-            raise ConfigError("url must be a redis:// URL")
+        check_redis_url(url)
         if heartbeat_interval is not None:
             check_positive_numbers(heartbeat_interval=heartbeat_interval)
         check_positive_numbers(health_interval=health_interval, socket_timeout=socket_timeout)
@@ -176,7 +168,7 @@ class RedisEmitter(Emitter):
         return self._terminals.abandon()
 
     def _health_message(self, healthy: bool, why: object) -> tuple[int, str, tuple[object, ...]]:
-        url = _safe_url(self.url)
+        url = redacted_url(self.url)
         if healthy:
             return logging.WARNING, "redis emitter: Redis at %s is reachable again", (url,)
         return (

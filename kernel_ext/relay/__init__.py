@@ -11,7 +11,9 @@ worker side: ``stream``, ``emit``, ``plugin``):
 ``auth``           who connects: the internal secret and worker id, the browsers' hooks
 ``hostile``        hostile packets: event-name and arity checks, the library log filter
 ``redis``          :class:`RelayRedisManager`: terminals published again after a Redis
-                   outage, write-only workers' streams ended when they are gone
+                   outage, write-only workers' streams ended when they are gone, whether
+                   Redis answers
+``health``         :class:`Readiness`, :func:`with_probes`: ``/healthz`` and ``/readyz``
 ``namespace``      :class:`ChatRelay`: connections, joins, ``kx_blocks``/``kx_chat_event``
 ``app``            :func:`mount_relay`, :func:`create_app`, :class:`RelayApp`
 ``command``        ``kernel-ext relay`` = ``python -m kernel_ext.relay`` (:func:`main`)
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from kernel_ext.relay.app import RelayApp, create_app, mount_relay
     from kernel_ext.relay.auth import BrowserAuth, JoinAuth, allow_all
     from kernel_ext.relay.command import is_loopback_host, main
+    from kernel_ext.relay.health import Readiness, with_probes
     from kernel_ext.relay.namespace import ChatRelay
     from kernel_ext.relay.redis import RelayRedisManager
     from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, WORKER_GONE_MESSAGE
@@ -52,6 +55,7 @@ __all__ = [
     "BrowserAuth",
     "ChatRelay",
     "JoinAuth",
+    "Readiness",
     "RelayApp",
     "RelayRedisManager",
     "allow_all",
@@ -59,6 +63,7 @@ __all__ = [
     "is_loopback_host",
     "main",
     "mount_relay",
+    "with_probes",
 ]
 
 # Every other name loads its module on first use (PEP 562): importing the package, as the
@@ -72,6 +77,8 @@ _LAZY = {
     "allow_all": "auth",
     "is_loopback_host": "command",
     "main": "command",
+    "Readiness": "health",
+    "with_probes": "health",
     "ChatRelay": "namespace",
     "RelayRedisManager": "redis",
     "DEFAULT_WORKER_GRACE": "workers",

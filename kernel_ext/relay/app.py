@@ -1,5 +1,6 @@
 """A relay ready to serve: :func:`mount_relay` on an existing server, :func:`create_app`
-for a whole ASGI app (what ``python -m kernel_ext.relay``, the tests and the demo serve)."""
+for a whole ASGI app (what ``python -m kernel_ext.relay``, the tests and the demo serve),
+with ``/healthz`` and ``/readyz`` (:mod:`kernel_ext.relay.health`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 
 import socketio
 
+from kernel_ext.relay.health import with_probes
 from kernel_ext.relay.namespace import ChatRelay
 from kernel_ext.relay.redis import RelayRedisManager
 
@@ -42,6 +44,7 @@ def create_app(
     cors_allowed_origins: str | list[str] | None = None,
     max_http_buffer_size: int = 4 * 1024 * 1024,
     assets_prefix: str | None = None,
+    probes: bool = True,
     **relay_options: Any,
 ) -> RelayApp:
     """An ``AsyncServer`` (Redis client manager when ``redis_url`` is given) with a
@@ -52,6 +55,15 @@ def create_app(
     ``assets_prefix`` (e.g. ``"/kernel_ext"``) also serves the shipped browser files there
     (:func:`kernel_ext.web.static_files`: the example page, the renderer, the Socket.IO
     client); ``None`` serves none.
+
+    ``probes`` (default on) answers ``GET /healthz`` and ``GET /readyz`` before anything
+    else, ``other_asgi_app`` included (:func:`~kernel_ext.relay.health.with_probes`), and
+    starts the Redis manager's listener at start-up; ``False`` leaves those paths to
+    ``other_asgi_app`` (answer them with ``relay.readiness()``).
+
+    Raises:
+        ConfigError: a secret shorter than 16 bytes, a Redis URL that does not parse, a bad
+            relay option (:class:`ChatRelay`, :class:`RelayRedisManager`).
     """
     manager = None
     if redis_url is not None:
@@ -73,4 +85,4 @@ def create_app(
 
         static = static_files(assets_prefix)
     app = socketio.ASGIApp(sio, other_asgi_app=other_asgi_app, static_files=static)
-    return RelayApp(app=app, sio=sio, relay=relay)
+    return RelayApp(app=with_probes(app, relay) if probes else app, sio=sio, relay=relay)

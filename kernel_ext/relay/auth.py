@@ -9,8 +9,8 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kernel_ext.errors import ConfigError
 from kernel_ext.relay.workers import is_worker_id
+from kernel_ext.settings import check_secret
 
 __all__ = ["BrowserAuth", "InternalSecret", "JoinAuth", "allow_all", "call_hook", "worker_of"]
 
@@ -19,15 +19,15 @@ class InternalSecret:
     """The internal senders' shared secret.
 
     Raises:
-        ConfigError: an empty or non-string secret.
+        ConfigError: a secret that is not a string of at least
+            :data:`~kernel_ext.settings.MIN_SECRET_BYTES` bytes in UTF-8
+            (:func:`~kernel_ext.settings.check_secret`).
     """
 
     __slots__ = ("_secret",)
 
     def __init__(self, secret: str) -> None:
-        if not isinstance(secret, str) or not secret:
-            raise ConfigError("secret must be a non-empty string")
-        self._secret = secret.encode("utf-8")
+        self._secret = check_secret(secret).encode("utf-8")
 
     def matches(self, given: Any) -> bool:
         """Whether ``given`` is the secret, compared in constant time as bytes; any string

@@ -9,12 +9,21 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
 * It binds 127.0.0.1 unless ``--host`` says otherwise, and it is never open by accident:
   without both hooks it refuses to start unless ``--allow-anyone`` is given, and on a host
   other than a loopback one even then (:func:`is_loopback_host`).
-* Every refusal — a bad option, a hook that does not load, no secret, a host that does not
-  resolve, a port in use — is one line on stderr and exit status 2.
-* It serves the shipped browser files under ``/kernel_ext/`` (``--no-page``: none), so
+* It checks everything before it starts and refuses with one line on stderr and exit status
+  2 naming every unmet requirement at once (``N problems: (1) …; (2) …`` when there are
+  several): no ``KERNEL_EXT_SECRET``, one shorter than 16 bytes (with how to make one), a
+  Redis URL redis-py cannot parse, any other ``KERNEL_EXT_*`` value that does not parse,
+  missing hooks, a non-loopback host without them, a hook that does not load, a host or
+  port it cannot listen on. A command line argparse cannot parse (an unknown option, a
+  port that is not a number) is refused first, alone, the same way.
+* A Redis that does not answer does not stop it: it starts, says so at WARNING with the
+  retry schedule, is not ready (``/readyz`` 503) and keeps trying until Redis answers.
+* It answers ``/healthz`` and ``/readyz`` (:mod:`kernel_ext.relay.health`) and serves the
+  shipped browser files under ``/kernel_ext/`` (``--no-page``: none), so
   ``<url>/kernel_ext/example.html?conversation=ID`` follows a conversation in a browser.
-* Once listening it prints one start-up line on stderr: URL, namespace, auth mode, Redis,
-  and the example page's URL.
+* Once listening (after its first attempt to reach Redis, if it has one) it prints one
+  start-up line on stderr: URL, namespace, auth mode, Redis (``connected``,
+  ``unreachable…`` or ``connecting…``), and the example page's URL.
 * SIGINT and SIGTERM stop it gracefully; it then exits with 130 or 143.
 """
 
@@ -28,9 +37,8 @@ import logging
 import signal
 import socket
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from kernel_ext._cli import (
     EXIT_OK,
@@ -46,7 +54,16 @@ from kernel_ext._cli import (
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import NAMESPACE
 from kernel_ext.relay._log import logger
-from kernel_ext.settings import Settings, env_name, load_callable, load_settings
+from kernel_ext.settings import (
+    MAKE_SECRET,
+    MIN_SECRET_BYTES,
+    Settings,
+    env_name,
+    list_problems,
+    load_callable,
+    read_settings,
+    redacted_url,
+)
 
 __all__ = ["DESCRIPTION", "add_arguments", "is_loopback_host", "main", "run"]
 
@@ -59,15 +76,23 @@ PAGE_PREFIX = "/kernel_ext"
 """Where the relay serves the shipped browser files (:func:`kernel_ext.web.static_files`)."""
 PAGE = "example.html"
 _REDIS_CHANNEL_DEFAULT = Settings.model_fields["redis_channel"].default
+# The options that override settings fields, as a refusal names them.
+_OPTIONS = {
+    "redis_url": "--redis-url",
+    "redis_channel": "--redis-channel",
+    "namespace": "--namespace",
+}
 
 DESCRIPTION = (
     "Serve the kernel_ext /chat relay on its own (uvicorn): blocks from internal senders "
     "to the browsers in each conversation's room."
 )
 _EPILOG = (
-    f"The internal senders' secret comes from {_SECRET}. Without both --authenticate and "
+    f"The internal senders' secret comes from {_SECRET} (at least {MIN_SECRET_BYTES} bytes; "
+    f"make one with: {MAKE_SECRET}). Without both --authenticate and "
     "--authorize-join the relay refuses to start, unless --allow-anyone is given on a "
-    "loopback --host. SIGINT or SIGTERM stop it (exit status 130 or 143)."
+    "loopback --host. It answers GET /healthz (liveness) and GET /readyz (readiness). "
+    "SIGINT or SIGTERM stop it (exit status 130 or 143)."
 )
 
 
@@ -165,26 +190,14 @@ def _openness(authenticate: str | None, authorize_join: str | None) -> str:
     return ""
 
 
-def _load_hook(prog: str, option: str, spec: str) -> Callable[..., Any]:
+def _load_hook(option: str, spec: str) -> Callable[..., Any] | str:
+    """The hook ``spec`` names, or the problem (a string) when it cannot be loaded."""
     try:
         return load_callable(spec, option)
     except ConfigError as exc:
-        usage_error(prog, str(exc))
+        return str(exc)
     except Exception as exc:  # the module itself failed while importing
-        usage_error(prog, f"{option} {spec!r} cannot be loaded ({type(exc).__name__}: {exc})")
-
-
-def _redacted(url: str) -> str:
-    """``url`` without its password (the start-up line is not a place for secrets)."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<a URL that does not parse>"
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = url_host(parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+        return f"{option} {spec!r} cannot be loaded ({type(exc).__name__}: {exc})"
 
 
 def _auth_mode(args: argparse.Namespace) -> str:
@@ -194,12 +207,25 @@ def _auth_mode(args: argparse.Namespace) -> str:
     return "; ".join(part for part in (named, f"open: {openness}" if openness else "") if part)
 
 
+_REDIS_STATE = {
+    "connected": "connected",
+    "unreachable": "unreachable: retrying, not ready until it answers",
+}
+
+
 def _startup_line(
-    prog: str, args: argparse.Namespace, url: str, namespace: str, redis: str | None, channel: str
+    prog: str,
+    args: argparse.Namespace,
+    url: str,
+    namespace: str,
+    redis: str | None,
+    channel: str,
+    redis_state: str | None,
 ) -> str:
-    where = (
-        f"Redis {_redacted(redis)}, channel {channel}" if redis else "no Redis (this process only)"
-    )
+    where = "no Redis (this process only)"
+    if redis:
+        state = _REDIS_STATE.get(redis_state or "", "connecting: not ready until it answers")
+        where = f"Redis {redacted_url(redis)} ({state}), channel {channel}"
     page = "" if args.no_page else f", page {url}{PAGE_PREFIX}/{PAGE}?conversation=ID"
     return f"{prog}: serving {url}, namespace {namespace}, auth: {_auth_mode(args)}, {where}{page}"
 
@@ -220,7 +246,9 @@ def _stop_on_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
             loop.remove_signal_handler(each)
 
 
-def _serve(app: Any, sock: socket.socket, log_level: str, announce: Callable[[], None]) -> int:
+def _serve(
+    app: Any, sock: socket.socket, log_level: str, announce: Callable[[], Awaitable[None]]
+) -> int:
     """Serve ``app`` on the listening ``sock`` until SIGINT/SIGTERM; the exit code."""
     import uvicorn
 
@@ -245,9 +273,10 @@ def _serve(app: Any, sock: socket.socket, log_level: str, announce: Callable[[],
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started:
-                announce()
+                await announce()
 
-    server = Server(uvicorn.Config(app, log_level=log_level, lifespan="off"))
+    # Lifespan events on: the app starts its Redis listener at start-up (relay.health).
+    server = Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # a SIGINT before the loop's handler was in place
@@ -255,52 +284,76 @@ def _serve(app: Any, sock: socket.socket, log_level: str, announce: Callable[[],
     return exit_code_after(server.stopped_by) if server.stopped_by is not None else EXIT_OK
 
 
-def run(args: argparse.Namespace, prog: str | None = None) -> int:
-    """Run the relay with parsed ``args``; returns the exit code (module docstring).
-
-    Refuses to start (one line on stderr, exit status 2, through :class:`SystemExit`)
-    without both hooks unless ``--allow-anyone`` is given, and without both hooks on a
-    non-loopback ``--host`` (:func:`is_loopback_host`) even then; a hook that cannot be
-    loaded, a missing ``KERNEL_EXT_SECRET``, a ``KERNEL_EXT_*`` variable that does not
-    parse, a host or port it cannot listen on are refused the same way."""
-    prog = prog or getattr(args, "prog", None) or "kernel-ext relay"
+def _problems(
+    args: argparse.Namespace,
+) -> tuple[Settings, list[str], dict[str, Callable[..., Any]], socket.socket | None]:
+    """Every requirement ``args`` and the environment do not meet (in the order a reader
+    checks them: settings, secret, hooks, host and port), with what was found meanwhile:
+    the settings, the loaded hooks and the listening socket."""
+    settings, bad = read_settings(
+        labels=_OPTIONS,
+        redis_url=args.redis_url,
+        redis_channel=args.redis_channel,
+        namespace=args.namespace,
+    )
+    problems = list(bad.values())
+    if "secret" not in bad and not settings.secret_value():
+        problems.append(
+            f"set {_SECRET} to the internal senders' shared secret (at least "
+            f"{MIN_SECRET_BYTES} bytes; make one with: {MAKE_SECRET})"
+        )
     openness = _openness(args.authenticate, args.authorize_join)
     if openness and not is_loopback_host(args.host):
-        usage_error(
-            prog,
+        problems.append(
             f"--host {args.host} may be reachable from the network and {openness}: give both "
-            "--authenticate and --authorize-join (--allow-anyone is for loopback hosts only)",
+            "--authenticate and --authorize-join (--allow-anyone is for loopback hosts only)"
         )
-    if openness and not args.allow_anyone:
-        usage_error(
-            prog,
+    elif openness and not args.allow_anyone:
+        problems.append(
             f"{openness}: give both --authenticate and --authorize-join (MODULE:FUNCTION), "
-            "or --allow-anyone to accept that",
+            "or --allow-anyone to accept that"
         )
-    try:
-        settings = load_settings(
-            redis_url=args.redis_url, redis_channel=args.redis_channel, namespace=args.namespace
-        )
-    except ConfigError as exc:
-        usage_error(prog, str(exc))
-    secret = settings.secret_value()
-    if not secret:
-        usage_error(prog, f"set {_SECRET} to the internal senders' shared secret")
-    authenticate = (
-        _load_hook(prog, "--authenticate", args.authenticate) if args.authenticate else None
-    )
-    from kernel_ext.relay.app import create_app  # Socket.IO: loaded when it serves
-    from kernel_ext.relay.auth import allow_all
-
-    authorize_join = (
-        _load_hook(prog, "--authorize-join", args.authorize_join)
-        if args.authorize_join
-        else allow_all
-    )
+    hooks: dict[str, Callable[..., Any]] = {}
+    for option, spec in (
+        ("--authenticate", args.authenticate),
+        ("--authorize-join", args.authorize_join),
+    ):
+        if spec:
+            hook = _load_hook(option, spec)
+            if isinstance(hook, str):
+                problems.append(hook)
+            else:
+                hooks[option] = hook
+    sock = None
     try:
         sock = listen(args.host, args.port)
     except CommandLineError as exc:
-        usage_error(prog, str(exc))
+        problems.append(str(exc))
+    return settings, problems, hooks, sock
+
+
+def run(args: argparse.Namespace, prog: str | None = None) -> int:
+    """Run the relay with parsed ``args``; returns the exit code (module docstring).
+
+    Refuses to start (one line on stderr naming every unmet requirement, exit status 2,
+    through :class:`SystemExit`) without both hooks unless ``--allow-anyone`` is given, and
+    without both hooks on a non-loopback ``--host`` (:func:`is_loopback_host`) even then;
+    without a ``KERNEL_EXT_SECRET`` of at least 16 bytes; with a Redis URL that does not
+    parse, a ``KERNEL_EXT_*`` variable that does not parse, a hook that cannot be loaded,
+    a host or port it cannot listen on."""
+    prog = prog or getattr(args, "prog", None) or "kernel-ext relay"
+    settings, problems, hooks, sock = _problems(args)
+    if problems or sock is None:
+        if sock is not None:
+            sock.close()
+        usage_error(prog, list_problems(problems))
+    secret = settings.secret_value()
+    assert secret is not None
+    openness = _openness(args.authenticate, args.authorize_join)
+    from kernel_ext.relay.app import create_app  # Socket.IO: loaded when it serves
+    from kernel_ext.relay.auth import allow_all
+    from kernel_ext.relay.redis import RelayRedisManager
+
     with sock:
         port = sock.getsockname()[1]
         url = f"http://{url_host(args.host or '0.0.0.0')}:{port}"
@@ -314,15 +367,26 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
             redis_url=settings.redis_url,
             redis_channel=settings.redis_channel,
             namespace=settings.namespace,
-            authenticate=authenticate,
-            authorize_join=authorize_join,
+            authenticate=hooks.get("--authenticate"),
+            authorize_join=hooks.get("--authorize-join", allow_all),
             assets_prefix=None if args.no_page else PAGE_PREFIX,
         )
-        line = _startup_line(
-            prog, args, url, settings.namespace, settings.redis_url, settings.redis_channel
-        )
+        manager = ready.sio.manager
 
-        def announce() -> None:
+        async def announce() -> None:
+            state = None
+            if isinstance(manager, RelayRedisManager):
+                # Started by the app at start-up; the line says how its first attempt went.
+                state = await manager.tried(manager.connect_timeout + 1.0)
+            line = _startup_line(
+                prog,
+                args,
+                url,
+                settings.namespace,
+                settings.redis_url,
+                settings.redis_channel,
+                state,
+            )
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 

@@ -66,6 +66,7 @@ from kernel_ext.relay.auth import (
     call_hook,
     worker_of,
 )
+from kernel_ext.relay.health import Readiness
 from kernel_ext.relay.hostile import GuardedNamespace
 from kernel_ext.relay.redis import RelayRedisManager
 from kernel_ext.relay.replay import ReplayMemory, read_cursors
@@ -78,6 +79,13 @@ _ROOM_MAX = 512
 _CATCH_UP_ROUNDS = 8
 """Rounds a catch-up takes at most to find nothing more to send before the browser enters
 the room (each sends what arrived during the one before)."""
+
+# Why a relay whose server's manager is a RelayRedisManager is not ready, by its state.
+_REDIS_NOT_READY = {
+    "idle": "redis listener not started",
+    "connecting": "redis connecting",
+    "unreachable": "redis unreachable",
+}
 
 
 class _Internal:
@@ -110,7 +118,8 @@ class ChatRelay(GuardedNamespace):
     """The ``/chat`` relay namespace (module docstring for the guarantees).
 
     Args:
-        secret: the shared secret of internal senders (non-empty).
+        secret: the shared secret of internal senders, at least
+            :data:`~kernel_ext.settings.MIN_SECRET_BYTES` (16) bytes in UTF-8.
         namespace: the namespace (default ``/chat``).
         authenticate: browser auth hook (default: accept every browser).
         authorize_join: room authorization hook (default: allow every join, logged once
@@ -147,7 +156,8 @@ class ChatRelay(GuardedNamespace):
     (:class:`~kernel_ext.relay.terminals.TerminalMemory`).
 
     Raises:
-        ConfigError: an empty secret, a bad bound, grace or ttl.
+        ConfigError: a secret shorter than that (:func:`~kernel_ext.settings.check_secret`),
+            a bad bound, grace or ttl.
     """
 
     def __init__(
@@ -264,6 +274,26 @@ class ChatRelay(GuardedNamespace):
         if self.replay is not None:
             counts.update(self.replay.sizes())
         return counts
+
+    def readiness(self) -> Readiness:
+        """Whether this relay can do its job now (what ``/readyz`` answers:
+        :mod:`kernel_ext.relay.health`): it is its server's handler of its namespace
+        (else ``"namespace /chat not mounted"``), and when the server's client manager is a
+        :class:`~kernel_ext.relay.RelayRedisManager`, that is subscribed to Redis (else
+        ``"redis unreachable"``, ``"redis connecting"`` or ``"redis listener not
+        started"``: python-socketio starts it at the first connection,
+        :meth:`RelayRedisManager.start <kernel_ext.relay.RelayRedisManager.start>` at
+        once). Without a Redis manager, or with python-socketio's plain one (which does not
+        say), Redis is not checked. Never raises."""
+        reasons = []
+        server = self.server
+        handlers = getattr(server, "namespace_handlers", None) or {}
+        if handlers.get(self.namespace) is not self:
+            reasons.append(f"namespace {self.namespace} not mounted")
+        manager = getattr(server, "manager", None)
+        if isinstance(manager, RelayRedisManager) and manager.redis_state != "connected":
+            reasons.append(_REDIS_NOT_READY.get(manager.redis_state, "redis unreachable"))
+        return Readiness(tuple(reasons))
 
     # -- connections ----------------------------------------------------------------------
 

@@ -8,7 +8,10 @@ process on the same channel) that also
   an outage; and
 * ends the open streams of a gone write-only worker (:class:`~kernel_ext.emit.RedisEmitter`,
   no relay connection to watch) for this process's browsers, from the worker's tagged
-  emits and heartbeats (the rules of :mod:`kernel_ext.relay.workers`).
+  emits and heartbeats (the rules of :mod:`kernel_ext.relay.workers`); and
+* keeps its subscription's state (:attr:`RelayRedisManager.redis_state`), which the relay's
+  readiness reports, reconnecting on kernel_ext's retry schedule and saying at WARNING when
+  Redis does not answer.
 """
 
 from __future__ import annotations
@@ -21,17 +24,26 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import socketio
 
 from kernel_ext._backoff import Backoff
 from kernel_ext._bounded import BoundedMap
 from kernel_ext._compat import PublishResult, publish_result_supported
+from kernel_ext._telemetry import is_rare
+from kernel_ext.errors import check_positive_numbers
 from kernel_ext.protocol import TERMINAL_STATES, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.relay._log import logger, rare
 from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, is_worker_id, track_workers
+from kernel_ext.settings import check_redis_url, redacted_url
 
-__all__ = ["RelayRedisManager"]
+__all__ = ["REDIS_STATES", "RelayRedisManager"]
+
+REDIS_STATES = ("idle", "connecting", "connected", "unreachable")
+""":attr:`RelayRedisManager.redis_state`: not listening yet (python-socketio starts at the
+first connection, :meth:`~RelayRedisManager.start` at once), trying the first time,
+subscribed, or not answering (retrying)."""
 
 
 class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
@@ -65,8 +77,20 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
     disables all of this. Call :meth:`stop_watching` when the server stops
     (:meth:`ChatRelay.aclose <kernel_ext.relay.ChatRelay.aclose>` does).
 
+    Listening: it subscribes to the channel with a client of its own (redis-py, ``url``),
+    and :attr:`redis_state` says how that goes (:data:`REDIS_STATES`); ``"connected"`` once
+    subscribed. When Redis refuses, drops or never answers the connection (within
+    ``connect_timeout`` seconds), the state is ``"unreachable"`` and it tries again after
+    ``reconnect_delay`` seconds, doubling up to ``reconnect_delay_max`` (jittered ±25 %),
+    until Redis answers. The first failure of each outage is logged at WARNING with that
+    schedule (the URL without its password), later attempts of the outage on the 2nd, 4th,
+    8th … time, the recovery at WARNING; each failed attempt is counted
+    ``redis_unreachable``. python-socketio starts listening at the server's first
+    connection; :meth:`start` starts it at once (the relay app does, at start-up).
+
     Raises:
-        ConfigError: a bad bound, grace or time.
+        ConfigError: a URL redis-py cannot parse (:func:`~kernel_ext.settings.check_redis_url`),
+            a bad bound, grace, time or delay.
     """
 
     def __init__(
@@ -80,7 +104,13 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         worker_grace: float | None = DEFAULT_WORKER_GRACE,
         max_workers: int = 1_024,
         max_worker_streams: int = 10_000,
+        reconnect_delay: float = 0.5,
+        reconnect_delay_max: float = 5.0,
+        connect_timeout: float = 5.0,
     ) -> None:
+        check_redis_url(url)
+        check_positive_numbers(connect_timeout=connect_timeout)
+        reconnect = Backoff(reconnect_delay, reconnect_delay_max)  # reset once subscribed
         workers = track_workers(
             worker_grace,
             self._bump,
@@ -106,6 +136,12 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         self._settle = settle
         self._retrying: asyncio.Task[None] | None = None
         self._confirmed = publish_result_supported()
+        self._url = url
+        self._reconnect = reconnect
+        self.connect_timeout = float(connect_timeout)
+        self.redis_state = "idle"
+        self._started = False
+        self._tried = asyncio.Event()  # the first attempt to subscribe ended
         if not self._confirmed:
             logger.warning(
                 "relay: this python-socketio does not say whether a publish reached Redis; "
@@ -238,8 +274,9 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         return ok
 
     async def _listen(self) -> AsyncIterator[Any]:
-        """python-socketio's listener, less the heartbeats (handled here)."""
-        async for message in super()._listen():
+        """The channel's messages (python-socketio's transport hook), less the heartbeats
+        (handled here)."""
+        async for message in self._subscribed():
             if self._workers is not None and _is_heartbeat(message) and self._heartbeat(message):
                 continue
             yield message
@@ -279,11 +316,14 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         probe = json.dumps({"method": WORKER_HEARTBEAT, "worker": None, "host_id": self.host_id})
         while workers.workers:
             try:
-                if self.redis is not None:
-                    with contextlib.suppress(Exception):
-                        await asyncio.wait_for(
-                            self.redis.publish(self.channel, probe), self._watch_step
-                        )
+                with contextlib.suppress(Exception):
+                    if not self.connected:
+                        # python-socketio's publishing client, made as its publish makes it
+                        # (the subscription is a client of this manager's own).
+                        self._redis_connect()
+                    await asyncio.wait_for(
+                        self.redis.publish(self.channel, probe), self._watch_step
+                    )
                 await asyncio.sleep(self._watch_step)
                 # Judged at the last time this process heard the channel (its own checks
                 # come back every step while Redis works): a worker is gone only if it was
@@ -320,6 +360,96 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
             audience=" for this process's browsers",
         )
 
+    # -- listening, and whether Redis answers ---------------------------------------------
+
+    def initialize(self) -> None:
+        """python-socketio's start (the listener task); only the first call does anything,
+        so :meth:`start` and the server's own call at its first connection start one."""
+        if self._started:
+            return
+        self._started = True
+        self.redis_state = "connecting"  # the listener task runs next
+        super().initialize()
+
+    def start(self) -> None:
+        """Start listening now, on the running event loop, instead of at the server's first
+        connection (the manager must belong to a server). Idempotent."""
+        if self.server is None:
+            raise RuntimeError("RelayRedisManager.start(): not the client manager of a server")
+        self.initialize()
+
+    async def tried(self, timeout: float) -> str:
+        """:attr:`redis_state` once the first attempt to subscribe has ended, or after
+        ``timeout`` seconds (then ``"connecting"`` or ``"idle"``)."""
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._tried.wait(), timeout)
+        return self.redis_state
+
+    def _schedule(self) -> str:
+        backoff = self._reconnect
+        return (
+            f"retrying ({backoff.initial:g} s between attempts, doubling up to "
+            f"{backoff.maximum:g} s)"
+        )
+
+    async def _subscribed(self) -> AsyncIterator[Any]:
+        """The messages of the channel, from a subscription of this manager's own, kept up:
+        on any failure :attr:`redis_state` turns ``"unreachable"`` and it subscribes again on
+        its schedule (class docstring)."""
+        from redis import asyncio as aioredis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        channel = self.channel.encode("utf-8")
+        backoff = self._reconnect
+        self.redis_state = "connecting"
+        failures = 0
+        while True:
+            client = aioredis.Redis.from_url(
+                self._url,
+                socket_connect_timeout=self.connect_timeout,
+                retry=Retry(NoBackoff(), 0),  # this loop retries, on its own schedule
+            )
+            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            try:
+                await asyncio.wait_for(pubsub.subscribe(self.channel), self.connect_timeout)
+                if failures:
+                    logger.warning(
+                        "relay: Redis at %s answers again (after %d failed attempts)",
+                        redacted_url(self._url),
+                        failures,
+                    )
+                failures = 0
+                backoff.reset()
+                self.redis_state = "connected"
+                self._tried.set()
+                async for message in pubsub.listen():
+                    if message.get("channel") == channel and message.get("type") == "message":
+                        yield message.get("data")
+                raise ConnectionError("the subscription ended")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                failures += 1
+                self.redis_state = "unreachable"
+                self._tried.set()
+                self._bump("redis_unreachable")
+                if is_rare(failures):
+                    logger.warning(
+                        "relay: Redis at %s does not answer (%s); %s until it does, not "
+                        "ready until then [failed attempt %d of this outage]",
+                        redacted_url(self._url),
+                        _scrubbed(exc, self._url),
+                        self._schedule(),
+                        failures,
+                    )
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                with contextlib.suppress(Exception):
+                    await client.aclose()
+            await asyncio.sleep(backoff.next())
+
     async def stop_watching(self) -> None:
         """Cancel the gone-worker watch (when the server stops). Idempotent."""
         task, self._watching = self._watching, None
@@ -330,6 +460,16 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
 
 
 _HEARTBEAT_BYTES = WORKER_HEARTBEAT.encode()
+
+
+def _scrubbed(exc: BaseException, url: str) -> str:
+    """``exc`` as ``Type: message``, without the URL's password should the message hold it."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    with contextlib.suppress(ValueError):
+        password = urlsplit(url).password
+        if password:
+            text = text.replace(password, "***")
+    return text
 
 
 def _is_heartbeat(message: Any) -> bool:

@@ -1,0 +1,10 @@
+"""``python -m kernel_ext`` is the ``kernel-ext`` command (:func:`kernel_ext.cli.main`)."""
+
+from __future__ import annotations
+
+import sys
+
+from kernel_ext.cli import main
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
