@@ -132,6 +132,8 @@ def test_every_vector_passes_in_chromium_too(page: Any) -> None:
               if ("block" in step) store.applyBlock(step.block);
               else if ("snapshot" in step) store.applySnapshot(step.snapshot);
               else if ("tick" in step) { now = Math.max(now, step.tick); store.tick(now); }
+              else if ("join" in step) checkpoints.push({ have: store.beginReplay() });
+              else if ("ack" in step) store.endReplay(step.ack);
               else checkpoints.push(store.state());
             }
             return { checkpoints, final: store.state() };
@@ -140,7 +142,11 @@ def test_every_vector_passes_in_chromium_too(page: Any) -> None:
         vectors,
     )
     for vector, result in zip(vectors, results, strict=True):
-        expected = [step["expect"] for step in vector["steps"] if "expect" in step]
+        expected = [
+            step.get("expect", step.get("join"))
+            for step in vector["steps"]
+            if "expect" in step or "join" in step
+        ]
         assert result["checkpoints"] == expected, vector["name"]
         assert result["final"] == vector["expect"], vector["name"]
 

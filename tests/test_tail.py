@@ -100,6 +100,9 @@ STORY_LINES_EN = [
 CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
+STREAM_1 = {"callId": CALL, "taskId": "task-1"}
+
+
 def lines_of(out: io.StringIO) -> list[str]:
     return out.getvalue().splitlines()
 
@@ -240,6 +243,10 @@ def _play_vector(vector: dict[str, Any], locale: str = "zh") -> tuple[TailPrinte
         elif "tick" in step:
             now = max(now, float(step["tick"]))
             printer.tick(now)
+        elif "join" in step:
+            assert printer.joining() == step["join"]["have"]
+        elif "ack" in step:
+            printer.joined(step["ack"])
     return printer, out.getvalue()
 
 
@@ -263,6 +270,88 @@ def test_printer_keeps_the_view_semantics_of_every_vector(path: Path) -> None:
     vector = load(path)
     printer, _ = _play_vector(vector)
     assert printer.store.state() == vector["expect"]
+
+
+def test_printer_marks_the_lines_of_a_catch_up_and_says_what_is_missing() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, locale="en")
+    printer.block(block(1, "text", {"text": "before the reconnect"}))
+    assert printer.joining() == [{"callId": CALL, "taskId": "task-1", "seq": 1}]
+    printer.block(block(1, "text", {"text": "before the reconnect"}))  # resent: no line
+    printer.block(block(9, "text", {"text": "caught up"}))
+    printer.block(block(1, "text", {"text": "second task"}, task_id="task-2"))
+    missing = [
+        {"callId": CALL, "taskId": "task-1", "blocks": 7},
+        {"callId": CALL, "taskId": "task-1", "blocks": 5},  # one notice per stream
+        {"callId": CALL, "taskId": "task-2", "blocks": 1},
+    ]
+    printer.joined({"ok": True, "replay": {"blocks": 2, "streams": 2, "missing": missing}})
+    printer.block(block(10, "text", {"text": "live again"}))
+    assert lines_of(out) == [
+        f"[00f067aa] ── {CALL}",
+        "[00f067aa] before the reconnect",
+        "── Catching up… ──",
+        "[00f067aa] caught up",
+        "[00f067aa] Task task-2",
+        "[00f067aa] second task",
+        "[00f067aa] Task task-1 · 12 earlier blocks are no longer available",
+        "[00f067aa] Task task-2 · 1 earlier block is no longer available",
+        "── Live ──",
+        "[00f067aa] live again",
+    ]
+
+
+def test_printer_prints_no_marker_for_a_catch_up_that_brought_nothing() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out)
+    printer.block(STORY[0])
+    printer.joining()
+    printer.block(STORY[0])  # only what it already had
+    printer.joined({"ok": True, "replay": {"blocks": 1, "streams": 1}})
+    printer.joining()
+    printer.joined(None)  # no answer
+    assert lines_of(out) == [f"[00f067aa] ── {CALL}", STORY_LINES[1]]
+    assert printer.store.panes[0].mode == "live"
+
+
+@pytest.mark.parametrize(
+    "ack",
+    [
+        None,
+        5,
+        "ok",
+        [True],
+        {"ok": "yes"},
+        {"ok": True, "replay": "everything"},
+        {"ok": True, "replay": {"missing": {"callId": CALL}}},
+        {"ok": True, "replay": {"blocks": 10**4000, "missing": [None, 1, {"callId": [CALL]}]}},
+        {"ok": True, "replay": {"missing": [{**STREAM_1, "blocks": 2**53}]}},
+        {"ok": True, "replay": {"missing": [{**STREAM_1, "blocks": 0}]}},
+        {"ok": True, "replay": {"missing": [STREAM_1] * 20_000}},
+        {"ok": False, "error": "\x1b[2Jforbidden"},
+    ],
+    ids=lambda ack: type(ack).__name__,
+)
+def test_printer_takes_any_acknowledgement_without_raising_and_prints_no_notice(ack: Any) -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out)
+    printer.block(STORY[0])
+    printer.joining()
+    printer.joined(ack)
+    assert lines_of(out) == [f"[00f067aa] ── {CALL}", STORY_LINES[1]]
+    assert printer.store.panes[0].mode == "live"
+    assert printer.store.panes[0].tasks["task-1"].missing == 0
+
+
+def test_printer_json_mode_keeps_the_cursors_but_prints_only_blocks() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, json_mode=True)
+    printer.block(STORY[0])
+    assert printer.joining() == [{"callId": CALL, "taskId": "task-1", "seq": 1}]
+    printer.block(STORY[1])
+    missing = [{"callId": CALL, "taskId": "task-1", "blocks": 3}]
+    printer.joined({"ok": True, "replay": {"blocks": 1, "streams": 1, "missing": missing}})
+    assert [json.loads(line) for line in lines_of(out)] == STORY[:2]
 
 
 # -- against the real relay ----------------------------------------------------------------
@@ -519,3 +608,172 @@ async def test_tail_explains_an_unreachable_relay_and_exits_non_zero() -> None:
     assert stdout == ""
     assert f"kernel-ext tail: cannot connect to {url}" in stderr
     assert "Traceback" not in stderr
+
+
+# -- catch-up through a relay that catches up -------------------------------------------------
+
+
+class CatchUpStandIn:
+    """What the relay's catch-up (issue 24) does on a join, per the wire of docs/web.md
+    ("Catching up"), for the viewer's side: a real :class:`~kernel_ext.relay.ChatRelay`
+    whose join, once accepted, sends this browser the ``held`` blocks it lacks (seq above
+    its cursor, stream by stream) and acknowledges with ``replay`` (``missing`` as given).
+    It stands in for the relay's own memory, built separately; it records each request."""
+
+    def __init__(self, held: list[dict[str, Any]], missing: list[Any]) -> None:
+        self.held = held
+        self.missing = missing
+        self.requests: list[Any] = []
+
+
+@asynccontextmanager
+async def catch_up_relay(
+    port: int | None = None,
+    held: list[dict[str, Any]] | None = None,
+    missing: list[Any] | None = None,
+) -> AsyncIterator[tuple[str, CatchUpStandIn]]:
+    from kernel_ext.relay import ChatRelay
+
+    stand_in = CatchUpStandIn(held or [], missing or [])
+
+    class Relay(ChatRelay):
+        async def on_join_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
+            stand_in.requests.append(data)
+            ack = await super().on_join_conversation(sid, data)
+            if not ack.get("ok"):
+                return ack
+            have = data.get("have") or []
+            cursors = {(c["callId"], c["taskId"]): c["seq"] for c in have}
+            sent = [
+                held
+                for held in stand_in.held
+                if held["envelope"]["seq"] > cursors.get((held["callId"], held["taskId"]), -1)
+            ]
+            for held in sent:
+                await self.emit("tool_event_stream", held, to=sid)
+            streams = {(held["callId"], held["taskId"]) for held in sent}
+            replay = {"blocks": len(sent), "streams": len(streams), "missing": stand_in.missing}
+            return {**ack, "replay": replay}
+
+    sio = socketio.AsyncServer(async_mode="asgi", cors_allowed_origins=[])
+    sio.register_namespace(Relay(SECRET, authenticate=authenticate, authorize_join=authorize_join))
+    async with serve_asgi(socketio.ASGIApp(sio), port) as bound:
+        yield f"http://127.0.0.1:{bound}", stand_in
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_started_mid_call_shows_the_catch_up_then_the_live_blocks() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    held = [STORY[0], STORY[2]]  # the relay no longer holds block 2
+    missing = [{"callId": CALL, "taskId": "task-1", "blocks": 1}]
+    async with catch_up_relay(held=held, missing=missing) as (url, stand_in):
+        task = asyncio.create_task(
+            follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
+        )
+        try:
+            await wait_until(
+                lambda: "following conversation" in err.getvalue(),
+                WAIT,
+                "timed out waiting for the join",
+            )
+            async with internal_sender(url) as sender:
+                await send_blocks(sender, CONV, STORY[3:])
+                await wait_until(
+                    lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+                )
+        finally:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+    assert stand_in.requests == [{"conversationId": CONV}]  # it held nothing: no have
+    assert lines_of(out) == [
+        "── 同步中… ──",
+        f"[00f067aa] ── {CALL}",
+        *STORY_LINES[1:3],
+        "[00f067aa] 1 条较早的内容已不可用",
+        "── 实时 ──",
+        *STORY_LINES[3:],
+    ]
+    assert f"following conversation 'conv-1' at {url}, caught up on 2 blocks" in err.getvalue()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_joins_again_with_what_it_holds_and_gets_only_the_rest() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    port = free_port()
+    task: asyncio.Task[int] | None = None
+    try:
+        async with catch_up_relay(port) as (url, first):
+            task = asyncio.create_task(
+                follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
+            )
+            await wait_until(
+                lambda: "following conversation" in err.getvalue(),
+                WAIT,
+                "timed out waiting for the join",
+            )
+            async with internal_sender(url) as sender:
+                await send_blocks(sender, CONV, STORY[:3])
+                await wait_until(
+                    lambda: "▶ search_orders" in out.getvalue(),
+                    WAIT,
+                    "timed out waiting for the live blocks",
+                )
+        # The relay comes back holding the whole stream so far: blocks 1 to 5.
+        async with catch_up_relay(port, held=STORY[:5]) as (url, second):
+            await wait_until(
+                lambda: "following 'conv-1' again" in err.getvalue(),
+                WAIT,
+                "timed out waiting for the re-join",
+            )
+            async with internal_sender(url) as sender:
+                await send_blocks(sender, CONV, STORY[5:])
+                await wait_until(
+                    lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+                )
+    finally:
+        if task is not None:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+    assert first.requests == [{"conversationId": CONV}]
+    assert second.requests == [
+        {"conversationId": CONV, "have": [{"callId": CALL, "taskId": "task-1", "seq": 3}]}
+    ]
+    # Blocks 4 and 5 came from the catch-up, once; nothing was repeated or lost.
+    assert lines_of(out) == [
+        f"[00f067aa] ── {CALL}",
+        *STORY_LINES[1:3],
+        "── 同步中… ──",
+        *STORY_LINES[3:6],
+        "── 实时 ──",
+        *STORY_LINES[6:],
+    ]
+    assert "reconnected; following 'conv-1' again, caught up on 2 blocks" in err.getvalue()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_takes_a_hostile_catch_up_acknowledgement_in_its_stride() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    # 10**99: the largest integers python-engineio parses have 100 digits.
+    missing: list[Any] = [None, "x", {"callId": CALL, "taskId": "task-1", "blocks": 10**99}]
+    missing += [{"callId": CALL, "taskId": "task-1", "blocks": -1}] * 5_000
+    async with catch_up_relay(held=[STORY[0]], missing=missing) as (url, _):
+        printer = TailPrinter(out)
+        task = asyncio.create_task(follow(url, CONV, printer, token=TOKEN, err=err, timeout=WAIT))
+        try:
+            await wait_until(
+                lambda: "following conversation" in err.getvalue(),
+                WAIT,
+                "timed out waiting for the join",
+            )
+        finally:
+            task.cancel()
+            with suppress(asyncio.CancelledError):
+                await task
+    assert lines_of(out) == ["── 同步中… ──", f"[00f067aa] ── {CALL}", STORY_LINES[1], "── 实时 ──"]
+    assert printer.store.dropped["ignoredAck"] == len(missing)
+    assert "Traceback" not in err.getvalue()
