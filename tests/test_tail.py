@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import socketio
 from network import free_port, serve_asgi
+from relay_helpers import CatchUpStandIn
 from test_vectors import VECTOR_FILES, load
 from timing import wait_until
 
@@ -366,12 +367,16 @@ def authorize_join(identity: Any, conversation_id: str) -> bool:
 
 
 @asynccontextmanager
-async def relay(port: int | None = None) -> AsyncIterator[str]:
+async def relay(
+    port: int | None = None, catch_up: CatchUpStandIn | None = None
+) -> AsyncIterator[str]:
     # Imported here: the printer tests above do not need the relay module.
     relay_module = pytest.importorskip("kernel_ext.relay")
     ready = relay_module.create_app(
         SECRET, authenticate=authenticate, authorize_join=authorize_join
     )
+    if catch_up is not None:
+        catch_up.install(ready.relay)
     async with serve_asgi(ready.app, port) as bound:
         yield f"http://127.0.0.1:{bound}"
 
@@ -613,61 +618,14 @@ async def test_tail_explains_an_unreachable_relay_and_exits_non_zero() -> None:
 # -- catch-up through a relay that catches up -------------------------------------------------
 
 
-class CatchUpStandIn:
-    """What the relay's catch-up (issue 24) does on a join, per the wire of docs/web.md
-    ("Catching up"), for the viewer's side: a real :class:`~kernel_ext.relay.ChatRelay`
-    whose join, once accepted, sends this browser the ``held`` blocks it lacks (seq above
-    its cursor, stream by stream) and acknowledges with ``replay`` (``missing`` as given).
-    It stands in for the relay's own memory, built separately; it records each request."""
-
-    def __init__(self, held: list[dict[str, Any]], missing: list[Any]) -> None:
-        self.held = held
-        self.missing = missing
-        self.requests: list[Any] = []
-
-
-@asynccontextmanager
-async def catch_up_relay(
-    port: int | None = None,
-    held: list[dict[str, Any]] | None = None,
-    missing: list[Any] | None = None,
-) -> AsyncIterator[tuple[str, CatchUpStandIn]]:
-    from kernel_ext.relay import ChatRelay
-
-    stand_in = CatchUpStandIn(held or [], missing or [])
-
-    class Relay(ChatRelay):
-        async def on_join_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
-            stand_in.requests.append(data)
-            ack = await super().on_join_conversation(sid, data)
-            if not ack.get("ok"):
-                return ack
-            have = data.get("have") or []
-            cursors = {(c["callId"], c["taskId"]): c["seq"] for c in have}
-            sent = [
-                held
-                for held in stand_in.held
-                if held["envelope"]["seq"] > cursors.get((held["callId"], held["taskId"]), -1)
-            ]
-            for held in sent:
-                await self.emit("tool_event_stream", held, to=sid)
-            streams = {(held["callId"], held["taskId"]) for held in sent}
-            replay = {"blocks": len(sent), "streams": len(streams), "missing": stand_in.missing}
-            return {**ack, "replay": replay}
-
-    sio = socketio.AsyncServer(async_mode="asgi", cors_allowed_origins=[])
-    sio.register_namespace(Relay(SECRET, authenticate=authenticate, authorize_join=authorize_join))
-    async with serve_asgi(socketio.ASGIApp(sio), port) as bound:
-        yield f"http://127.0.0.1:{bound}", stand_in
-
-
 @pytest.mark.network
 @pytest.mark.timeout(60)
 async def test_tail_started_mid_call_shows_the_catch_up_then_the_live_blocks() -> None:
     out, err = io.StringIO(), io.StringIO()
     held = [STORY[0], STORY[2]]  # the relay no longer holds block 2
     missing = [{"callId": CALL, "taskId": "task-1", "blocks": 1}]
-    async with catch_up_relay(held=held, missing=missing) as (url, stand_in):
+    stand_in = CatchUpStandIn(held, missing)
+    async with relay(catch_up=stand_in) as url:
         task = asyncio.create_task(
             follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
         )
@@ -705,7 +663,8 @@ async def test_tail_joins_again_with_what_it_holds_and_gets_only_the_rest() -> N
     port = free_port()
     task: asyncio.Task[int] | None = None
     try:
-        async with catch_up_relay(port) as (url, first):
+        first = CatchUpStandIn()
+        async with relay(port, first) as url:
             task = asyncio.create_task(
                 follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
             )
@@ -722,7 +681,8 @@ async def test_tail_joins_again_with_what_it_holds_and_gets_only_the_rest() -> N
                     "timed out waiting for the live blocks",
                 )
         # The relay comes back holding the whole stream so far: blocks 1 to 5.
-        async with catch_up_relay(port, held=STORY[:5]) as (url, second):
+        second = CatchUpStandIn(held=STORY[:5])
+        async with relay(port, second) as url:
             await wait_until(
                 lambda: "following 'conv-1' again" in err.getvalue(),
                 WAIT,
@@ -761,7 +721,7 @@ async def test_tail_takes_a_hostile_catch_up_acknowledgement_in_its_stride() -> 
     # 10**99: the largest integers python-engineio parses have 100 digits.
     missing: list[Any] = [None, "x", {"callId": CALL, "taskId": "task-1", "blocks": 10**99}]
     missing += [{"callId": CALL, "taskId": "task-1", "blocks": -1}] * 5_000
-    async with catch_up_relay(held=[STORY[0]], missing=missing) as (url, _):
+    async with relay(catch_up=CatchUpStandIn([STORY[0]], missing)) as url:
         printer = TailPrinter(out)
         task = asyncio.create_task(follow(url, CONV, printer, token=TOKEN, err=err, timeout=WAIT))
         try:
