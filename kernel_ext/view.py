@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
+    "DROP_REASONS",
     "LABELS",
     "MAX_JOIN_STREAMS",
     "Applied",
@@ -52,6 +53,7 @@ __all__ = [
     "Item",
     "Outcome",
     "Pane",
+    "PaneMode",
     "PaneStatus",
     "PaneStore",
     "Task",
@@ -85,7 +87,7 @@ Outcome = Literal[
     "unattributed",
     "ignoredSnapshot",
 ]
-_DROP_REASONS = (
+DROP_REASONS: tuple[str, ...] = (
     "invalid",
     "duplicate",
     "afterEnd",
@@ -93,6 +95,8 @@ _DROP_REASONS = (
     "ignoredSnapshot",
     "ignoredAck",
 )
+"""The keys of :attr:`PaneStore.dropped`: why an input changed nothing (the vectors'
+``dropped``)."""
 _STATES = frozenset({"running", "done", "aborted"})
 _TOOL_NAME_KEYS = ("name", "tool", "toolName")
 
@@ -476,7 +480,7 @@ class PaneStore:
         self._orphan_seqs: dict[str, int] = {}
         self._replaying = False
         self._join_cursors: dict[tuple[str | None, str], int] = {}
-        self.dropped: dict[str, int] = dict.fromkeys(_DROP_REASONS, 0)
+        self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
 
     # -- reading -----------------------------------------------------------------------
     @property
