@@ -405,45 +405,58 @@ async def send_chat_event(client: socketio.AsyncClient, room: str, event: Any) -
     assert ack == {"ok": True}
 
 
+@asynccontextmanager
+async def tailing(url: str, printer: TailPrinter, err: io.StringIO) -> AsyncIterator[None]:
+    """``follow`` the conversation at ``url`` until the block ends, once it has joined."""
+    task = asyncio.create_task(follow(url, CONV, printer, token=TOKEN, err=err, timeout=WAIT))
+    try:
+        await wait_until(
+            lambda: "following conversation" in err.getvalue(),
+            WAIT,
+            "timed out waiting for the join",
+        )
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+
 @pytest.mark.network
 @pytest.mark.timeout(60)
 async def test_tail_follows_a_conversation_live_through_the_relay() -> None:
     out, err = io.StringIO(), io.StringIO()
-    async with relay() as url:
-        task = asyncio.create_task(
-            follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
+    async with (
+        relay() as url,
+        tailing(url, TailPrinter(out), err),
+        internal_sender(url) as sender,
+    ):
+        # Another room's traffic, sent first, must never reach this conversation.
+        await send_chat_event(sender, "conv-other", snapshot(CALL2))
+        await send_blocks(sender, "conv-other", [block(1, "text", {"t": 1}, call_id=CALL2)])
+        await send_chat_event(sender, CONV, snapshot())
+        await send_blocks(sender, CONV, STORY[:3])
+        await wait_until(
+            lambda: "▶ search_orders" in out.getvalue(),
+            WAIT,
+            "timed out waiting for the first frame",
         )
-        try:
-            await wait_until(
-                lambda: "following conversation" in err.getvalue(),
-                WAIT,
-                "timed out waiting for the join",
-            )
-            async with internal_sender(url) as sender:
-                # Another room's traffic, sent first, must never reach this conversation.
-                await send_chat_event(sender, "conv-other", snapshot(CALL2))
-                await send_blocks(sender, "conv-other", [block(1, "text", {"t": 1}, call_id=CALL2)])
-                await send_chat_event(sender, CONV, snapshot())
-                await send_blocks(sender, CONV, STORY[:3])
-                await wait_until(
-                    lambda: "▶ search_orders" in out.getvalue(),
-                    WAIT,
-                    "timed out waiting for the first frame",
-                )
-                await send_blocks(sender, CONV, STORY[3:])
-                await wait_until(
-                    lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
-                )
-        finally:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
+        await send_blocks(sender, CONV, STORY[3:])
+        await wait_until(
+            lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+        )
     assert lines_of(out) == STORY_LINES
 
 
-@pytest.mark.network
-@pytest.mark.timeout(60)
-async def test_tail_joins_again_after_the_relay_restarts() -> None:
+async def tail_across_a_restart(
+    before: list[dict[str, Any]],
+    printed: str,
+    after: list[dict[str, Any]],
+    catch_up: CatchUpStandIn | None = None,
+) -> tuple[list[str], str]:
+    """``follow`` a relay that sends ``before`` live (until ``printed`` is printed), stops,
+    comes back on the same port (catching up as ``catch_up`` does, if given) and sends
+    ``after``, which ends the call: what tail printed, and its stderr."""
     out, err = io.StringIO(), io.StringIO()
     port = free_port()
     task: asyncio.Task[int] | None = None
@@ -458,20 +471,18 @@ async def test_tail_joins_again_after_the_relay_restarts() -> None:
                 "timed out waiting for the join",
             )
             async with internal_sender(url) as sender:
-                await send_blocks(sender, CONV, STORY[:1])
+                await send_blocks(sender, CONV, before)
                 await wait_until(
-                    lambda: "思考中" in out.getvalue(),
-                    WAIT,
-                    "timed out waiting for the first block",
+                    lambda: printed in out.getvalue(), WAIT, "timed out waiting for the blocks"
                 )
-        async with relay(port) as url:
+        async with relay(port, catch_up) as url:
             await wait_until(
                 lambda: "following 'conv-1' again" in err.getvalue(),
                 WAIT,
                 "timed out waiting for the re-join",
             )
             async with internal_sender(url) as sender:
-                await send_blocks(sender, CONV, STORY[2:])
+                await send_blocks(sender, CONV, after)
                 await wait_until(
                     lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
                 )
@@ -480,9 +491,16 @@ async def test_tail_joins_again_after_the_relay_restarts() -> None:
             task.cancel()
             with suppress(asyncio.CancelledError):
                 await task
-    assert "connection lost; reconnecting…" in err.getvalue()
+    return lines_of(out), err.getvalue()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_joins_again_after_the_relay_restarts() -> None:
+    lines, err = await tail_across_a_restart(STORY[:1], "思考中", STORY[2:])
+    assert "connection lost; reconnecting…" in err
     # No snapshot was sent, so the header has no tool name; nothing was lost or repeated.
-    assert lines_of(out) == [f"[00f067aa] ── {CALL}", *STORY_LINES[1:]]
+    assert lines == [f"[00f067aa] ── {CALL}", *STORY_LINES[1:]]
 
 
 async def start_cli(*args: str) -> asyncio.subprocess.Process:
@@ -625,25 +643,15 @@ async def test_tail_started_mid_call_shows_the_catch_up_then_the_live_blocks() -
     held = [STORY[0], STORY[2]]  # the relay no longer holds block 2
     missing = [{"callId": CALL, "taskId": "task-1", "blocks": 1}]
     stand_in = CatchUpStandIn(held, missing)
-    async with relay(catch_up=stand_in) as url:
-        task = asyncio.create_task(
-            follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
+    async with (
+        relay(catch_up=stand_in) as url,
+        tailing(url, TailPrinter(out), err),
+        internal_sender(url) as sender,
+    ):
+        await send_blocks(sender, CONV, STORY[3:])
+        await wait_until(
+            lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
         )
-        try:
-            await wait_until(
-                lambda: "following conversation" in err.getvalue(),
-                WAIT,
-                "timed out waiting for the join",
-            )
-            async with internal_sender(url) as sender:
-                await send_blocks(sender, CONV, STORY[3:])
-                await wait_until(
-                    lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
-                )
-        finally:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
     assert stand_in.requests == [{"conversationId": CONV}]  # it held nothing: no have
     assert lines_of(out) == [
         "── 同步中… ──",
@@ -659,51 +667,14 @@ async def test_tail_started_mid_call_shows_the_catch_up_then_the_live_blocks() -
 @pytest.mark.network
 @pytest.mark.timeout(60)
 async def test_tail_joins_again_with_what_it_holds_and_gets_only_the_rest() -> None:
-    out, err = io.StringIO(), io.StringIO()
-    port = free_port()
-    task: asyncio.Task[int] | None = None
-    try:
-        first = CatchUpStandIn()
-        async with relay(port, first) as url:
-            task = asyncio.create_task(
-                follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
-            )
-            await wait_until(
-                lambda: "following conversation" in err.getvalue(),
-                WAIT,
-                "timed out waiting for the join",
-            )
-            async with internal_sender(url) as sender:
-                await send_blocks(sender, CONV, STORY[:3])
-                await wait_until(
-                    lambda: "▶ search_orders" in out.getvalue(),
-                    WAIT,
-                    "timed out waiting for the live blocks",
-                )
-        # The relay comes back holding the whole stream so far: blocks 1 to 5.
-        second = CatchUpStandIn(held=STORY[:5])
-        async with relay(port, second) as url:
-            await wait_until(
-                lambda: "following 'conv-1' again" in err.getvalue(),
-                WAIT,
-                "timed out waiting for the re-join",
-            )
-            async with internal_sender(url) as sender:
-                await send_blocks(sender, CONV, STORY[5:])
-                await wait_until(
-                    lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
-                )
-    finally:
-        if task is not None:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
-    assert first.requests == [{"conversationId": CONV}]
-    assert second.requests == [
+    # The relay comes back holding the whole stream so far: blocks 1 to 5.
+    catch_up = CatchUpStandIn(held=STORY[:5])
+    lines, err = await tail_across_a_restart(STORY[:3], "▶ search_orders", STORY[5:], catch_up)
+    assert catch_up.requests == [
         {"conversationId": CONV, "have": [{"callId": CALL, "taskId": "task-1", "seq": 3}]}
     ]
     # Blocks 4 and 5 came from the catch-up, once; nothing was repeated or lost.
-    assert lines_of(out) == [
+    assert lines == [
         f"[00f067aa] ── {CALL}",
         *STORY_LINES[1:3],
         "── 同步中… ──",
@@ -711,7 +682,7 @@ async def test_tail_joins_again_with_what_it_holds_and_gets_only_the_rest() -> N
         "── 实时 ──",
         *STORY_LINES[6:],
     ]
-    assert "reconnected; following 'conv-1' again, caught up on 2 blocks" in err.getvalue()
+    assert "reconnected; following 'conv-1' again, caught up on 2 blocks" in err
 
 
 @pytest.mark.network
@@ -721,19 +692,10 @@ async def test_tail_takes_a_hostile_catch_up_acknowledgement_in_its_stride() -> 
     # 10**99: the largest integers python-engineio parses have 100 digits.
     missing: list[Any] = [None, "x", {"callId": CALL, "taskId": "task-1", "blocks": 10**99}]
     missing += [{"callId": CALL, "taskId": "task-1", "blocks": -1}] * 5_000
-    async with relay(catch_up=CatchUpStandIn([STORY[0]], missing)) as url:
-        printer = TailPrinter(out)
-        task = asyncio.create_task(follow(url, CONV, printer, token=TOKEN, err=err, timeout=WAIT))
-        try:
-            await wait_until(
-                lambda: "following conversation" in err.getvalue(),
-                WAIT,
-                "timed out waiting for the join",
-            )
-        finally:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
+    printer = TailPrinter(out)
+    stand_in = CatchUpStandIn([STORY[0]], missing)
+    async with relay(catch_up=stand_in) as url, tailing(url, printer, err):
+        pass  # joined: the catch-up and its acknowledgement are behind
     assert lines_of(out) == ["── 同步中… ──", f"[00f067aa] ── {CALL}", STORY_LINES[1], "── 实时 ──"]
     assert printer.store.dropped["ignoredAck"] == len(missing)
     assert "Traceback" not in err.getvalue()

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_relay import block as text_block
 
 from kernel_ext.view import LABELS, MAX_JOIN_STREAMS, PaneStore, labels_for, missing_text
 
@@ -170,27 +171,15 @@ def test_max_panes_forgets_the_oldest_ended_pane_first() -> None:
 # -- catch-up (docs/web.md "Catching up") ------------------------------------------------
 
 
-def _text(call_id: str | None, task_id: str, seq: int, state: str = "running") -> dict[str, Any]:
-    key = "message" if state == "aborted" else "text"
-    return {
-        "v": 1,
-        "callId": call_id,
-        "taskId": task_id,
-        "state": state,
-        "ts": 0,
-        "envelope": {"v": 1, "kind": "text", "seq": seq, "payload": {key: f"#{seq}"}},
-    }
-
-
 A = "00f067aa0ba902b7"
 
 
 def test_end_replay_returns_what_changed_missing_first_then_modes() -> None:
     store = PaneStore()
-    store.apply_block(_text(A, "t", 1))
+    store.apply_block(text_block(1, call_id=A, task_id="t"))
     assert store.begin_replay() == [{"callId": A, "taskId": "t", "seq": 1}]
     assert store.replaying
-    store.apply_block(_text("a1b2c3d4e5f60718", "u", 1))
+    store.apply_block(text_block(1, call_id="a1b2c3d4e5f60718", task_id="u"))
     assert [pane.mode for pane in store.panes] == ["replay", "replay"]
     changed = store.end_replay(
         {"ok": True, "replay": {"missing": [{"callId": A, "taskId": "t", "blocks": 2}]}}
@@ -207,25 +196,25 @@ def test_end_replay_returns_what_changed_missing_first_then_modes() -> None:
 def test_have_names_at_most_max_join_streams_streams_the_open_ones_first() -> None:
     assert MAX_JOIN_STREAMS == 1_000
     store = PaneStore()
-    store.apply_block(_text("0000000000000000", "ended", 3, "done"))
+    store.apply_block(text_block(3, call_id="0000000000000000", task_id="ended", state="done"))
     for index in range(MAX_JOIN_STREAMS):
-        store.apply_block(_text(A, f"t{index}", index))
-    store.apply_block(_text(None, "orphan", 2, "done"))
+        store.apply_block(text_block(index, call_id=A, task_id=f"t{index}"))
+    store.apply_block(text_block(2, call_id=None, task_id="orphan", state="done"))
     have = store.have()
     assert len(have) == MAX_JOIN_STREAMS
     assert have[0] == {"callId": A, "taskId": "t0", "seq": 0}
     assert {cursor["taskId"] for cursor in have}.isdisjoint({"ended", "orphan"})
     fewer = PaneStore()
-    fewer.apply_block(_text("0000000000000000", "ended", 3, "done"))
+    fewer.apply_block(text_block(3, call_id="0000000000000000", task_id="ended", state="done"))
     for index in range(MAX_JOIN_STREAMS - 1):
-        fewer.apply_block(_text(A, f"t{index}", index))
-    fewer.apply_block(_text(None, "orphan", 2, "done"))
+        fewer.apply_block(text_block(index, call_id=A, task_id=f"t{index}"))
+    fewer.apply_block(text_block(2, call_id=None, task_id="orphan", state="done"))
     assert fewer.have()[-1] == {"callId": "0000000000000000", "taskId": "ended", "seq": 3}
 
 
 def test_an_acks_missing_list_is_read_up_to_the_bound_the_rest_counted() -> None:
     store = PaneStore()
-    store.apply_block(_text(A, "t", 1))
+    store.apply_block(text_block(1, call_id=A, task_id="t"))
     entry = {"callId": A, "taskId": "t", "blocks": 1}
     store.end_replay({"ok": True, "replay": {"missing": [entry] * MAX_JOIN_STREAMS}})
     assert store.panes[0].tasks["t"].missing == MAX_JOIN_STREAMS
@@ -239,8 +228,8 @@ def test_an_acks_missing_list_is_read_up_to_the_bound_the_rest_counted() -> None
 
 def test_missing_for_a_pane_the_store_forgot_is_counted_not_applied() -> None:
     store = PaneStore(max_panes=1)
-    store.apply_block(_text(A, "t", 1))
-    store.apply_block(_text("a1b2c3d4e5f60718", "u", 1))  # forgets A
+    store.apply_block(text_block(1, call_id=A, task_id="t"))
+    store.apply_block(text_block(1, call_id="a1b2c3d4e5f60718", task_id="u"))  # forgets A
     store.end_replay(
         {"ok": True, "replay": {"missing": [{"callId": A, "taskId": "t", "blocks": 3}]}}
     )

@@ -421,7 +421,8 @@ export class PaneStore {
     if (callId === null) {
       if (!terminal) return this._drop("unattributed", { taskId });
       if (this._orphans.has(taskId)) return this._drop("afterEnd", { taskId });
-      const orphan = Object.freeze({ taskId, outcome: parsed.state, text: terminalText(parsed), seq: parsed.seq });
+      const text = terminalText(parsed);
+      const orphan = Object.freeze({ taskId, outcome: parsed.state, text, seq: parsed.seq });
       this._orphans.set(taskId, orphan);
       const final = { from: orphan.outcome, taskId, text: orphan.text };
       return this._result("orphan", { taskId, final });
@@ -492,7 +493,8 @@ export class PaneStore {
       }
     }
     const orphans = Array.from(this._orphans.values(), (o) => ({ callId: null, taskId: o.taskId, seq: o.seq }));
-    return [...open, ...ended, ...orphans].filter((cursor) => cursor.seq <= MAX_COUNT).slice(0, MAX_JOIN_STREAMS);
+    const cursors = [...open, ...ended, ...orphans].filter((cursor) => cursor.seq <= MAX_COUNT);
+    return cursors.slice(0, MAX_JOIN_STREAMS);
   }
 
   /**
@@ -516,11 +518,11 @@ export class PaneStore {
    * or undefined: no answer; `{ok: false, …}`: refused): every pane is "live" again. An
    * accepted join's `replay.missing` entries ({callId, taskId, blocks}) add `blocks` to the
    * missing count of their task (at most 2**53 - 1 in all). What cannot be used is counted
-   * in dropped.ignoredAck, never thrown: an ack that is not an object with a boolean `ok`, a `replay` or
-   * `missing` of the wrong type, an entry that is not such an object with a non-empty string
-   * callId and taskId and an integer `blocks` of 1 .. 2**53 - 1, an entry for a stream this
-   * store does not hold, entries past the first MAX_JOIN_STREAMS. Returns the results it
-   * reported to the listeners ("missing", then "mode").
+   * in dropped.ignoredAck, never thrown: an ack that is not an object with a boolean `ok`;
+   * a `replay` or `missing` of the wrong type; an entry that is not such an object with a
+   * non-empty string callId and taskId and an integer `blocks` of 1 .. 2**53 - 1, or that is
+   * for a stream this store does not hold; entries past the first MAX_JOIN_STREAMS. Returns
+   * the results it reported to the listeners ("missing", then "mode").
    */
   endReplay(ack) {
     const cursors = this._joinCursors;
@@ -715,7 +717,8 @@ function segmentsOf(items, gapAfter = null) {
   for (const item of items) {
     const last = segments[segments.length - 1];
     const runs = RUN_KINDS.has(item.kind);
-    const acrossGap = gapAfter !== null && last && last.items[last.items.length - 1].seq <= gapAfter && item.seq > gapAfter;
+    const acrossGap =
+      gapAfter !== null && last && last.items[last.items.length - 1].seq <= gapAfter && item.seq > gapAfter;
     if (runs && last && last.kind === item.kind && !acrossGap) {
       last.items.push(item);
       continue;
@@ -727,10 +730,10 @@ function segmentsOf(items, gapAfter = null) {
 }
 
 // Views render at most once per animation frame while their pane catches up.
-const requestFrame = (fn) =>
-  typeof globalThis.requestAnimationFrame === "function" ? globalThis.requestAnimationFrame(fn) : setTimeout(fn, 16);
-const cancelFrame = (handle) =>
-  typeof globalThis.cancelAnimationFrame === "function" ? globalThis.cancelAnimationFrame(handle) : clearTimeout(handle);
+// (No requestAnimationFrame outside a page: a timer of one frame's length instead.)
+const hasFrames = () => typeof globalThis.requestAnimationFrame === "function";
+const requestFrame = (fn) => (hasFrames() ? globalThis.requestAnimationFrame(fn) : setTimeout(fn, 16));
+const cancelFrame = (handle) => (hasFrames() ? globalThis.cancelAnimationFrame(handle) : clearTimeout(handle));
 
 function statusLabel(labels, status) {
   return { calling: labels.calling, streaming: labels.streaming, ended: labels.ended, no_details: labels.noDetails }[status];

@@ -254,13 +254,22 @@ class HeldAcks extends FakeSocket {
   emit(name, data, ack) { this.emitted.push([name, data]); this.acks.push(ack); }
 }
 
-test("attachSocket: panes are replay from the join until its ack, which applies missing", () => {
+// attachSocket on a connected HeldAcks socket, the store holding `blocks`; what onJoin got.
+function joined(blocks, options = {}) {
   const socket = new HeldAcks();
   const store = new PaneStore();
+  for (const block of blocks) store.applyBlock(block);
   const acks = [];
-  const detach = attachSocket(socket, store, { conversationId: "conv-1", onJoin: (ack) => acks.push(ack), tickMs: 0 });
+  const onJoin = (ack) => { acks.push(ack); if (options.onJoin) options.onJoin(ack); };
+  const detach = attachSocket(socket, store, { conversationId: "conv-1", tickMs: 0, ...options, onJoin });
   socket.connected = true;
   socket.fire("connect");
+  return { socket, store, acks, detach };
+}
+
+test("attachSocket: panes are replay from the join until its ack, which applies missing", () => {
+  const { socket, store, acks, detach } = joined([]);
+  assert.deepStrictEqual(socket.emitted[0], ["join_conversation", { conversationId: "conv-1" }]);
   socket.fire("tool_event_stream", running(A, "t", 1));
   assert.equal(store.pane(A).mode, "replay"); // opened by a catch-up block
   socket.acks[0]({ ok: true, replay: { blocks: 1, streams: 1, missing: [{ callId: A, taskId: "t", blocks: 5 }] } });
@@ -282,13 +291,7 @@ test("attachSocket: panes are replay from the join until its ack, which applies 
 });
 
 test("attachSocket: a refused join leaves no pane in replay", () => {
-  const socket = new HeldAcks();
-  const store = new PaneStore();
-  store.applyBlock(running(A, "t", 1));
-  const acks = [];
-  const detach = attachSocket(socket, store, { conversationId: "conv-1", onJoin: (ack) => acks.push(ack), tickMs: 0 });
-  socket.connected = true;
-  socket.fire("connect");
+  const { socket, store, acks, detach } = joined([running(A, "t", 1)]);
   assert.equal(store.pane(A).mode, "replay");
   socket.acks[0]({ ok: false, error: "forbidden" });
   assert.equal(store.pane(A).mode, "live");
@@ -299,20 +302,9 @@ test("attachSocket: a refused join leaves no pane in replay", () => {
 
 test("attachSocket: an unanswered join ends after joinTimeoutMs, its late answer is ignored", async () => {
   assert.equal(DEFAULT_JOIN_TIMEOUT_MS, 10000);
-  const socket = new HeldAcks();
-  const store = new PaneStore();
-  store.applyBlock(running(A, "t", 1));
-  const acks = [];
   let timedOut;
   const answered = new Promise((resolve) => { timedOut = resolve; });
-  const detach = attachSocket(socket, store, {
-    conversationId: "conv-1",
-    tickMs: 0,
-    joinTimeoutMs: 20,
-    onJoin: (ack) => { acks.push(ack); timedOut(); },
-  });
-  socket.connected = true;
-  socket.fire("connect");
+  const { socket, store, acks, detach } = joined([running(A, "t", 1)], { joinTimeoutMs: 20, onJoin: () => timedOut() });
   assert.equal(store.pane(A).mode, "replay");
   await answered;
   assert.equal(store.pane(A).mode, "live");
@@ -324,13 +316,7 @@ test("attachSocket: an unanswered join ends after joinTimeoutMs, its late answer
 });
 
 test("attachSocket: a join superseded by a reconnect's is forgotten; detaching ends a catch-up", () => {
-  const socket = new HeldAcks();
-  const store = new PaneStore();
-  store.applyBlock(running(A, "t", 1));
-  const acks = [];
-  const detach = attachSocket(socket, store, { conversationId: "conv-1", onJoin: (ack) => acks.push(ack), tickMs: 0 });
-  socket.connected = true;
-  socket.fire("connect");
+  const { socket, store, acks, detach } = joined([running(A, "t", 1)]);
   socket.fire("connect"); // reconnected before the first join was answered
   socket.acks[0]({ ok: true, replay: { missing: [{ callId: A, taskId: "t", blocks: 5 }] } });
   assert.equal(store.pane(A).mode, "replay"); // still waiting for the second join
