@@ -356,10 +356,8 @@ async def follow(
         nonlocal joins
         joins += 1
         this_join = joins
-        request: dict[str, Any] = {"conversationId": conversation_id}
-        have = printer.joining()
-        if have:
-            request["have"] = have
+        # ``have`` even when empty: a relay that catches up answers it with ``replay``.
+        request = {"conversationId": conversation_id, "have": printer.joining()}
         ack: Any = None
         try:
             ack = await sio.call(JOIN_EVENT, request, namespace=namespace, timeout=timeout)

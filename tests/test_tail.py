@@ -652,7 +652,7 @@ async def test_tail_started_mid_call_shows_the_catch_up_then_the_live_blocks() -
         await wait_until(
             lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
         )
-    assert stand_in.requests == [{"conversationId": CONV}]  # it held nothing: no have
+    assert stand_in.requests == [{"conversationId": CONV, "have": []}]  # it held nothing
     assert lines_of(out) == [
         "── 同步中… ──",
         f"[00f067aa] ── {CALL}",

@@ -598,8 +598,8 @@ export class PaneStore {
  * `chat_event` snapshots, plus a timer that calls store.tick() every `tickMs`. With
  * `conversationId`, emits `join_conversation` on every (re)connect — after a reconnect the
  * server has forgotten the room — as `{conversationId, have}`: the cursors of what the store
- * already holds (store.beginReplay(); left out while it holds nothing), so a relay that
- * catches up sends only the rest. The panes are in mode "replay" from the join until its
+ * already holds (store.beginReplay(); an empty list while it holds nothing), so a relay that
+ * catches up sends only the rest, and says in its answer what it sent. The panes are in mode "replay" from the join until its
  * acknowledgement, which goes to store.endReplay(ack) and then to `onJoin(ack)`. A join
  * that is refused, or not answered within `joinTimeoutMs` (onJoin(null) then; a later
  * answer is ignored), or superseded by the next reconnect's, or detached, leaves no pane in
@@ -623,8 +623,7 @@ export function attachSocket(
   const join = () => {
     if (conversationId === null) return;
     if (pending !== null && pending.timer !== null) clearTimeout(pending.timer); // superseded
-    const have = store.beginReplay();
-    const request = have.length > 0 ? { conversationId, have } : { conversationId };
+    const request = { conversationId, have: store.beginReplay() };
     const current = { timer: null };
     pending = current;
     if (joinTimeoutMs > 0) current.timer = setTimeout(() => settle(current, null, true), joinTimeoutMs);

@@ -138,7 +138,7 @@ test("attachSocket feeds blocks and snapshots, joins on every connect, detaches 
                                      envelope: { kind: "thinking", seq: 1.0, payload: { text: "hm" } } });
   socket.fire("connect");
   assert.deepStrictEqual(socket.emitted, [
-    ["join_conversation", { conversationId: "conv-1" }], // holds nothing yet: no have
+    ["join_conversation", { conversationId: "conv-1", have: [] }], // holds nothing yet
     ["join_conversation", { conversationId: "conv-1", have: [{ callId: "00f067aa0ba902b7", taskId: "t", seq: 1 }] }],
   ]);
   assert.deepStrictEqual(acks, [{ ok: true }, { ok: true }]);
@@ -269,7 +269,7 @@ function joined(blocks, options = {}) {
 
 test("attachSocket: panes are replay from the join until its ack, which applies missing", () => {
   const { socket, store, acks, detach } = joined([]);
-  assert.deepStrictEqual(socket.emitted[0], ["join_conversation", { conversationId: "conv-1" }]);
+  assert.deepStrictEqual(socket.emitted[0], ["join_conversation", { conversationId: "conv-1", have: [] }]);
   socket.fire("tool_event_stream", running(A, "t", 1));
   assert.equal(store.pane(A).mode, "replay"); // opened by a catch-up block
   socket.acks[0]({ ok: true, replay: { blocks: 1, streams: 1, missing: [{ callId: A, taskId: "t", blocks: 5 }] } });
