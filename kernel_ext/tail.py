@@ -14,6 +14,10 @@ acknowledgement) and prints what arrives, with the semantics of :mod:`kernel_ext
   of ten cells (``▕███░░░░░░░▏ 3/10 · 30% message``; dots when the total is unknown);
 * at the terminal, the final answer and an end marker (``── 已结束 ──``); ``无过程详情`` for
   a call without blocks (after the timeout or once the tool returned);
+* catch-up: every (re)join sends what the viewer already holds (``have``), and a relay that
+  catches up sends the rest first; lines printed before the join's acknowledgement stand
+  between ``── 同步中… ──`` and ``── 实时 ──``, and a call whose stream lacks blocks the
+  relay no longer held says so (``[00f067aa] 12 条较早的内容已不可用``);
 * ``--json``: every ``tool_event_stream`` block as received, one JSON object per line.
 
 Peer text is never trusted with the terminal: control characters (escape sequences,
@@ -52,8 +56,16 @@ from kernel_ext._cli import (
     never_resolves,
     positive_seconds,
 )
-from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
-from kernel_ext.view import Applied, Final, Item, PaneStatus, PaneStore, labels_for
+from kernel_ext.protocol import CHAT_EVENT, JOIN_EVENT, NAMESPACE, TOOL_EVENT_STREAM
+from kernel_ext.view import (
+    Applied,
+    Final,
+    Item,
+    PaneStatus,
+    PaneStore,
+    labels_for,
+    missing_text,
+)
 
 __all__ = [
     "EXIT_FAILED",
@@ -126,9 +138,11 @@ class TailPrinter:
     """Turns ``tool_event_stream`` blocks and ``chat_event`` snapshots into terminal lines.
 
     Feed it what the socket delivers (:meth:`block`, :meth:`snapshot`) and call :meth:`tick`
-    now and then; it writes whole lines to ``out`` and flushes after each input. With
-    ``json_mode`` it writes each block as received, one JSON object per line, and ignores
-    snapshots. A closed ``out`` (broken pipe) sets :attr:`broken` instead of raising.
+    now and then; it writes whole lines to ``out`` and flushes after each input. Around each
+    join: :meth:`joining` (returns the ``have`` cursors to send), :meth:`joined` with the
+    acknowledgement. With ``json_mode`` it writes each block as received, one JSON object
+    per line, and ignores snapshots (the store still takes the blocks, for the cursors). A
+    closed ``out`` (broken pipe) sets :attr:`broken` instead of raising.
     """
 
     def __init__(
@@ -146,6 +160,7 @@ class TailPrinter:
         self.store = store if store is not None else PaneStore(max_panes=1_000)
         self.broken = False
         self._printed: dict[str, _Printed] = {}
+        self._caught_up_lines = False  # lines printed in this join's catch-up
 
     # -- output --------------------------------------------------------------------------
     def _write(self, lines: list[str]) -> None:
@@ -170,11 +185,15 @@ class TailPrinter:
     # -- inputs --------------------------------------------------------------------------
     def block(self, block: object) -> None:
         """Print one ``tool_event_stream`` block (the JSON object as received)."""
+        applied = self.store.apply_block(block)
         if self.json_mode:
             self._write([_json_line(block)])
             return
-        applied = self.store.apply_block(block)
-        self._write(self._render(applied))
+        lines = self._render(applied)
+        if lines and self.store.replaying and not self._caught_up_lines:
+            self._caught_up_lines = True
+            lines.insert(0, f"── {self.labels['replay']} ──")
+        self._write(lines)
 
     def snapshot(self, event: object) -> None:
         """Take one ``chat_event`` snapshot into account (nothing in ``json_mode``)."""
@@ -182,6 +201,35 @@ class TailPrinter:
             return
         applied = self.store.apply_snapshot(event)
         self._write(self._render(applied))
+
+    def joining(self) -> list[dict[str, Any]]:
+        """A join is being sent: the panes catch up until :meth:`joined`. Returns the
+        cursors to send as the join's ``have`` (:meth:`PaneStore.begin_replay`)."""
+        self._caught_up_lines = False
+        return self.store.begin_replay()
+
+    def joined(self, ack: object) -> None:
+        """The join's acknowledgement as received (``None`` when none came): the panes are
+        live again (:meth:`PaneStore.end_replay`). Prints a notice for each stream the
+        acknowledgement says lacks blocks, then ``── 实时 ──`` if the catch-up printed lines."""
+        changed = self.store.end_replay(ack)
+        if self.json_mode:
+            return
+        lines: list[str] = []
+        streams = dict.fromkeys((a.call_id, a.task_id) for a in changed if a.outcome == "missing")
+        for call_id, task_id in streams:  # one notice per stream, however many entries
+            pane = self.store.pane(call_id) if call_id is not None else None
+            task = pane.tasks.get(task_id or "") if pane is not None else None
+            if pane is None or task is None:
+                continue
+            text = missing_text(self.labels, task.missing)
+            if len(pane.tasks) > 1:
+                text = f"{self.labels['task']} {task.task_id} · {text}"
+            lines += self._lines(self._tag(pane.call_id), text)
+        if self._caught_up_lines:
+            self._caught_up_lines = False
+            lines.append(f"── {self.labels['live']} ──")
+        self._write(lines)
 
     def tick(self, now: float | None = None) -> None:
         """Let calls without blocks reach "no process details" (see :meth:`PaneStore.tick`)."""
@@ -282,7 +330,10 @@ async def follow(
     Returns 2 (after a one-line message on ``err``) when no relay can be reached at ``url``
     within ``timeout`` seconds, :data:`EXIT_FAILED` when it refuses the connection or the
     join; 0 when the printer's output is closed. On a dropped connection it reconnects and joins
-    again (the relay forgets rooms with the old connection). Cancelling it disconnects.
+    again (the relay forgets rooms with the old connection). Every join sends what the
+    printer already holds (``have``) and lets it catch up until the acknowledgement
+    (:meth:`TailPrinter.joining`, :meth:`TailPrinter.joined`); a join superseded by a newer
+    one leaves the catch-up to the newer. Cancelling it disconnects.
     """
     import socketio
 
@@ -292,6 +343,7 @@ async def follow(
     refused: list[Any] = []
     joined_once = False
     closing = False
+    joins = 0  # the latest join ends the catch-up, not one it superseded
 
     def say(message: str) -> None:
         try:
@@ -301,12 +353,18 @@ async def follow(
             pass
 
     async def join() -> Any:
-        return await sio.call(
-            "join_conversation",
-            {"conversationId": conversation_id},
-            namespace=namespace,
-            timeout=timeout,
-        )
+        nonlocal joins
+        joins += 1
+        this_join = joins
+        # ``have`` even when empty: a relay that catches up answers it with ``replay``.
+        request = {"conversationId": conversation_id, "have": printer.joining()}
+        ack: Any = None
+        try:
+            ack = await sio.call(JOIN_EVENT, request, namespace=namespace, timeout=timeout)
+        finally:
+            if this_join == joins:
+                printer.joined(ack)
+        return ack
 
     async def rejoin() -> None:
         try:
@@ -315,7 +373,7 @@ async def follow(
             say(f"re-joining {conversation_id!r} failed: {exc or type(exc).__name__}")
             return
         if _ok(ack):
-            say(f"reconnected; following {conversation_id!r} again")
+            say(f"reconnected; following {conversation_id!r} again{_caught_up(ack)}")
         else:
             say(f"re-joining {conversation_id!r} was refused: {_error_of(ack)}")
 
@@ -367,7 +425,9 @@ async def follow(
             say(f"joining conversation {conversation_id!r} was refused: {_error_of(ack)}")
             return EXIT_FAILED
         joined_once = True
-        say(f"following conversation {conversation_id!r} at {url} (Ctrl-C to stop)")
+        say(
+            f"following conversation {conversation_id!r} at {url}{_caught_up(ack)} (Ctrl-C to stop)"
+        )
         while not printer.broken:
             await asyncio.sleep(tick_interval)  # the viewer's clock, not synchronisation
             printer.tick()
@@ -409,6 +469,16 @@ async def _why_unreachable(url: str, timeout: float, error: Exception) -> str:
 
 def _ok(ack: Any) -> bool:
     return isinstance(ack, Mapping) and ack.get("ok") is True
+
+
+def _caught_up(ack: Any) -> str:
+    """``, caught up on N blocks`` when the acknowledgement reports a catch-up that sent
+    blocks, else nothing."""
+    replay = ack.get("replay") if isinstance(ack, Mapping) else None
+    blocks = replay.get("blocks") if isinstance(replay, Mapping) else None
+    if isinstance(blocks, int) and not isinstance(blocks, bool) and 0 < blocks < 2**53:
+        return f", caught up on {blocks} block{'s' if blocks != 1 else ''}"
+    return ""
 
 
 def _error_of(ack: Any) -> str:

@@ -24,6 +24,11 @@ Semantics (spec "生命周期" and "渲染语义", design.md §2 and §4):
   block arriving later is still shown.
 * A block with ``callId: null`` belongs to no pane: a terminal one becomes a room-level
   final answer (an *orphan*, one per taskId), a running one is dropped.
+* Catch-up (``docs/web.md``): :meth:`PaneStore.begin_replay` when ``join_conversation`` is
+  sent returns its ``have`` cursors and puts every pane, and every pane opened until
+  :meth:`PaneStore.end_replay`, in mode ``"replay"``; the acknowledgement (or a failed
+  join) puts them back to ``"live"``, and its ``replay.missing`` tells tasks how many
+  blocks they will never get.
 * Bad input never raises: it is dropped and counted.
 
 Nothing here builds markup; every string is kept as the peer sent it.
@@ -40,20 +45,33 @@ from typing import Any, Literal
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
+    "DROP_REASONS",
     "LABELS",
+    "MAX_JOIN_STREAMS",
     "Applied",
     "Final",
     "Item",
     "Outcome",
     "Pane",
+    "PaneMode",
     "PaneStatus",
     "PaneStore",
     "Task",
     "labels_for",
+    "missing_text",
 ]
 
 DEFAULT_TIMEOUT_MS = 15_000
 """How long a pane without any block waits before it says "no process details"."""
+
+MAX_JOIN_STREAMS = 1_000
+"""A join names at most this many streams: the cursors of ``have`` (the relay reads no
+more) and the entries of the acknowledgement's ``replay.missing`` that are read. Same as
+``MAX_JOIN_STREAMS`` in ``web/renderer.js``."""
+
+_MAX_COUNT = 2**53 - 1  # counts and cursors every JSON reader holds exactly
+
+PaneMode = Literal["live", "replay"]
 
 PaneStatus = Literal["calling", "streaming", "ended", "no_details"]
 Outcome = Literal[
@@ -61,13 +79,24 @@ Outcome = Literal[
     "terminal",
     "orphan",
     "snapshot",
+    "mode",
+    "missing",
     "duplicate",
     "afterEnd",
     "invalid",
     "unattributed",
     "ignoredSnapshot",
 ]
-_DROP_REASONS = ("invalid", "duplicate", "afterEnd", "unattributed", "ignoredSnapshot")
+DROP_REASONS: tuple[str, ...] = (
+    "invalid",
+    "duplicate",
+    "afterEnd",
+    "unattributed",
+    "ignoredSnapshot",
+    "ignoredAck",
+)
+"""The keys of :attr:`PaneStore.dropped`: why an input changed nothing (the vectors'
+``dropped``)."""
 _STATES = frozenset({"running", "done", "aborted"})
 _TOOL_NAME_KEYS = ("name", "tool", "toolName")
 
@@ -84,6 +113,10 @@ LABELS: dict[str, dict[str, str]] = {
         "task": "任务",
         "unknownKind": "未知类型",
         "unattributed": "未关联调用",
+        "replay": "同步中…",
+        "live": "实时",
+        "missing": "{n} 条较早的内容已不可用",
+        "missingOne": "1 条较早的内容已不可用",
     },
     "en": {
         "calling": "Calling…",
@@ -97,6 +130,10 @@ LABELS: dict[str, dict[str, str]] = {
         "task": "Task",
         "unknownKind": "Unknown kind",
         "unattributed": "Unattributed call",
+        "replay": "Catching up…",
+        "live": "Live",
+        "missing": "{n} earlier blocks are no longer available",
+        "missingOne": "1 earlier block is no longer available",
     },
 }
 """The pane's words; Chinese (the spec's) by default, English available. Same keys and
@@ -106,6 +143,13 @@ texts as ``LABELS`` in ``web/renderer.js``."""
 def labels_for(locale: str = "zh") -> dict[str, str]:
     """The label set for ``locale`` (``"zh"`` or ``"en"``); an unknown locale gets ``"zh"``."""
     return dict(LABELS.get(locale, LABELS["zh"]))
+
+
+def missing_text(labels: Mapping[str, str], count: int) -> str:
+    """The words of the notice for ``count`` blocks a task will never get."""
+    if count == 1:
+        return labels["missingOne"]
+    return labels["missing"].replace("{n}", str(count))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,11 +215,20 @@ class Task:
     seqs: list[int] = field(default_factory=list)
     outcome: Literal["done", "aborted"] | None = None
     final_text: str | None = None
+    terminal_seq: int | None = None
+    missing: int = 0
+    """Blocks of this stream the relay could no longer send (the acks' ``replay.missing``)."""
 
     @property
     def ended(self) -> bool:
         """Whether the task's terminal has arrived."""
         return self.outcome is not None
+
+    @property
+    def last_seq(self) -> int:
+        """The highest seq this task holds, its items' and its terminal's."""
+        last = self.seqs[-1] if self.seqs else -1
+        return max(last, -1 if self.terminal_seq is None else self.terminal_seq)
 
     def insert(self, item: Item) -> bool:
         """Insert ``item`` in seq order; ``False`` (and no change) if its seq is taken."""
@@ -193,6 +246,7 @@ class Task:
             "ended": self.ended,
             "outcome": self.outcome,
             "final": self.final_text,
+            "missing": self.missing,
             "items": [item.to_json() for item in self.items],
         }
 
@@ -209,7 +263,8 @@ class Pane:
     timed_out: bool = False
     tasks: dict[str, Task] = field(default_factory=dict)
     last_final: Final | None = None
-    mode: Literal["live", "replay"] = "live"
+    mode: PaneMode = "live"
+    """``"replay"`` while a join catches up (:meth:`PaneStore.begin_replay`), else ``"live"``."""
 
     @property
     def status(self) -> PaneStatus:
@@ -252,7 +307,8 @@ class Applied:
     """What one input did: ``outcome`` says which rule applied; ``item`` is the new item
     (outcome ``item``), ``final`` the new final answer (``terminal``/``orphan``/a snapshot
     carrying the tool's return); ``new_pane``/``new_task`` say whether this input opened
-    them."""
+    them. :meth:`PaneStore.end_replay` reports ``mode`` (the pane of ``call_id`` changed
+    its mode) and ``missing`` (the task learnt of blocks it will never get)."""
 
     outcome: Outcome
     call_id: str | None = None
@@ -280,6 +336,18 @@ def _seq_of(value: object) -> int | None:
         return value if value >= 0 else None
     if isinstance(value, float) and math.isfinite(value) and value.is_integer() and value >= 0:
         return int(value)
+    return None
+
+
+def _count_of(value: object) -> int | None:
+    """A block count of the acknowledgement: an integer 1 .. 2**53 - 1 (an integral float
+    too, as JavaScript reads one), else ``None``."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+        value = int(value)
+    if isinstance(value, int) and 0 < value <= _MAX_COUNT:
+        return value
     return None
 
 
@@ -383,8 +451,10 @@ class PaneStore:
 
     Feed it ``tool_event_stream`` blocks (:meth:`apply_block`) and ``chat_event``
     snapshots (:meth:`apply_snapshot`) as parsed JSON, in arrival order, and call
-    :meth:`tick` now and then so panes without blocks reach "no process details".
-    :meth:`state` returns the vector format. No method raises on bad input.
+    :meth:`tick` now and then so panes without blocks reach "no process details". Around a
+    join: :meth:`begin_replay` when it is sent (it returns the ``have`` cursors to send),
+    :meth:`end_replay` with its acknowledgement. :meth:`state` returns the vector format.
+    No method raises on bad input.
 
     ``clock`` returns milliseconds on any monotonic scale (default: ``time.monotonic``);
     ``max_panes`` bounds memory for long-running viewers: past it, the oldest pane that is
@@ -407,9 +477,18 @@ class PaneStore:
         self._clock = clock or _monotonic_ms
         self._panes: dict[str, Pane] = {}
         self._orphans: dict[str, Final] = {}
-        self.dropped: dict[str, int] = dict.fromkeys(_DROP_REASONS, 0)
+        self._orphan_seqs: dict[str, int] = {}
+        self._replaying = False
+        self._join_cursors: dict[tuple[str | None, str], int] = {}
+        self.dropped: dict[str, int] = dict.fromkeys(DROP_REASONS, 0)
 
     # -- reading -----------------------------------------------------------------------
+    @property
+    def replaying(self) -> bool:
+        """Whether a join is being caught up (between :meth:`begin_replay` and
+        :meth:`end_replay`)."""
+        return self._replaying
+
     @property
     def panes(self) -> list[Pane]:
         """The panes in order of first appearance."""
@@ -447,6 +526,8 @@ class PaneStore:
         if pane is not None:
             return pane, False
         pane = Pane(call_id=call_id, opened_at=self._clock())
+        if self._replaying:
+            pane.mode = "replay"
         self._panes[call_id] = pane
         if self.max_panes is not None and len(self._panes) > self.max_panes:
             self._evict(keep=call_id)
@@ -471,6 +552,7 @@ class PaneStore:
             source: Literal["done", "aborted"] = "done" if parsed.state == "done" else "aborted"
             final = Final(source, _terminal_text(parsed), parsed.task_id)
             self._orphans[parsed.task_id] = final
+            self._orphan_seqs[parsed.task_id] = parsed.seq
             return Applied("orphan", None, parsed.task_id, final=final)
         pane, new_pane = self._open(parsed.call_id)
         task = pane.tasks.get(parsed.task_id)
@@ -482,6 +564,7 @@ class PaneStore:
         if terminal:
             task.outcome = "done" if parsed.state == "done" else "aborted"
             task.final_text = _terminal_text(parsed)
+            task.terminal_seq = parsed.seq
             pane.last_final = Final(task.outcome, task.final_text, task.task_id)
             return Applied(
                 "terminal",
@@ -539,4 +622,94 @@ class PaneStore:
             pane.timed_out = True
             if pane.status != before:
                 changed.append(pane.call_id)
+        return changed
+
+    # -- catching up -------------------------------------------------------------------
+    def have(self) -> list[dict[str, Any]]:
+        """The join request's ``have``: per stream this store holds, the highest seq it
+        holds (its items' and its terminal's), as ``[{"callId", "taskId", "seq"}]`` — open
+        streams first (in order of pane and task), then ended ones, then the final answers
+        of calls without a callId (``callId`` ``None``); at most :data:`MAX_JOIN_STREAMS`
+        entries, and none for a seq above 2**53 - 1."""
+        open_: list[dict[str, Any]] = []
+        ended: list[dict[str, Any]] = []
+        for pane in self._panes.values():
+            for task in pane.tasks.values():
+                cursor = {"callId": pane.call_id, "taskId": task.task_id, "seq": task.last_seq}
+                (ended if task.ended else open_).append(cursor)
+        orphans = [
+            {"callId": None, "taskId": task_id, "seq": seq}
+            for task_id, seq in self._orphan_seqs.items()
+        ]
+        cursors = [c for c in (*open_, *ended, *orphans) if c["seq"] <= _MAX_COUNT]
+        return cursors[:MAX_JOIN_STREAMS]
+
+    def begin_replay(self) -> list[dict[str, Any]]:
+        """A join is being sent: every pane, and every pane opened until
+        :meth:`end_replay`, is in mode ``"replay"``. Returns the cursors to send as the
+        join's ``have`` (:meth:`have`)."""
+        have = self.have()
+        self._join_cursors = {(c["callId"], c["taskId"]): c["seq"] for c in have}
+        self._replaying = True
+        for pane in self._panes.values():
+            pane.mode = "replay"
+        return have
+
+    def end_replay(self, ack: object) -> list[Applied]:
+        """The join's acknowledgement arrived (``ack`` as received), or the join failed
+        (``ack`` ``None``: no answer; ``{"ok": false, …}``: refused): every pane is
+        ``"live"`` again. An accepted join's ``replay.missing`` entries (``{"callId",
+        "taskId", "blocks"}``) add ``blocks`` to the ``missing`` count of their task (at
+        most 2**53 - 1 in all). What cannot be used is counted in ``dropped["ignoredAck"]``,
+        never raised: an ack that is not an object with a boolean ``ok``, a ``replay`` or
+        ``missing`` of the wrong type, an entry that is not such an object with a non-empty
+        string callId and taskId and an integer ``blocks`` of 1 .. 2**53 - 1, an entry for
+        a stream this store does not hold, entries past the first
+        :data:`MAX_JOIN_STREAMS`. Returns what changed: ``missing`` results, then ``mode``
+        results."""
+        cursors, self._join_cursors = self._join_cursors, {}
+        self._replaying = False
+        changed: list[Applied] = []
+        data = _as_mapping(ack)
+        if data is not None and isinstance(data.get("ok"), bool):
+            replay = data.get("replay")
+            if data["ok"] and replay is not None:
+                changed += self._apply_missing(replay, cursors)
+        elif ack is not None:
+            self.dropped["ignoredAck"] += 1
+        for pane in self._panes.values():
+            if pane.mode != "live":
+                pane.mode = "live"
+                changed.append(Applied("mode", pane.call_id))
+        return changed
+
+    def _apply_missing(
+        self, replay: object, cursors: Mapping[tuple[str | None, str], int]
+    ) -> list[Applied]:
+        data = _as_mapping(replay)
+        if data is None:
+            self.dropped["ignoredAck"] += 1
+            return []
+        missing = data.get("missing")
+        if missing is None:
+            return []
+        if not isinstance(missing, list):
+            self.dropped["ignoredAck"] += 1
+            return []
+        read = missing[:MAX_JOIN_STREAMS]
+        self.dropped["ignoredAck"] += len(missing) - len(read)
+        changed: list[Applied] = []
+        for raw in read:
+            entry = _as_mapping(raw) or {}
+            call_id, task_id = entry.get("callId"), entry.get("taskId")
+            blocks = _count_of(entry.get("blocks"))
+            pane = self._panes.get(call_id) if isinstance(call_id, str) else None
+            task = None
+            if pane is not None and isinstance(task_id, str):
+                task = pane.tasks.get(task_id)
+            if blocks is None or task is None:
+                self.dropped["ignoredAck"] += 1
+                continue
+            task.missing = min(task.missing + blocks, _MAX_COUNT)
+            changed.append(Applied("missing", call_id, task_id))
         return changed

@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 import socketio
 from network import LoopThread, chromium, free_port, serve_asgi, wait_listening
-from relay_helpers import CALL, CONV, NS, SECRET, emitter_for, in_call
+from relay_helpers import CALL, CONV, NS, SECRET, CatchUpStandIn, emitter_for, in_call
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
@@ -284,3 +284,61 @@ def test_the_page_kernel_ext_relay_serves_follows_a_worker_that_enabled_kernel_e
     finally:
         relay.terminate()
         relay.wait(timeout=10)
+
+
+def test_after_a_restart_the_page_rejoins_with_what_it_holds_and_shows_the_catch_up() -> None:
+    """The official client's re-join carries ``have``; the relay (its catch-up stood in for,
+    see :class:`relay_helpers.CatchUpStandIn`) sends the rest, a terminal included, before
+    its acknowledgement: the pane goes replay → live, shows where blocks are missing, and
+    ends once."""
+    with example_server() as server, example_page(server, TOKEN) as (page, errors):
+        page.wait_for_selector("body[data-joined='1']")
+        for step in STEPS:
+            server.publish(step)
+        pane = page.locator(f"section.kx-pane[data-call-id='{CALL}']")
+        page.wait_for_function(f"() => window.__blocks.length === {len(STEPS)}")
+        page.evaluate(
+            """() => {
+              window.__modes = [];
+              const modes = window.__modes;
+              new MutationObserver(() => {
+                const mode = document.querySelector("section.kx-pane").dataset.mode;
+                if (modes.at(-1) !== mode) modes.push(mode);
+              }).observe(document.body, {
+                subtree: true, attributes: true, attributeFilter: ["data-mode"],
+              });
+            }"""
+        )
+        last = page.evaluate("window.__blocks.at(-1)")
+        task = last["taskId"]
+        after = {**last, "envelope": {**last["envelope"], "seq": 4, "payload": {"text": "more"}}}
+        answer = {
+            **last,
+            "state": "done",
+            "envelope": {**last["envelope"], "seq": 5, "payload": {"text": ANSWER}},
+        }
+        catch_up = CatchUpStandIn([*page.evaluate("window.__blocks"), after, answer])
+        catch_up.missing = [{"callId": CALL, "taskId": task, "blocks": 1}]  # seq 3
+        catch_up.install(server.sio.namespace_handlers[NS])
+
+        def while_down() -> None:
+            page.wait_for_function("() => !window.kx.socket.connected && window.kx.socket.active")
+
+        server.restart(while_down)
+        pane.locator(".kx-end").wait_for(state="visible")
+        assert catch_up.requests == [
+            {"conversationId": CONV, "have": [{"callId": CALL, "taskId": task, "seq": 2}]}
+        ]
+        page.wait_for_function("() => window.__modes.at(-1) === 'live'")
+        assert page.evaluate("window.__modes") == ["replay", "live"]
+        classes = pane.locator(".kx-items > *").evaluate_all(
+            "nodes => nodes.map((n) => n.className)"
+        )
+        assert classes == ["kx-text", "kx-text", "kx-missing", "kx-text"]
+        assert pane.locator(".kx-missing").inner_text() == "1 条较早的内容已不可用"
+        assert pane.locator(".kx-text").all_inner_texts() == [*STEPS, "more"]
+        assert pane.locator(".kx-final-text").inner_text() == ANSWER
+        # Only what the page lacked came again: blocks 4 and 5, once each.
+        seqs = [block["envelope"]["seq"] for block in page.evaluate("window.__blocks")]
+        assert seqs == [1, 2, 4, 5]
+        assert errors == []

@@ -132,6 +132,8 @@ def test_every_vector_passes_in_chromium_too(page: Any) -> None:
               if ("block" in step) store.applyBlock(step.block);
               else if ("snapshot" in step) store.applySnapshot(step.snapshot);
               else if ("tick" in step) { now = Math.max(now, step.tick); store.tick(now); }
+              else if ("join" in step) checkpoints.push({ have: store.beginReplay() });
+              else if ("ack" in step) store.endReplay(step.ack);
               else checkpoints.push(store.state());
             }
             return { checkpoints, final: store.state() };
@@ -140,7 +142,11 @@ def test_every_vector_passes_in_chromium_too(page: Any) -> None:
         vectors,
     )
     for vector, result in zip(vectors, results, strict=True):
-        expected = [step["expect"] for step in vector["steps"] if "expect" in step]
+        expected = [
+            step.get("expect", step.get("join"))
+            for step in vector["steps"]
+            if "expect" in step or "join" in step
+        ]
         assert result["checkpoints"] == expected, vector["name"]
         assert result["final"] == vector["expect"], vector["name"]
 
@@ -375,3 +381,132 @@ def test_the_pane_and_the_page_fall_back_to_common_cjk_fonts(page: Any) -> None:
             assert face in faces, (where, family)
         assert faces[-1] == "sans-serif", (where, family)
         assert faces.index("system-ui") < faces.index("PingFang SC"), (where, family)
+
+
+# -- catch-up --------------------------------------------------------------------------------
+
+MISSING_NOTICE = ".kx-items > .kx-missing"
+
+
+def test_a_pane_says_it_catches_up_until_the_join_is_acknowledged(page: Any) -> None:
+    feed(page, snapshot(), block(1, "text", {"text": "before the reconnect"}))
+    mode = pane(page).locator(".kx-mode")
+    assert pane(page).get_attribute("data-mode") == "live"
+    assert not mode.is_visible()
+    page.evaluate("() => window.kx.store.beginReplay()")
+    assert pane(page).get_attribute("data-mode") == "replay"
+    assert mode.is_visible()
+    assert mode.inner_text() == "同步中…"
+    feed(page, block(2, "text", {"text": "caught up"}))
+    page.evaluate("() => window.kx.store.endReplay({ ok: true })")
+    assert pane(page).get_attribute("data-mode") == "live"
+    assert not mode.is_visible()
+    texts = pane(page).locator("p.kx-text").all_inner_texts()
+    assert texts == ["before the reconnect", "caught up"]
+
+
+def test_missing_blocks_show_a_notice_where_they_are_missing(page: Any, base_url: str) -> None:
+    page.goto(f"{base_url}/example.html?play=0&lang=en")
+    page.wait_for_selector("body[data-ready='1']")
+    page.evaluate("() => window.kx.store.beginReplay()")
+    # The relay kept the stream's first block and its newest: a thinking run on both sides.
+    feed(
+        page,
+        snapshot(),
+        block(1, "thinking", {"text": "first thought"}),
+        block(5, "thinking", {"text": "fifth thought"}),
+        block(6, "text", {"text": "newest text"}),
+    )
+    missing = [{"callId": CALL, "taskId": "task-1", "blocks": 3}]
+    page.evaluate(
+        "(missing) => window.kx.store.endReplay({ ok: true, replay: { missing } })", missing
+    )
+    items = pane(page).locator(".kx-items > *")
+    classes = items.evaluate_all("nodes => nodes.map((node) => node.className)")
+    assert classes == ["kx-thinking", "kx-missing", "kx-thinking", "kx-text"]
+    notice = pane(page).locator(MISSING_NOTICE)
+    assert notice.is_visible()
+    assert notice.inner_text() == "3 earlier blocks are no longer available"
+    assert notice.get_attribute("data-missing") == "3"
+    # Live again: a later block goes after the notice, which stays where it is.
+    feed(page, block(7, "thinking", {"text": "seventh"}))
+    classes = items.evaluate_all("nodes => nodes.map((node) => node.className)")
+    assert classes == ["kx-thinking", "kx-missing", "kx-thinking", "kx-text", "kx-thinking"]
+
+
+def test_the_missing_notice_holds_only_text_whatever_the_ack_or_labels(page: Any) -> None:
+    """Hostile acknowledgements and labels cannot put markup into the page: the count is an
+    integer or the entry is ignored, and every word goes in as text."""
+    result = page.evaluate(
+        """async (call) => {
+          const { PaneStore, mountPane } = await import("./renderer.js");
+          const store = new PaneStore();
+          const host = document.createElement("div");
+          document.body.append(host);
+          const missing = "<img src=x onerror=window.__kxPwned=9>{n}";
+          mountPane(host, store, call, { labels: { missing } });
+          store.beginReplay();
+          store.applyBlock({ v: 1, callId: call, taskId: "t", state: "running", ts: 1,
+                             envelope: { v: 1, kind: "text", seq: 1, payload: { text: "x" } } });
+          store.endReplay({ ok: true, replay: { missing: [
+            { callId: call, taskId: "t", blocks: "<b>7</b>" },
+            { callId: call, taskId: "<script>window.__kxPwned=1</script>", blocks: 2 },
+            { callId: "<img src=x onerror=window.__kxPwned=2>", taskId: "t", blocks: 2 },
+            { callId: call, taskId: "t", blocks: 1e300 },
+            { callId: call, taskId: "t", blocks: 9007199254740991 },
+            { callId: call, taskId: "t", blocks: 5 },
+          ] } });
+          const notice = host.querySelector(".kx-missing");
+          return {
+            text: notice.textContent,
+            elements: host.querySelectorAll("img,script,b").length,
+            ignored: store.dropped.ignoredAck,
+          };
+        }""",
+        CALL,
+    )
+    assert result == {
+        "text": "<img src=x onerror=window.__kxPwned=9>9007199254740991",
+        "elements": 0,
+        "ignored": 4,
+    }
+    assert page.evaluate("window.__kxPwned") is None
+
+
+def test_a_catch_up_renders_once_per_frame_and_whole_at_the_ack(page: Any) -> None:
+    """1,000 blocks of a catch-up cost one render per animation frame, not one per block:
+    with the page's frames held back, the whole burst waits for the next frame, and the
+    acknowledgement renders the rest at once."""
+    result = page.evaluate(
+        """(call) => {
+          const frames = [];
+          window.requestAnimationFrame = (fn) => frames.push(fn);
+          window.cancelAnimationFrame = () => {};
+          const store = window.kx.store;
+          const texts = () =>
+            Array.from(document.querySelectorAll("p.kx-text"), (p) => p.textContent);
+          const text = (seq) => ({
+            v: 1, callId: call, taskId: "task-1", state: "running", ts: 1,
+            envelope: { v: 1, kind: "text", seq, payload: { text: `#${seq}` } },
+          });
+          store.beginReplay();
+          for (let seq = 1; seq <= 1000; seq += 1) store.applyBlock(text(seq));
+          const beforeFrame = [texts().length, frames.length];
+          frames.shift()();
+          const afterFrame = [texts().length, frames.length];
+          store.applyBlock(text(1001));
+          const pendingAgain = frames.length;
+          store.endReplay({ ok: true });
+          const shown = texts();
+          const ends = [shown[0], shown.at(-1)];
+          return { beforeFrame, afterFrame, pendingAgain, atAck: shown.length, ends };
+        }""",
+        CALL,
+    )
+    # The first block opened the pane (rendered at once); 999 more wait for one frame.
+    assert result["beforeFrame"] == [1, 1]
+    assert result["afterFrame"] == [1000, 0]
+    assert result["pendingAgain"] == 1
+    assert result["atAck"] == 1001  # the ack renders what waited, without a frame
+    assert result["ends"] == ["#1", "#1001"]
+    assert pane(page).get_attribute("data-mode") == "live"

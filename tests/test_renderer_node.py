@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from network import need_binary
 
-from kernel_ext.view import LABELS
+from kernel_ext.view import LABELS, MAX_JOIN_STREAMS
 from kernel_ext.web import ASSETS, asset_path, asset_text, web_root
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,11 +41,12 @@ def test_renderer_passes_every_vector_under_node() -> None:
     assert "# fail 0" in result.stdout, report
 
 
-def test_renderer_labels_are_the_python_labels() -> None:
+def exported(name: str) -> object:
+    """The value of renderer.js's export ``name``, through JSON, as node reads the module."""
     node = need_binary("node", "NODE")
     script = (
-        f"import {{ LABELS }} from {json.dumps(asset_path('renderer.js').as_uri())};"
-        "console.log(JSON.stringify(LABELS));"
+        f"import {{ {name} }} from {json.dumps(asset_path('renderer.js').as_uri())};"
+        f"console.log(JSON.stringify({name}));"
     )
     result = subprocess.run(
         [node, "--input-type=module", "-e", script],
@@ -55,7 +56,15 @@ def test_renderer_labels_are_the_python_labels() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout) == LABELS
+    return json.loads(result.stdout)
+
+
+def test_renderer_labels_are_the_python_labels() -> None:
+    assert exported("LABELS") == LABELS
+
+
+def test_renderer_join_bound_is_the_python_bound() -> None:
+    assert exported("MAX_JOIN_STREAMS") == MAX_JOIN_STREAMS
 
 
 def test_web_assets_are_locatable_in_the_installed_package() -> None:

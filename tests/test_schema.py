@@ -28,10 +28,19 @@ from test_vectors import VECTOR_FILES, load
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, MAX_PAYLOAD_DEPTH, decode
 from kernel_ext.schema import DRAFT, NOT_EXPRESSIBLE, block_json_schema
+from kernel_ext.view import DROP_REASONS
 from kernel_ext.web import DECLARATIONS, asset_path
 from kernel_ext.web.typescript import declarations
 
 SCHEMA = block_json_schema()
+REPLAY_ANSWER = {
+    "ok": True,
+    "replay": {
+        "blocks": 2,
+        "streams": 1,
+        "missing": [{"callId": None, "taskId": "t", "blocks": 1}],
+    },
+}
 VALIDATOR = Draft202012Validator(SCHEMA)
 
 
@@ -319,30 +328,81 @@ def test_the_declarations_are_well_formed_typescript_statements() -> None:
     names = {re.split(r"[ <=]", each.split(" ", 2)[2], maxsplit=1)[0] for each in statements}
     assert {"Block", "Envelope", "ToolEventStreamBlock", "ServerToClientEvents"} <= names
     assert {"ThinkingPayload", "ToolCallPayload", "DonePayload", "AbortedPayload"} <= names
+    assert {"JoinRequest", "StreamCursor", "JoinAnswer", "Replay", "MissingBlocks"} <= names
+    assert {"PaneMode", "PaneState", "PaneTask", "PaneStoreState"} <= names
+
+
+def _members(name: str) -> set[str]:
+    """The member names of the declared interface ``name``, an inline object's excluded."""
+    text = asset_path(DECLARATIONS).read_text(encoding="utf-8")
+    body = text.split(f"export interface {name} {{\n", 1)[1].split("\n}\n", 1)[0]
+    body = re.sub(r"/\*.*?\*/", "", body, flags=re.DOTALL)
+    return set(re.findall(r"^  (\w+)\??:", body, flags=re.MULTILINE))
+
+
+def test_the_declared_pane_state_has_the_keys_of_the_reducers_state() -> None:
+    """Every key of the vectors' states, at each level, is declared, and nothing else."""
+    states = [load(path)["expect"] for path in VECTOR_FILES]
+    panes = [pane for state in states for pane in state["panes"]]
+    tasks = [task for pane in panes for task in pane["tasks"]]
+    orphans = [orphan for state in states for orphan in state["orphans"]]
+    assert _members("PaneStoreState") == {key for state in states for key in state}
+    assert _members("PaneState") == {key for pane in panes for key in pane}
+    assert _members("PaneTask") == {key for task in tasks for key in task}
+    assert _members("OrphanState") == {key for orphan in orphans for key in orphan}
+    assert _members("PaneFinal") == {
+        key for pane in panes if pane["final"] for key in pane["final"]
+    }
+    assert {key for state in states for key in state["dropped"]} == set(DROP_REASONS)
+    assert all(f"    {reason}: number;" in declarations() for reason in DROP_REASONS)
 
 
 @pytest.mark.skipif(shutil.which("tsc") is None, reason="no TypeScript compiler (tsc) on PATH")
 def test_the_declarations_type_check_with_tsc(tmp_path: Path) -> None:
     """With a TypeScript compiler at hand: the file compiles under --strict, every valid
-    vector block is a ``ToolEventStreamBlock``, a done block without text is not."""
+    vector block is a ``ToolEventStreamBlock``, every vector state a ``PaneStoreState``,
+    every join's ``have`` fits a ``JoinRequest``; a done block without text, a pane in an
+    unknown mode and a cursor without a seq do not."""
     (tmp_path / DECLARATIONS).write_text(declarations(), encoding="utf-8")
+    vectors = [load(path) for path in VECTOR_FILES]
     valid = [block for *_, block in VECTOR_BLOCKS if accepts(block)]
-    lines = ['import type { DoneBlock, ToolEventStreamBlock } from "./tool_event_stream";']
+    names = "DoneBlock, JoinAnswer, JoinRequest, PaneState, PaneStoreState, ToolEventStreamBlock"
+    head = f'import type {{ {names} }} from "./tool_event_stream";'
+    lines = [head]
     lines += [
         f"export const b{i}: ToolEventStreamBlock = {json.dumps(b)};" for i, b in enumerate(valid)
     ]
+    lines += [
+        f"export const s{i}: PaneStoreState = {json.dumps(v['expect'])};"
+        for i, v in enumerate(vectors)
+    ]
+    joins = [
+        {"conversationId": "c", **step["join"]}
+        for v in vectors
+        for step in v["steps"]
+        if "join" in step
+    ]
+    lines += [
+        f"export const j{i}: JoinRequest = {json.dumps(join)};" for i, join in enumerate(joins)
+    ]
+    answers = [{"ok": True}, {"ok": False, "error": "forbidden"}, REPLAY_ANSWER]
+    lines += [f"export const a{i}: JoinAnswer = {json.dumps(a)};" for i, a in enumerate(answers)]
     good = tmp_path / "good.ts"
     good.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    bad = tmp_path / "bad.ts"
-    bad.write_text(
-        lines[0]
-        + "\nexport const bad: DoneBlock = "
-        + json.dumps(_terminal("done", {"message": "no text"}))
-        + ";\n",
-        encoding="utf-8",
-    )
+    pane = {**vectors[0]["expect"]["panes"][0], "mode": "paused"}
+    done = _terminal("done", {"message": "no text"})
+    bad = {
+        "'text' is missing": f"export const bad: DoneBlock = {json.dumps(done)};",
+        '"paused"': f"export const bad: PaneState = {json.dumps(pane)};",
+        "'seq' is missing": 'export const bad: JoinRequest = {conversationId: "c", have: '
+        '[{callId: null, taskId: "t"}]};',
+    }
     tsc = [str(shutil.which("tsc")), "--noEmit", "--strict"]
     run = subprocess.run([*tsc, str(good)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stdout + run.stderr
-    run = subprocess.run([*tsc, str(bad)], capture_output=True, text=True, timeout=120)
-    assert "'text' is missing" in run.stdout, run.stdout + run.stderr
+    for index, (expected, line) in enumerate(bad.items()):
+        path = tmp_path / f"bad{index}.ts"
+        path.write_text(f"{head}\n{line}\n", encoding="utf-8")
+        run = subprocess.run([*tsc, str(path)], capture_output=True, text=True, timeout=120)
+        assert run.returncode != 0, line
+        assert expected in run.stdout, run.stdout + run.stderr

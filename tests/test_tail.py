@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 import socketio
 from network import free_port, serve_asgi
+from relay_helpers import CatchUpStandIn
 from test_vectors import VECTOR_FILES, load
 from timing import wait_until
 
@@ -98,6 +99,9 @@ STORY_LINES_EN = [
     "[00f067aa] ── Ended ──",
 ]
 CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
+
+
+STREAM_1 = {"callId": CALL, "taskId": "task-1"}
 
 
 def lines_of(out: io.StringIO) -> list[str]:
@@ -240,6 +244,10 @@ def _play_vector(vector: dict[str, Any], locale: str = "zh") -> tuple[TailPrinte
         elif "tick" in step:
             now = max(now, float(step["tick"]))
             printer.tick(now)
+        elif "join" in step:
+            assert printer.joining() == step["join"]["have"]
+        elif "ack" in step:
+            printer.joined(step["ack"])
     return printer, out.getvalue()
 
 
@@ -265,6 +273,88 @@ def test_printer_keeps_the_view_semantics_of_every_vector(path: Path) -> None:
     assert printer.store.state() == vector["expect"]
 
 
+def test_printer_marks_the_lines_of_a_catch_up_and_says_what_is_missing() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, locale="en")
+    printer.block(block(1, "text", {"text": "before the reconnect"}))
+    assert printer.joining() == [{"callId": CALL, "taskId": "task-1", "seq": 1}]
+    printer.block(block(1, "text", {"text": "before the reconnect"}))  # resent: no line
+    printer.block(block(9, "text", {"text": "caught up"}))
+    printer.block(block(1, "text", {"text": "second task"}, task_id="task-2"))
+    missing = [
+        {"callId": CALL, "taskId": "task-1", "blocks": 7},
+        {"callId": CALL, "taskId": "task-1", "blocks": 5},  # one notice per stream
+        {"callId": CALL, "taskId": "task-2", "blocks": 1},
+    ]
+    printer.joined({"ok": True, "replay": {"blocks": 2, "streams": 2, "missing": missing}})
+    printer.block(block(10, "text", {"text": "live again"}))
+    assert lines_of(out) == [
+        f"[00f067aa] ── {CALL}",
+        "[00f067aa] before the reconnect",
+        "── Catching up… ──",
+        "[00f067aa] caught up",
+        "[00f067aa] Task task-2",
+        "[00f067aa] second task",
+        "[00f067aa] Task task-1 · 12 earlier blocks are no longer available",
+        "[00f067aa] Task task-2 · 1 earlier block is no longer available",
+        "── Live ──",
+        "[00f067aa] live again",
+    ]
+
+
+def test_printer_prints_no_marker_for_a_catch_up_that_brought_nothing() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out)
+    printer.block(STORY[0])
+    printer.joining()
+    printer.block(STORY[0])  # only what it already had
+    printer.joined({"ok": True, "replay": {"blocks": 1, "streams": 1}})
+    printer.joining()
+    printer.joined(None)  # no answer
+    assert lines_of(out) == [f"[00f067aa] ── {CALL}", STORY_LINES[1]]
+    assert printer.store.panes[0].mode == "live"
+
+
+@pytest.mark.parametrize(
+    "ack",
+    [
+        None,
+        5,
+        "ok",
+        [True],
+        {"ok": "yes"},
+        {"ok": True, "replay": "everything"},
+        {"ok": True, "replay": {"missing": {"callId": CALL}}},
+        {"ok": True, "replay": {"blocks": 10**4000, "missing": [None, 1, {"callId": [CALL]}]}},
+        {"ok": True, "replay": {"missing": [{**STREAM_1, "blocks": 2**53}]}},
+        {"ok": True, "replay": {"missing": [{**STREAM_1, "blocks": 0}]}},
+        {"ok": True, "replay": {"missing": [STREAM_1] * 20_000}},
+        {"ok": False, "error": "\x1b[2Jforbidden"},
+    ],
+    ids=lambda ack: type(ack).__name__,
+)
+def test_printer_takes_any_acknowledgement_without_raising_and_prints_no_notice(ack: Any) -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out)
+    printer.block(STORY[0])
+    printer.joining()
+    printer.joined(ack)
+    assert lines_of(out) == [f"[00f067aa] ── {CALL}", STORY_LINES[1]]
+    assert printer.store.panes[0].mode == "live"
+    assert printer.store.panes[0].tasks["task-1"].missing == 0
+
+
+def test_printer_json_mode_keeps_the_cursors_but_prints_only_blocks() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, json_mode=True)
+    printer.block(STORY[0])
+    assert printer.joining() == [{"callId": CALL, "taskId": "task-1", "seq": 1}]
+    printer.block(STORY[1])
+    missing = [{"callId": CALL, "taskId": "task-1", "blocks": 3}]
+    printer.joined({"ok": True, "replay": {"blocks": 1, "streams": 1, "missing": missing}})
+    assert [json.loads(line) for line in lines_of(out)] == STORY[:2]
+
+
 # -- against the real relay ----------------------------------------------------------------
 
 
@@ -277,12 +367,16 @@ def authorize_join(identity: Any, conversation_id: str) -> bool:
 
 
 @asynccontextmanager
-async def relay(port: int | None = None) -> AsyncIterator[str]:
+async def relay(
+    port: int | None = None, catch_up: CatchUpStandIn | None = None
+) -> AsyncIterator[str]:
     # Imported here: the printer tests above do not need the relay module.
     relay_module = pytest.importorskip("kernel_ext.relay")
     ready = relay_module.create_app(
         SECRET, authenticate=authenticate, authorize_join=authorize_join
     )
+    if catch_up is not None:
+        catch_up.install(ready.relay)
     async with serve_asgi(ready.app, port) as bound:
         yield f"http://127.0.0.1:{bound}"
 
@@ -311,45 +405,58 @@ async def send_chat_event(client: socketio.AsyncClient, room: str, event: Any) -
     assert ack == {"ok": True}
 
 
+@asynccontextmanager
+async def tailing(url: str, printer: TailPrinter, err: io.StringIO) -> AsyncIterator[None]:
+    """``follow`` the conversation at ``url`` until the block ends, once it has joined."""
+    task = asyncio.create_task(follow(url, CONV, printer, token=TOKEN, err=err, timeout=WAIT))
+    try:
+        await wait_until(
+            lambda: "following conversation" in err.getvalue(),
+            WAIT,
+            "timed out waiting for the join",
+        )
+        yield
+    finally:
+        task.cancel()
+        with suppress(asyncio.CancelledError):
+            await task
+
+
 @pytest.mark.network
 @pytest.mark.timeout(60)
 async def test_tail_follows_a_conversation_live_through_the_relay() -> None:
     out, err = io.StringIO(), io.StringIO()
-    async with relay() as url:
-        task = asyncio.create_task(
-            follow(url, CONV, TailPrinter(out), token=TOKEN, err=err, timeout=WAIT)
+    async with (
+        relay() as url,
+        tailing(url, TailPrinter(out), err),
+        internal_sender(url) as sender,
+    ):
+        # Another room's traffic, sent first, must never reach this conversation.
+        await send_chat_event(sender, "conv-other", snapshot(CALL2))
+        await send_blocks(sender, "conv-other", [block(1, "text", {"t": 1}, call_id=CALL2)])
+        await send_chat_event(sender, CONV, snapshot())
+        await send_blocks(sender, CONV, STORY[:3])
+        await wait_until(
+            lambda: "▶ search_orders" in out.getvalue(),
+            WAIT,
+            "timed out waiting for the first frame",
         )
-        try:
-            await wait_until(
-                lambda: "following conversation" in err.getvalue(),
-                WAIT,
-                "timed out waiting for the join",
-            )
-            async with internal_sender(url) as sender:
-                # Another room's traffic, sent first, must never reach this conversation.
-                await send_chat_event(sender, "conv-other", snapshot(CALL2))
-                await send_blocks(sender, "conv-other", [block(1, "text", {"t": 1}, call_id=CALL2)])
-                await send_chat_event(sender, CONV, snapshot())
-                await send_blocks(sender, CONV, STORY[:3])
-                await wait_until(
-                    lambda: "▶ search_orders" in out.getvalue(),
-                    WAIT,
-                    "timed out waiting for the first frame",
-                )
-                await send_blocks(sender, CONV, STORY[3:])
-                await wait_until(
-                    lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
-                )
-        finally:
-            task.cancel()
-            with suppress(asyncio.CancelledError):
-                await task
+        await send_blocks(sender, CONV, STORY[3:])
+        await wait_until(
+            lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+        )
     assert lines_of(out) == STORY_LINES
 
 
-@pytest.mark.network
-@pytest.mark.timeout(60)
-async def test_tail_joins_again_after_the_relay_restarts() -> None:
+async def tail_across_a_restart(
+    before: list[dict[str, Any]],
+    printed: str,
+    after: list[dict[str, Any]],
+    catch_up: CatchUpStandIn | None = None,
+) -> tuple[list[str], str]:
+    """``follow`` a relay that sends ``before`` live (until ``printed`` is printed), stops,
+    comes back on the same port (catching up as ``catch_up`` does, if given) and sends
+    ``after``, which ends the call: what tail printed, and its stderr."""
     out, err = io.StringIO(), io.StringIO()
     port = free_port()
     task: asyncio.Task[int] | None = None
@@ -364,20 +471,18 @@ async def test_tail_joins_again_after_the_relay_restarts() -> None:
                 "timed out waiting for the join",
             )
             async with internal_sender(url) as sender:
-                await send_blocks(sender, CONV, STORY[:1])
+                await send_blocks(sender, CONV, before)
                 await wait_until(
-                    lambda: "思考中" in out.getvalue(),
-                    WAIT,
-                    "timed out waiting for the first block",
+                    lambda: printed in out.getvalue(), WAIT, "timed out waiting for the blocks"
                 )
-        async with relay(port) as url:
+        async with relay(port, catch_up) as url:
             await wait_until(
                 lambda: "following 'conv-1' again" in err.getvalue(),
                 WAIT,
                 "timed out waiting for the re-join",
             )
             async with internal_sender(url) as sender:
-                await send_blocks(sender, CONV, STORY[2:])
+                await send_blocks(sender, CONV, after)
                 await wait_until(
                     lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
                 )
@@ -386,9 +491,16 @@ async def test_tail_joins_again_after_the_relay_restarts() -> None:
             task.cancel()
             with suppress(asyncio.CancelledError):
                 await task
-    assert "connection lost; reconnecting…" in err.getvalue()
+    return lines_of(out), err.getvalue()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_joins_again_after_the_relay_restarts() -> None:
+    lines, err = await tail_across_a_restart(STORY[:1], "思考中", STORY[2:])
+    assert "connection lost; reconnecting…" in err
     # No snapshot was sent, so the header has no tool name; nothing was lost or repeated.
-    assert lines_of(out) == [f"[00f067aa] ── {CALL}", *STORY_LINES[1:]]
+    assert lines == [f"[00f067aa] ── {CALL}", *STORY_LINES[1:]]
 
 
 async def start_cli(*args: str) -> asyncio.subprocess.Process:
@@ -519,3 +631,71 @@ async def test_tail_explains_an_unreachable_relay_and_exits_non_zero() -> None:
     assert stdout == ""
     assert f"kernel-ext tail: cannot connect to {url}" in stderr
     assert "Traceback" not in stderr
+
+
+# -- catch-up through a relay that catches up -------------------------------------------------
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_started_mid_call_shows_the_catch_up_then_the_live_blocks() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    held = [STORY[0], STORY[2]]  # the relay no longer holds block 2
+    missing = [{"callId": CALL, "taskId": "task-1", "blocks": 1}]
+    stand_in = CatchUpStandIn(held, missing)
+    async with (
+        relay(catch_up=stand_in) as url,
+        tailing(url, TailPrinter(out), err),
+        internal_sender(url) as sender,
+    ):
+        await send_blocks(sender, CONV, STORY[3:])
+        await wait_until(
+            lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+        )
+    assert stand_in.requests == [{"conversationId": CONV, "have": []}]  # it held nothing
+    assert lines_of(out) == [
+        "── 同步中… ──",
+        f"[00f067aa] ── {CALL}",
+        *STORY_LINES[1:3],
+        "[00f067aa] 1 条较早的内容已不可用",
+        "── 实时 ──",
+        *STORY_LINES[3:],
+    ]
+    assert f"following conversation 'conv-1' at {url}, caught up on 2 blocks" in err.getvalue()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_joins_again_with_what_it_holds_and_gets_only_the_rest() -> None:
+    # The relay comes back holding the whole stream so far: blocks 1 to 5.
+    catch_up = CatchUpStandIn(held=STORY[:5])
+    lines, err = await tail_across_a_restart(STORY[:3], "▶ search_orders", STORY[5:], catch_up)
+    assert catch_up.requests == [
+        {"conversationId": CONV, "have": [{"callId": CALL, "taskId": "task-1", "seq": 3}]}
+    ]
+    # Blocks 4 and 5 came from the catch-up, once; nothing was repeated or lost.
+    assert lines == [
+        f"[00f067aa] ── {CALL}",
+        *STORY_LINES[1:3],
+        "── 同步中… ──",
+        *STORY_LINES[3:6],
+        "── 实时 ──",
+        *STORY_LINES[6:],
+    ]
+    assert "reconnected; following 'conv-1' again, caught up on 2 blocks" in err
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_takes_a_hostile_catch_up_acknowledgement_in_its_stride() -> None:
+    out, err = io.StringIO(), io.StringIO()
+    # 10**99: the largest integers python-engineio parses have 100 digits.
+    missing: list[Any] = [None, "x", {"callId": CALL, "taskId": "task-1", "blocks": 10**99}]
+    missing += [{"callId": CALL, "taskId": "task-1", "blocks": -1}] * 5_000
+    printer = TailPrinter(out)
+    stand_in = CatchUpStandIn([STORY[0]], missing)
+    async with relay(catch_up=stand_in) as url, tailing(url, printer, err):
+        pass  # joined: the catch-up and its acknowledgement are behind
+    assert lines_of(out) == ["── 同步中… ──", f"[00f067aa] ── {CALL}", STORY_LINES[1], "── 实时 ──"]
+    assert printer.store.dropped["ignoredAck"] == len(missing)
+    assert "Traceback" not in err.getvalue()

@@ -7,8 +7,10 @@
 //
 //   * PaneStore — applies the spec's semantics (group by callId, order each task's blocks by
 //     envelope.seq, drop a repeated seq, pin the terminal's final answer, stop appending
-//     after it, "no process details" after a timeout) and exposes the state in the format of
-//     the conformance vectors (tests/vectors/README.md). Same semantics as kernel_ext/view.py.
+//     after it, "no process details" after a timeout, the pane's mode "replay" while a join
+//     catches up and "live" afterwards, what the relay could no longer send) and exposes the
+//     state in the format of the conformance vectors (tests/vectors/README.md). Same
+//     semantics as kernel_ext/view.py.
 //   * mountPane / mountRoom — DOM views of that state. Every peer-supplied string goes into
 //     the page through textContent or an attribute value; this module never parses data as
 //     HTML and uses no HTML-string sink at all (tests/js/renderer.test.mjs checks the source).
@@ -21,6 +23,19 @@
 //   attachSocket(io("/chat", { auth: { token } }), store, { conversationId: "conv-1" });
 
 export const DEFAULT_TIMEOUT_MS = 15000;
+
+/** How long attachSocket waits for the join's acknowledgement before it gives up on it. */
+export const DEFAULT_JOIN_TIMEOUT_MS = 10000;
+
+/**
+ * A join names at most this many streams: the cursors of `have` (the relay reads no more)
+ * and the entries of the acknowledgement's `replay.missing` that are read. Same as
+ * view.MAX_JOIN_STREAMS.
+ */
+export const MAX_JOIN_STREAMS = 1000;
+
+// Counts and cursors are JSON integers every reader holds exactly: 0 .. 2**53 - 1.
+const MAX_COUNT = Number.MAX_SAFE_INTEGER;
 
 /** The pane's words: the spec's Chinese by default, English available. Same as view.LABELS. */
 export const LABELS = Object.freeze({
@@ -36,6 +51,10 @@ export const LABELS = Object.freeze({
     task: "任务",
     unknownKind: "未知类型",
     unattributed: "未关联调用",
+    replay: "同步中…",
+    live: "实时",
+    missing: "{n} 条较早的内容已不可用",
+    missingOne: "1 条较早的内容已不可用",
   }),
   en: Object.freeze({
     calling: "Calling…",
@@ -49,6 +68,10 @@ export const LABELS = Object.freeze({
     task: "Task",
     unknownKind: "Unknown kind",
     unattributed: "Unattributed call",
+    replay: "Catching up…",
+    live: "Live",
+    missing: "{n} earlier blocks are no longer available",
+    missingOne: "1 earlier block is no longer available",
   }),
 });
 
@@ -61,7 +84,7 @@ export function labelsFor(locale = "zh", overrides = undefined) {
 const STATES = new Set(["running", "done", "aborted"]);
 const TEXT_KINDS = new Set(["thinking", "text", "tool_output_append"]);
 const TOOL_NAME_KEYS = ["name", "tool", "toolName"];
-const DROP_REASONS = ["invalid", "duplicate", "afterEnd", "unattributed", "ignoredSnapshot"];
+const DROP_REASONS = ["invalid", "duplicate", "afterEnd", "unattributed", "ignoredSnapshot", "ignoredAck"];
 
 function isObject(value) {
   return value !== null && typeof value === "object" && !Array.isArray(value);
@@ -73,6 +96,10 @@ function has(object, key) {
 
 function get(object, key) {
   return has(object, key) ? object[key] : undefined;
+}
+
+function nonEmptyString(value) {
+  return typeof value === "string" && value !== "";
 }
 
 function strOrNull(value) {
@@ -87,6 +114,21 @@ function numberOrNull(value) {
 function seqOf(value) {
   if (typeof value !== "number" || !Number.isInteger(value) || value < 0) return null;
   return value === 0 ? 0 : value; // -0 → 0
+}
+
+// A block count of the acknowledgement: an integer 1 .. 2**53 - 1, else null.
+function countOf(value) {
+  return Number.isSafeInteger(value) && value > 0 ? value : null;
+}
+
+// One key per stream; "" stands for callId null (a callId is never empty).
+function streamKey(callId, taskId) {
+  return `${callId === null ? "" : callId}\n${taskId}`;
+}
+
+/** The words of the notice for `count` blocks a task lacks for good. */
+export function missingText(labels, count) {
+  return count === 1 ? labels.missingOne : labels.missing.split("{n}").join(String(count));
 }
 
 function parseBlock(block) {
@@ -183,10 +225,19 @@ export class Task {
     this.items = [];
     this.outcome = null; // "done" | "aborted" once the terminal arrived
     this.final = null;
+    this.terminalSeq = null;
+    this.missing = 0; // blocks the relay could no longer send (replay.missing of the acks)
+    this.gapAfter = null; // where they belong: after this seq (-1: before every item)
   }
 
   get ended() {
     return this.outcome !== null;
+  }
+
+  /** The highest seq this task holds, its items' and its terminal's. */
+  get lastSeq() {
+    const last = this.items.length > 0 ? this.items[this.items.length - 1].seq : -1;
+    return Math.max(last, this.terminalSeq === null ? -1 : this.terminalSeq);
   }
 
   /** Insert in seq order; false (and no change) when that seq is already present. */
@@ -210,6 +261,7 @@ export class Task {
       ended: this.ended,
       outcome: this.outcome,
       final: this.final,
+      missing: this.missing,
       items: this.items.map(itemJson),
     };
   }
@@ -220,7 +272,7 @@ export class Pane {
   constructor(callId, openedAt) {
     this.callId = callId;
     this.openedAt = openedAt;
-    this.mode = "live"; // the spec reserves "replay"; v1 produces only "live"
+    this.mode = "live"; // "replay" while a join catches up (PaneStore.beginReplay)
     this.tool = null;
     this.returned = false;
     this.returnText = null;
@@ -264,9 +316,12 @@ export class Pane {
  *
  * applyBlock / applySnapshot take the parsed JSON of `tool_event_stream` / `chat_event`
  * messages in arrival order and never throw on bad input (it is dropped and counted);
- * tick() lets panes without blocks reach "no process details". `clock` returns
- * milliseconds on any monotonic scale (default Date.now). Listeners (subscribe) get the
- * result of every input: {outcome, callId, taskId, item, final, newPane, newTask}.
+ * tick() lets panes without blocks reach "no process details". Catch-up: beginReplay()
+ * when `join_conversation` is sent (it returns the `have` cursors to send), endReplay(ack)
+ * when its acknowledgement arrives or the join failed. `clock` returns milliseconds on any
+ * monotonic scale (default Date.now). Listeners (subscribe) get the result of every input:
+ * {outcome, callId, taskId, item, final, newPane, newTask}; outcome "mode" when a pane's
+ * mode changed, "missing" when a task learnt of blocks it will never get.
  */
 export class PaneStore {
   constructor({ timeoutMs = DEFAULT_TIMEOUT_MS, clock = () => Date.now() } = {}) {
@@ -278,7 +333,14 @@ export class PaneStore {
     this._panes = new Map();
     this._orphans = new Map();
     this._listeners = new Set();
+    this._replaying = false;
+    this._joinCursors = new Map();
     this.dropped = Object.fromEntries(DROP_REASONS.map((reason) => [reason, 0]));
+  }
+
+  /** Whether a join is being caught up (between beginReplay and endReplay). */
+  get replaying() {
+    return this._replaying;
   }
 
   /** The panes in order of first appearance. */
@@ -291,7 +353,7 @@ export class PaneStore {
     return this._panes.get(callId) || null;
   }
 
-  /** Final answers of terminal blocks with callId null, one per taskId: {taskId, outcome, text}. */
+  /** Final answers of terminal blocks with callId null, one per taskId: {taskId, outcome, text, seq}. */
   get orphans() {
     return Array.from(this._orphans.values());
   }
@@ -345,6 +407,7 @@ export class PaneStore {
     let pane = this._panes.get(callId);
     if (pane) return [pane, false];
     pane = new Pane(callId, this.clock());
+    if (this._replaying) pane.mode = "replay";
     this._panes.set(callId, pane);
     return [pane, true];
   }
@@ -358,7 +421,8 @@ export class PaneStore {
     if (callId === null) {
       if (!terminal) return this._drop("unattributed", { taskId });
       if (this._orphans.has(taskId)) return this._drop("afterEnd", { taskId });
-      const orphan = Object.freeze({ taskId, outcome: parsed.state, text: terminalText(parsed) });
+      const text = terminalText(parsed);
+      const orphan = Object.freeze({ taskId, outcome: parsed.state, text, seq: parsed.seq });
       this._orphans.set(taskId, orphan);
       const final = { from: orphan.outcome, taskId, text: orphan.text };
       return this._result("orphan", { taskId, final });
@@ -375,6 +439,7 @@ export class PaneStore {
     if (terminal) {
       task.outcome = parsed.state;
       task.final = terminalText(parsed);
+      task.terminalSeq = parsed.seq;
       pane.lastFinal = Object.freeze({ from: task.outcome, taskId, text: task.final });
       return this._result("terminal", { callId, taskId, final: pane.lastFinal, newPane, newTask });
     }
@@ -414,6 +479,104 @@ export class PaneStore {
   }
 
   /**
+   * The join request's `have`: per stream this store holds, the highest seq it holds (its
+   * items' and its terminal's), as [{callId, taskId, seq}] — open streams first (in order of
+   * pane and task), then ended ones, then the final answers of calls without a callId
+   * (callId null); at most MAX_JOIN_STREAMS entries, and none for a seq above 2**53 - 1.
+   */
+  have() {
+    const open = [];
+    const ended = [];
+    for (const pane of this._panes.values()) {
+      for (const task of pane.tasks.values()) {
+        (task.ended ? ended : open).push({ callId: pane.callId, taskId: task.taskId, seq: task.lastSeq });
+      }
+    }
+    const orphans = Array.from(this._orphans.values(), (o) => ({ callId: null, taskId: o.taskId, seq: o.seq }));
+    const cursors = [...open, ...ended, ...orphans].filter((cursor) => cursor.seq <= MAX_COUNT);
+    return cursors.slice(0, MAX_JOIN_STREAMS);
+  }
+
+  /**
+   * A join is being sent: every pane, and every pane opened until endReplay, is in mode
+   * "replay". Returns the cursors to send as the join's `have` (see have()).
+   */
+  beginReplay() {
+    const have = this.have();
+    this._joinCursors = new Map(have.map((cursor) => [streamKey(cursor.callId, cursor.taskId), cursor.seq]));
+    this._replaying = true;
+    for (const pane of this._panes.values()) {
+      if (pane.mode === "replay") continue;
+      pane.mode = "replay";
+      this._result("mode", { callId: pane.callId });
+    }
+    return have;
+  }
+
+  /**
+   * The join's acknowledgement arrived (`ack` as received), or the join failed (`ack` null
+   * or undefined: no answer; `{ok: false, …}`: refused): every pane is "live" again. An
+   * accepted join's `replay.missing` entries ({callId, taskId, blocks}) add `blocks` to the
+   * missing count of their task (at most 2**53 - 1 in all). What cannot be used is counted
+   * in dropped.ignoredAck, never thrown: an ack that is not an object with a boolean `ok`;
+   * a `replay` or `missing` of the wrong type; an entry that is not such an object with a
+   * non-empty string callId and taskId and an integer `blocks` of 1 .. 2**53 - 1, or that is
+   * for a stream this store does not hold; entries past the first MAX_JOIN_STREAMS. Returns
+   * the results it reported to the listeners ("missing", then "mode").
+   */
+  endReplay(ack) {
+    const cursors = this._joinCursors;
+    this._joinCursors = new Map();
+    this._replaying = false;
+    const results = [];
+    if (isObject(ack) && typeof get(ack, "ok") === "boolean") {
+      const replay = get(ack, "replay");
+      if (ack.ok && replay !== undefined && replay !== null) this._applyMissing(replay, cursors, results);
+    } else if (ack !== null && ack !== undefined) {
+      this.dropped.ignoredAck += 1;
+    }
+    for (const pane of this._panes.values()) {
+      if (pane.mode === "live") continue;
+      pane.mode = "live";
+      results.push(this._result("mode", { callId: pane.callId }));
+    }
+    return results;
+  }
+
+  _applyMissing(replay, cursors, results) {
+    if (!isObject(replay)) {
+      this.dropped.ignoredAck += 1;
+      return;
+    }
+    const missing = get(replay, "missing");
+    if (missing === undefined || missing === null) return;
+    if (!Array.isArray(missing)) {
+      this.dropped.ignoredAck += 1;
+      return;
+    }
+    const read = Math.min(missing.length, MAX_JOIN_STREAMS);
+    this.dropped.ignoredAck += missing.length - read;
+    for (let index = 0; index < read; index += 1) {
+      const entry = missing[index];
+      const callId = isObject(entry) ? get(entry, "callId") : undefined;
+      const taskId = isObject(entry) ? get(entry, "taskId") : undefined;
+      const blocks = isObject(entry) ? countOf(get(entry, "blocks")) : null;
+      const pane = nonEmptyString(callId) ? this._panes.get(callId) : undefined;
+      const task = pane && nonEmptyString(taskId) ? pane.tasks.get(taskId) : undefined;
+      if (blocks === null || task === undefined) {
+        this.dropped.ignoredAck += 1;
+        continue;
+      }
+      task.missing = Math.min(task.missing + blocks, MAX_COUNT);
+      if (task.gapAfter === null) {
+        const key = streamKey(callId, taskId);
+        task.gapAfter = cursors.has(key) ? cursors.get(key) : task.items.length > 0 ? task.items[0].seq : -1;
+      }
+      results.push(this._result("missing", { callId, taskId }));
+    }
+  }
+
+  /**
    * Mark panes without blocks whose timeout has passed at `now` (default: the clock);
    * returns the callIds whose status became "no_details".
    */
@@ -434,17 +597,37 @@ export class PaneStore {
  * Feed a Socket.IO client (namespace /chat) into `store`: `tool_event_stream` blocks and
  * `chat_event` snapshots, plus a timer that calls store.tick() every `tickMs`. With
  * `conversationId`, emits `join_conversation` on every (re)connect — after a reconnect the
- * server has forgotten the room — and reports the acknowledgement to `onJoin(ack)`.
- * Returns a function that detaches everything.
+ * server has forgotten the room — as `{conversationId, have}`: the cursors of what the store
+ * already holds (store.beginReplay(); an empty list while it holds nothing), so a relay that
+ * catches up sends only the rest, and says in its answer what it sent. The panes are in mode "replay" from the join until its
+ * acknowledgement, which goes to store.endReplay(ack) and then to `onJoin(ack)`. A join
+ * that is refused, or not answered within `joinTimeoutMs` (onJoin(null) then; a later
+ * answer is ignored), or superseded by the next reconnect's, or detached, leaves no pane in
+ * "replay". Returns a function that detaches everything.
  */
-export function attachSocket(socket, store, { conversationId = null, onJoin = null, tickMs = 1000 } = {}) {
+export function attachSocket(
+  socket,
+  store,
+  { conversationId = null, onJoin = null, tickMs = 1000, joinTimeoutMs = DEFAULT_JOIN_TIMEOUT_MS } = {},
+) {
   const onBlock = (block) => store.applyBlock(block);
   const onSnapshot = (event) => store.applySnapshot(event);
+  let pending = null; // the join awaiting its acknowledgement: {timer}
+  const settle = (join, ack, report) => {
+    if (pending !== join) return; // answered, timed out, superseded or detached already
+    pending = null;
+    if (join.timer !== null) clearTimeout(join.timer);
+    store.endReplay(ack);
+    if (report && onJoin) onJoin(ack);
+  };
   const join = () => {
     if (conversationId === null) return;
-    socket.emit("join_conversation", { conversationId }, (ack) => {
-      if (onJoin) onJoin(ack);
-    });
+    if (pending !== null && pending.timer !== null) clearTimeout(pending.timer); // superseded
+    const request = { conversationId, have: store.beginReplay() };
+    const current = { timer: null };
+    pending = current;
+    if (joinTimeoutMs > 0) current.timer = setTimeout(() => settle(current, null, true), joinTimeoutMs);
+    socket.emit("join_conversation", request, (ack) => settle(current, ack, true));
   };
   socket.on("tool_event_stream", onBlock);
   socket.on("chat_event", onSnapshot);
@@ -456,6 +639,7 @@ export function attachSocket(socket, store, { conversationId = null, onJoin = nu
     socket.off("chat_event", onSnapshot);
     socket.off("connect", join);
     if (timer !== null) clearInterval(timer);
+    if (pending !== null) settle(pending, null, false);
   };
 }
 
@@ -474,6 +658,7 @@ const STYLE = `
 .kx-tool { font-weight: 600; overflow-wrap: anywhere; }
 .kx-call-id { color: #6e7781; font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
 .kx-status { margin-left: auto; font-size: 12px; color: #57606a; }
+.kx-mode { font-size: 12px; color: #9a6700; }
 .kx-pane[data-status="streaming"] .kx-status { color: #0969da; }
 .kx-final { margin: 8px 0; padding: 8px 10px; border-left: 3px solid #1a7f37; background: #f0fff4; }
 .kx-final[data-from="aborted"] { border-left-color: #cf222e; background: #fff5f5; }
@@ -496,6 +681,7 @@ const STYLE = `
 .kx-progress-text { overflow-wrap: anywhere; }
 .kx-other { color: #6e7781; font-size: 13px; }
 .kx-other-kind { font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
+.kx-missing { color: #9a6700; font-size: 12px; font-style: italic; border-left: 2px dotted #d4a72c; padding-left: 8px; }
 .kx-empty, .kx-end { color: #6e7781; font-size: 12px; text-align: center; }
 .kx-orphan { border: 1px dashed #d0d4da; border-radius: 8px; padding: 8px 12px; font: 14px/1.45 var(--kx-font); }
 `;
@@ -521,15 +707,18 @@ function atBottom(node) {
 }
 
 // Runs of consecutive thinking / tool_output_append / progress items render as one segment
-// each (a run of progress items as one bar showing the latest).
+// each (a run of progress items as one bar showing the latest); a run does not span the
+// place of blocks the task lacks for good (after seq `gapAfter`).
 const RUN_KINDS = new Set(["thinking", "tool_output_append", "progress"]);
 
-function segmentsOf(items) {
+function segmentsOf(items, gapAfter = null) {
   const segments = [];
   for (const item of items) {
     const last = segments[segments.length - 1];
     const runs = RUN_KINDS.has(item.kind);
-    if (runs && last && last.kind === item.kind) {
+    const acrossGap =
+      gapAfter !== null && last && last.items[last.items.length - 1].seq <= gapAfter && item.seq > gapAfter;
+    if (runs && last && last.kind === item.kind && !acrossGap) {
       last.items.push(item);
       continue;
     }
@@ -538,6 +727,12 @@ function segmentsOf(items) {
   for (const segment of segments) segment.sig = segment.items.map((item) => item.seq).join(",");
   return segments;
 }
+
+// Views render at most once per animation frame while their pane catches up.
+// (No requestAnimationFrame outside a page: a timer of one frame's length instead.)
+const hasFrames = () => typeof globalThis.requestAnimationFrame === "function";
+const requestFrame = (fn) => (hasFrames() ? globalThis.requestAnimationFrame(fn) : setTimeout(fn, 16));
+const cancelFrame = (handle) => (hasFrames() ? globalThis.cancelAnimationFrame(handle) : clearTimeout(handle));
 
 function statusLabel(labels, status) {
   return { calling: labels.calling, streaming: labels.streaming, ended: labels.ended, no_details: labels.noDetails }[status];
@@ -584,8 +779,9 @@ class PaneView {
     const head = el(doc, "header", "kx-head");
     this.toolNode = el(doc, "span", "kx-tool");
     this.callIdNode = el(doc, "span", "kx-call-id", callId);
+    this.modeNode = el(doc, "span", "kx-mode", this.labels.replay);
     this.statusNode = el(doc, "span", "kx-status");
-    head.append(this.toolNode, this.callIdNode, this.statusNode);
+    head.append(this.toolNode, this.callIdNode, this.modeNode, this.statusNode);
     this.finalNode = el(doc, "div", "kx-final");
     this.finalLabel = el(doc, "div", "kx-final-label");
     this.finalText = el(doc, "div", "kx-final-text");
@@ -599,19 +795,35 @@ class PaneView {
     root.append(head, this.finalNode, this.streamNode);
     container.appendChild(root);
     this.taskViews = new Map();
+    this.frame = null;
     this.unsubscribe = store.subscribe((applied) => {
-      if (applied.callId === callId) this.update();
+      if (applied.callId === callId) this.changed(applied);
     });
     this.update();
   }
 
+  // Live, every change renders at once. While the pane catches up (a burst of up to
+  // thousands of blocks), changes render once per animation frame, and the switch back to
+  // "live" renders what is left at once: a long catch-up never re-renders per block.
+  changed(applied) {
+    const pane = this.store.pane(this.callId);
+    if (pane && pane.mode === "replay" && applied.outcome !== "mode") {
+      if (this.frame === null) this.frame = requestFrame(() => this.update());
+    } else {
+      this.update();
+    }
+  }
+
   update() {
+    if (this.frame !== null) cancelFrame(this.frame);
+    this.frame = null;
     const pane = this.store.pane(this.callId);
     const labels = this.labels;
     const status = pane ? pane.status : "calling";
     const root = this.element;
     root.dataset.status = status;
     root.dataset.mode = pane ? pane.mode : "live";
+    this.modeNode.hidden = root.dataset.mode !== "replay";
     this.toolNode.textContent = (pane && pane.tool) || "";
     this.statusNode.textContent = statusLabel(labels, status);
     const final = pane ? pane.final : null;
@@ -640,29 +852,40 @@ class PaneView {
       const head = el(doc, "div", "kx-task-head");
       const items = el(doc, "div", "kx-items");
       node.append(head, items);
-      view = { node, head, items, segments: new Map() };
+      view = { node, head, items, segments: new Map(), missing: null };
       this.taskViews.set(task.taskId, view);
     }
     view.head.hidden = !showHead;
     const outcome = task.outcome === "aborted" ? this.labels.aborted : task.ended ? this.labels.ended : "";
     view.head.textContent = `${this.labels.task} ${task.taskId}${outcome ? ` · ${outcome}` : ""}`;
     view.node.dataset.ended = String(task.ended);
-    const segments = segmentsOf(task.items);
+    const gapAfter = task.missing > 0 ? task.gapAfter : null;
+    const segments = segmentsOf(task.items, gapAfter);
     const nodes = [];
     const keep = new Map();
     for (const segment of segments) {
       let cached = view.segments.get(segment.key);
       if (!cached || cached.kind !== segment.kind) {
-        cached = { kind: segment.kind, node: this.createSegment(segment), sig: null };
+        cached = { kind: segment.kind, node: this.createSegment(segment), sig: null, count: 0 };
       }
       if (cached.sig !== segment.sig) {
-        this.fillSegment(cached.node, segment);
+        // Items appended to a run (the usual case) are appended to its node.
+        const from = cached.sig !== null && segment.sig.startsWith(`${cached.sig},`) ? cached.count : 0;
+        this.fillSegment(cached.node, segment, from);
         cached.sig = segment.sig;
+        cached.count = segment.items.length;
       }
       keep.set(segment.key, cached);
       nodes.push(cached.node);
     }
     view.segments = keep;
+    if (gapAfter !== null) {
+      if (view.missing === null) view.missing = el(doc, "div", "kx-missing");
+      view.missing.textContent = missingText(this.labels, task.missing);
+      view.missing.dataset.missing = String(task.missing);
+      const at = segments.findIndex((segment) => segment.items[0].seq > gapAfter);
+      nodes.splice(at === -1 ? nodes.length : at, 0, view.missing);
+    }
     placeChildren(view.items, nodes);
     return view.node;
   }
@@ -706,16 +929,20 @@ class PaneView {
     }
   }
 
-  fillSegment(node, segment) {
+  // Fill `node` with `segment`, whose items before index `from` it already shows.
+  fillSegment(node, segment, from = 0) {
+    const added = segment.items.slice(from);
     if (segment.kind === "thinking") {
       const body = node.lastChild;
-      placeChildren(body, []);
-      for (const item of segment.items) body.appendChild(el(this.doc, "p", null, item.text));
+      if (from === 0) placeChildren(body, []);
+      for (const item of added) body.appendChild(el(this.doc, "p", null, item.text));
     } else if (segment.kind === "progress") {
       fillProgress(node, segment.items[segment.items.length - 1]);
     } else if (segment.kind === "tool_output_append") {
       const follow = node.isConnected ? atBottom(node) : true;
-      node.textContent = segment.items.map((item) => item.text).join("");
+      const text = added.map((item) => item.text).join("");
+      if (from === 0) node.textContent = text;
+      else node.appendChild(this.doc.createTextNode(text));
       if (follow) this.followLater(node);
     }
     node.dataset.seq = segment.sig;
@@ -729,6 +956,8 @@ class PaneView {
 
   destroy() {
     this.unsubscribe();
+    if (this.frame !== null) cancelFrame(this.frame);
+    this.frame = null;
     this.element.remove();
   }
 }

@@ -175,7 +175,48 @@ export interface AbortedBlock extends Block {
 /** One `tool_event_stream` message, told apart by `state`. */
 export type ToolEventStreamBlock = RunningBlock | DoneBlock | AbortedBlock;
 
-/** What `join_conversation` and `leave_conversation` answer. */
+/** One stream a browser already holds part of, in a join's `have`. */
+export interface StreamCursor {
+  /** the stream's callId; null for the final answer of a call without one */
+  callId: string | null;
+  taskId: string;
+  /** the highest seq held, the stream's items' and terminal's (an integer, 0 to 2**53 - 1) */
+  seq: number;
+}
+
+/** What `join_conversation` sends. */
+export interface JoinRequest {
+  /** the conversation id, the room to join */
+  conversationId: string;
+  /**
+   * per stream, the highest seq the browser holds: a relay that catches up sends only the blocks
+   * above it (without an entry, all it holds of that stream); at most 1,000 entries are read
+   */
+  have?: StreamCursor[];
+}
+
+/** A stream of which the relay no longer held blocks the browser lacks. */
+export interface MissingBlocks {
+  callId: string | null;
+  taskId: string;
+  /** how many (at most), at least 1 */
+  blocks: number;
+}
+
+/** What a join's catch-up sent; absent from a relay that keeps nothing. */
+export interface Replay {
+  /** blocks sent to this browser before the answer */
+  blocks: number;
+  /** streams they belong to */
+  streams: number;
+  /** absent or empty when nothing is missing */
+  missing?: MissingBlocks[];
+}
+
+/** What `join_conversation` answers. */
+export type JoinAnswer = { ok: true; replay?: Replay } | { ok: false; error: string };
+
+/** What `leave_conversation` answers (and `join_conversation` without `replay`). */
 export type RoomAnswer = { ok: true } | { ok: false; error: string };
 
 /**
@@ -191,11 +232,82 @@ export interface ServerToClientEvents {
 /** Events a browser sends in namespace "/chat", each acknowledged. */
 export interface ClientToServerEvents {
   join_conversation: (
-    request: { conversationId: string },
-    ack: (answer: RoomAnswer) => void,
+    request: JoinRequest,
+    ack: (answer: JoinAnswer) => void,
   ) => void;
   leave_conversation: (
     request: { conversationId: string },
     ack: (answer: RoomAnswer) => void,
   ) => void;
+}
+
+/** A pane's mode: `replay` from a join until its answer, `live` otherwise. */
+export type PaneMode = "live" | "replay";
+
+/** A pane's status (`PaneStore.state()` in renderer.js; kernel_ext.view). */
+export type PaneStatus = "calling" | "streaming" | "ended" | "no_details";
+
+/** One rendered block of a task in the pane state. */
+export type PaneItem =
+  | { kind: "thinking"; seq: number; text: string; folded: true }
+  | { kind: "tool_call"; seq: number; tool: string | null }
+  | { kind: "text" | "tool_output_append"; seq: number; text: string }
+  | {
+      kind: "progress";
+      seq: number;
+      progress: number | null;
+      total: number | null;
+      text: string | null;
+    }
+  | { kind: "other"; envelopeKind: string; seq: number; text: string | null };
+
+/** A pinned final answer. */
+export interface PaneFinal {
+  from: "done" | "aborted" | "toolReturn";
+  taskId: string | null;
+  text: string;
+}
+
+/** One stream of a pane: one taskId of its call. */
+export interface PaneTask {
+  taskId: string;
+  ended: boolean;
+  outcome: "done" | "aborted" | null;
+  final: string | null;
+  /** blocks the relay could no longer send (its join answers' `replay.missing`) */
+  missing: number;
+  items: PaneItem[];
+}
+
+/** The detail pane of one tool call. */
+export interface PaneState {
+  callId: string;
+  mode: PaneMode;
+  tool: string | null;
+  status: PaneStatus;
+  returned: boolean;
+  final: PaneFinal | null;
+  tasks: PaneTask[];
+}
+
+/** The final answer of a call without a callId. */
+export interface OrphanState {
+  taskId: string;
+  outcome: "done" | "aborted";
+  text: string;
+}
+
+/** A room's panes: `PaneStore.state()`, the conformance vectors' format. */
+export interface PaneStoreState {
+  panes: PaneState[];
+  orphans: OrphanState[];
+  /** inputs that changed nothing, by reason */
+  dropped: {
+    invalid: number;
+    duplicate: number;
+    afterEnd: number;
+    unattributed: number;
+    ignoredSnapshot: number;
+    ignoredAck: number;
+  };
 }

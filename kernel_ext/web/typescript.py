@@ -11,7 +11,10 @@ regenerates it and compares, so the file cannot drift from the models. What it d
   terminal state (:data:`~kernel_ext.protocol.TERMINAL_KEYS`), an envelope type per known
   kind and a block type per state, whose union is ``ToolEventStreamBlock``;
 * the Socket.IO events of namespace ``/chat`` as socket.io-client's event maps
-  (``Socket<ServerToClientEvents, ClientToServerEvents>``).
+  (``Socket<ServerToClientEvents, ClientToServerEvents>``), with the join's request
+  (``have``: what the browser holds) and answer (``replay``: what the catch-up sent);
+* the pane state of ``renderer.js``'s ``PaneStore.state()`` (the conformance vectors'
+  format), its literal unions taken from :mod:`kernel_ext.view`.
 
 Only the JSON Schema features the models use are translated: ``$ref``, ``const``, ``enum``,
 ``anyOf``, the JSON types, ``properties``/``required`` and open objects.
@@ -36,6 +39,7 @@ from kernel_ext.protocol import (
     BlockState,
 )
 from kernel_ext.schema import KIND_PAYLOADS, block_json_schema
+from kernel_ext.view import DROP_REASONS, MAX_JOIN_STREAMS, PaneMode, PaneStatus
 
 __all__ = ["declarations"]
 
@@ -185,8 +189,9 @@ def declarations() -> str:
     out += ["/** One `tool_event_stream` message, told apart by `state`. */"]
     out += [f"export type ToolEventStreamBlock = {' | '.join(blocks)};", ""]
 
+    out += _join_declarations()
     out += [
-        "/** What `join_conversation` and `leave_conversation` answer. */",
+        "/** What `leave_conversation` answers (and `join_conversation` without `replay`). */",
         "export type RoomAnswer = { ok: true } | { ok: false; error: string };",
         "",
         *_doc(
@@ -202,13 +207,140 @@ def declarations() -> str:
         f"/** Events a browser sends in namespace {json.dumps(NAMESPACE)}, each acknowledged. */",
         "export interface ClientToServerEvents {",
         f"  {JOIN_EVENT}: (",
-        "    request: { conversationId: string },",
-        "    ack: (answer: RoomAnswer) => void,",
+        "    request: JoinRequest,",
+        "    ack: (answer: JoinAnswer) => void,",
         "  ) => void;",
         f"  {LEAVE_EVENT}: (",
         "    request: { conversationId: string },",
         "    ack: (answer: RoomAnswer) => void,",
         "  ) => void;",
         "}",
+        "",
+        *_pane_state_declarations(),
     ]
     return "\n".join(out) + "\n"
+
+
+def _union(values: tuple[str, ...]) -> str:
+    return " | ".join(json.dumps(value) for value in values)
+
+
+def _join_declarations() -> list[str]:
+    """The join's request and answer, catch-up included (docs/web.md, "Catching up")."""
+    seq = "an integer, 0 to 2**53 - 1"
+    return [
+        "/** One stream a browser already holds part of, in a join's `have`. */",
+        "export interface StreamCursor {",
+        "  /** the stream's callId; null for the final answer of a call without one */",
+        "  callId: string | null;",
+        "  taskId: string;",
+        f"  /** the highest seq held, the stream's items' and terminal's ({seq}) */",
+        "  seq: number;",
+        "}",
+        "",
+        f"/** What `{JOIN_EVENT}` sends. */",
+        "export interface JoinRequest {",
+        "  /** the conversation id, the room to join */",
+        "  conversationId: string;",
+        *_doc(
+            "per stream, the highest seq the browser holds: a relay that catches up sends "
+            "only the blocks above it (without an entry, all it holds of that stream); at "
+            f"most {MAX_JOIN_STREAMS:,} entries are read",
+            "  ",
+        ),
+        "  have?: StreamCursor[];",
+        "}",
+        "",
+        "/** A stream of which the relay no longer held blocks the browser lacks. */",
+        "export interface MissingBlocks {",
+        "  callId: string | null;",
+        "  taskId: string;",
+        "  /** how many (at most), at least 1 */",
+        "  blocks: number;",
+        "}",
+        "",
+        "/** What a join's catch-up sent; absent from a relay that keeps nothing. */",
+        "export interface Replay {",
+        "  /** blocks sent to this browser before the answer */",
+        "  blocks: number;",
+        "  /** streams they belong to */",
+        "  streams: number;",
+        "  /** absent or empty when nothing is missing */",
+        "  missing?: MissingBlocks[];",
+        "}",
+        "",
+        f"/** What `{JOIN_EVENT}` answers. */",
+        "export type JoinAnswer = { ok: true; replay?: Replay } | { ok: false; error: string };",
+        "",
+    ]
+
+
+def _pane_state_declarations() -> list[str]:
+    """The vector format of the pane state (``tests/vectors/README.md``)."""
+    return [
+        "/** A pane's mode: `replay` from a join until its answer, `live` otherwise. */",
+        f"export type PaneMode = {_union(get_args(PaneMode))};",
+        "",
+        "/** A pane's status (`PaneStore.state()` in renderer.js; kernel_ext.view). */",
+        f"export type PaneStatus = {_union(get_args(PaneStatus))};",
+        "",
+        "/** One rendered block of a task in the pane state. */",
+        "export type PaneItem =",
+        '  | { kind: "thinking"; seq: number; text: string; folded: true }',
+        '  | { kind: "tool_call"; seq: number; tool: string | null }',
+        '  | { kind: "text" | "tool_output_append"; seq: number; text: string }',
+        "  | {",
+        '      kind: "progress";',
+        "      seq: number;",
+        "      progress: number | null;",
+        "      total: number | null;",
+        "      text: string | null;",
+        "    }",
+        '  | { kind: "other"; envelopeKind: string; seq: number; text: string | null };',
+        "",
+        "/** A pinned final answer. */",
+        "export interface PaneFinal {",
+        '  from: "done" | "aborted" | "toolReturn";',
+        "  taskId: string | null;",
+        "  text: string;",
+        "}",
+        "",
+        "/** One stream of a pane: one taskId of its call. */",
+        "export interface PaneTask {",
+        "  taskId: string;",
+        "  ended: boolean;",
+        '  outcome: "done" | "aborted" | null;',
+        "  final: string | null;",
+        "  /** blocks the relay could no longer send (its join answers' `replay.missing`) */",
+        "  missing: number;",
+        "  items: PaneItem[];",
+        "}",
+        "",
+        "/** The detail pane of one tool call. */",
+        "export interface PaneState {",
+        "  callId: string;",
+        "  mode: PaneMode;",
+        "  tool: string | null;",
+        "  status: PaneStatus;",
+        "  returned: boolean;",
+        "  final: PaneFinal | null;",
+        "  tasks: PaneTask[];",
+        "}",
+        "",
+        "/** The final answer of a call without a callId. */",
+        "export interface OrphanState {",
+        "  taskId: string;",
+        '  outcome: "done" | "aborted";',
+        "  text: string;",
+        "}",
+        "",
+        "/** A room's panes: `PaneStore.state()`, the conformance vectors' format. */",
+        "export interface PaneStoreState {",
+        "  panes: PaneState[];",
+        "  orphans: OrphanState[];",
+        "  /** inputs that changed nothing, by reason */",
+        "  dropped: {",
+        *(f"    {reason}: number;" for reason in DROP_REASONS),
+        "  };",
+        "}",
+    ]
