@@ -11,9 +11,9 @@ Not a ``bench_*`` module: ``benchmarks/run.py`` does not pick it up. It runs pyt
 reliability suite (tests/test_reliability_*.py, test_fuzz.py, test_intruders.py,
 test_hostile.py, and the terminal-edge tests: test_size_bound.py, test_sampling.py,
 test_shutdown.py, test_closed_streams.py, test_fork.py) with the scale variables below set,
-unless the environment sets them already; every scenario appends one JSON line of figures to the report
-(``KERNEL_EXT_RELIABILITY_REPORT``), which is then printed as a Markdown table with the
-machine and the date, ready for docs/reliability.md.
+unless the environment sets them already; every scenario appends one JSON line of figures to
+the report (``KERNEL_EXT_RELIABILITY_REPORT``), which is then printed as a Markdown table
+with the machine and the date, ready for docs/reliability.md.
 
 =================================  ========  ====================================
 variable                           soak      what
