@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -229,3 +230,26 @@ class CatchUpStandIn:
             return {**ack, "replay": replay}
 
         relay.on_join_conversation = on_join_conversation
+
+
+async def run_script(
+    script: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> tuple[int, str, str]:
+    """Run a worker script (``python SCRIPT ARGS``) with the tests' secret to its end, at
+    most ``timeout`` seconds (then killed); its exit status, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        *args,
+        env={**os.environ, "KERNEL_EXT_SECRET": SECRET, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

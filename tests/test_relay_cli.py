@@ -23,6 +23,7 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import socketio
@@ -317,31 +318,28 @@ def test_everything_missing_at_once_is_one_line_listing_each_requirement() -> No
         parts = parts[start:]
 
 
+async def blocks_of_a_late_joiner(relay: CliRelay) -> list[dict[str, Any]]:
+    """Two blocks go to a room with nobody in it, then a browser joins: what it holds."""
+    async with worker(relay.port) as sender:
+        await sender.call("kx_blocks", frame("conv-late", [block(1), block(2)]), namespace=NS)
+    late = Browser("late")
+    try:
+        await late.connect(relay.port)
+        assert await late.join("conv-late") == {"ok": True}
+        await barrier(late, relay.port)
+        return late.blocks
+    finally:
+        await late.close()
+
+
 async def test_no_catch_up_keeps_nothing_for_a_browser_that_joins_late() -> None:
     async with cli_relay("--allow-anyone", "--no-catch-up") as relay:
-        async with worker(relay.port) as sender:
-            await sender.call("kx_blocks", frame("conv-late", [block(1), block(2)]), namespace=NS)
-        late = Browser("late")
-        try:
-            await late.connect(relay.port)
-            assert await late.join("conv-late") == {"ok": True}
-            await barrier(late, relay.port)
-            assert late.blocks == []
-        finally:
-            await late.close()
+        assert await blocks_of_a_late_joiner(relay) == []
 
 
 async def test_catch_up_memory_at_one_conversations_bound_starts_and_catches_up() -> None:
     async with cli_relay("--allow-anyone", "--catch-up-memory", "4") as relay:
-        async with worker(relay.port) as sender:
-            await sender.call("kx_blocks", frame("conv-late", [block(1), block(2)]), namespace=NS)
-        late = Browser("late")
-        try:
-            await late.connect(relay.port)
-            assert await late.join("conv-late") == {"ok": True}
-            assert late.blocks == [block(1), block(2)]
-        finally:
-            await late.close()
+        assert await blocks_of_a_late_joiner(relay) == [block(1), block(2)]
 
 
 @pytest.mark.parametrize("value", ["3", "0", "-4", "4.5", "lots"])
