@@ -69,12 +69,26 @@ class Browser:
             asyncio.get_running_loop().create_task(self._rejoin())
 
     async def _rejoin(self) -> None:
+        """Join the rooms again after a reconnect, saying what it holds (``have``), as the
+        reference renderer does: the relay then sends only the rest."""
         for room in self.rooms:
             ack = await self.client.call(
-                "join_conversation", {"conversationId": room}, namespace=NS, timeout=10
+                "join_conversation",
+                {"conversationId": room, "have": self.have()},
+                namespace=NS,
+                timeout=10,
             )
-            assert ack == {"ok": True}, ack
+            assert isinstance(ack, dict), ack
+            assert ack.get("ok") is True, ack
         self.rejoined.set()
+
+    def have(self) -> list[dict[str, Any]]:
+        """Per stream it holds blocks of, the highest seq (the join's ``have``)."""
+        highest: dict[tuple[Any, Any], int] = {}
+        for block in self.blocks:
+            key = (block["callId"], block["taskId"])
+            highest[key] = max(block["envelope"]["seq"], highest.get(key, -1))
+        return [{"callId": c, "taskId": t, "seq": seq} for (c, t), seq in highest.items()]
 
     async def connect(self, port: int, auth: Any = None) -> None:
         await asyncio.wait_for(

@@ -414,6 +414,8 @@ class ChatRelay(GuardedNamespace):
                 missing.setdefault(key, n)
             for raw in blocks:
                 await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
+                if raw.get("state") in TERMINAL_STATES:
+                    self.terminals.caught_up(raw, sid)
             sent += len(blocks)
             streams.update(key for key, seq in after.items() if seq != cursors.get(key))
             cursors = after
