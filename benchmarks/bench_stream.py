@@ -17,7 +17,8 @@ block; the relay emits it to the room, one emit per message, no validation):
 
 * throughput: ``N`` blocks as fast as the worker can publish them, counted at the receiver
   from the first to the last block; kernel_ext (hub + LoopbackEmitter batching ``kx_blocks``
-  frames + ChatRelay validating every block) vs. plain — target ratio ≥ 1.0 (aim 1.5).
+  frames + ChatRelay validating every block, catch-up on: the default; ``bench_catchup.py``
+  compares on with off) vs. plain — target ratio ≥ 1.0 (aim 1.5).
   Rounds alternate plain/kernel_ext; the median rate of each is compared.
 * latency: 100 streams × 10 blocks/s for ``SECONDS`` s; latency from the ``publish()`` (or
   plain ``emit``) call to the receiver's handler (the publish time travels in the block's
@@ -35,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import gc
 import json
 import logging
 import os
@@ -42,6 +44,8 @@ import socket
 import statistics
 import sys
 import time
+import tracemalloc
+from collections.abc import Sequence
 from typing import Any
 
 SECRET = "bench-secret"
@@ -239,13 +243,46 @@ def role_plain_relay(port: int) -> None:
     uvicorn.run(plain_relay_app(), host="127.0.0.1", port=port, log_level="error", lifespan="off")
 
 
-def role_kx_relay(port: int) -> None:
+def role_kx_relay(
+    port: int, *, catch_up: bool = True, probe: bool = False, trace: bool = False
+) -> None:
+    """kernel_ext's relay as shipped (``create_app``), catch-up on (its default) or off.
+
+    With ``probe`` it also reads its standard input: a ``STATS`` line is answered with a
+    ``STATS`` line holding the relay's :meth:`~kernel_ext.relay.ChatRelay.stats`, any other
+    line with a ``MEASURE`` line (after a full garbage collection) holding those, its traced
+    memory (``None`` unless ``trace`` started ``tracemalloc`` first) and its resident memory;
+    the end of the input stops it."""
+    if trace:
+        tracemalloc.start()
     import uvicorn
 
     from kernel_ext.relay import allow_all, create_app
 
-    ready = create_app(SECRET, authorize_join=allow_all)
-    uvicorn.run(ready.app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+    ready = create_app(SECRET, authorize_join=allow_all, catch_up=catch_up)
+    config = uvicorn.Config(
+        ready.app, host="127.0.0.1", port=port, log_level="error", lifespan="off"
+    )
+    if not probe:
+        uvicorn.Server(config).run()
+        return
+
+    async def serve_and_answer() -> None:
+        server = uvicorn.Server(config)
+        serving = asyncio.ensure_future(server.serve())
+        reader = await _stdin_lines()
+        while line := await reader.readline():
+            if line.strip() == b"STATS":
+                print("STATS " + json.dumps(ready.relay.stats()), flush=True)
+                continue
+            gc.collect()
+            traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
+            answer = {"traced": traced, "rss": rss_bytes(os.getpid()), "stats": ready.relay.stats()}
+            print("MEASURE " + json.dumps(answer), flush=True)
+        server.should_exit = True
+        await serving
+
+    asyncio.run(serve_and_answer())
 
 
 async def role_receiver(port: int, expected: int, timeout: float) -> None:
@@ -366,8 +403,34 @@ async def role_worker(port: int, kind: str, mode: str, n: int, seconds: float) -
 
 
 # ---------------------------------------------------------------------------------------
-# Three processes: orchestration
+# Three processes: orchestration (and the plumbing bench_scale.py and bench_catchup.py use)
 # ---------------------------------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process now (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def _stdin_lines() -> asyncio.StreamReader:
+    """This process's standard input as a stream of lines (a child's command channel)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
 
 
 def _free_port() -> int:
@@ -426,12 +489,16 @@ async def _line(proc: asyncio.subprocess.Process, prefix: str, timeout: float) -
             return line[len(prefix) :].strip()
 
 
-async def _one_run(kind: str, mode: str, n: int, seconds: float) -> dict[str, Any]:
-    """Relay, receiver and worker as three processes; the receiver's result."""
+async def _one_run(
+    kind: str, mode: str, n: int, seconds: float, relay_args: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Relay (started with ``relay_args`` too), receiver and worker as three processes; the
+    receiver's result, with ``relay_cpu``: the relay's CPU seconds from the receiver's join
+    to the receiver's result."""
     port = _free_port()
     procs: list[asyncio.subprocess.Process] = []
     try:
-        relay = await _spawn("--role", f"{kind}-relay", "--port", str(port))
+        relay = await _spawn("--role", f"{kind}-relay", "--port", str(port), *relay_args)
         procs.append(relay)
         await _wait_port(port, relay)
         expected = n if mode == "burst" else int(seconds * STREAMS * RATE_PER_STREAM)
@@ -447,6 +514,7 @@ async def _one_run(kind: str, mode: str, n: int, seconds: float) -> dict[str, An
         )
         procs.append(receiver)
         await _line(receiver, "READY", 30)
+        relay_cpu = cpu_seconds(relay.pid)
         worker = await _spawn(
             "--role",
             "worker",
@@ -463,6 +531,7 @@ async def _one_run(kind: str, mode: str, n: int, seconds: float) -> dict[str, An
         )
         procs.append(worker)
         result: dict[str, Any] = json.loads(await _line(receiver, "RESULT", PROCESS_TIMEOUT))
+        result["relay_cpu"] = cpu_seconds(relay.pid) - relay_cpu
         result["expected"] = expected
         return result
     finally:
@@ -562,13 +631,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n", type=int, default=THROUGHPUT_N)
     parser.add_argument("--seconds", type=float, default=SECONDS)
     parser.add_argument("--timeout", type=float, default=PROCESS_TIMEOUT)
+    parser.add_argument("--catch-up", choices=("on", "off"), default="on")
+    parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--trace-memory", action="store_true")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     if args.role == "plain-relay":
         role_plain_relay(args.port)
         return 0
     if args.role == "kx-relay":
-        role_kx_relay(args.port)
+        role_kx_relay(
+            args.port, catch_up=args.catch_up == "on", probe=args.probe, trace=args.trace_memory
+        )
         return 0
     if args.role == "receiver":
         asyncio.run(role_receiver(args.port, args.n, args.timeout))
