@@ -91,6 +91,7 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
     ("every point of the scale curves: p99 latency vs plain relay", "≤ 1.5×", "scale"),
     ("relay throughput, catch-up on vs off (issue 24)", "≥ 0.95× (within 5 %)", "catchup"),
     ("latency p99 at 100 streams × 10 blocks/s, catch-up on vs off", "≤ 1.05×", "catchup"),
+    ("relay CPU per delivered block, catch-up on vs off", "≤ 1.05×", "catchup"),
 )
 
 VERSIONED = (

@@ -51,6 +51,7 @@ def test_the_live_path_rows_compare_catch_up_on_with_off_every_block_received() 
     assert targets == {
         "live path, catch-up on vs off: relay throughput": 0.95,
         "live path, catch-up on vs off: latency p99 at 100 streams × 10/s": 1.05,
+        "live path, catch-up on vs off: relay CPU per delivered block": 1.05,
     }
 
 
@@ -87,7 +88,17 @@ def test_the_memory_rows_come_from_held_streams_of_the_stated_size() -> None:
 
 def test_the_in_process_rows_time_add_and_block_size_of_a_typical_block() -> None:
     costs = bench_catchup.add_costs()
-    assert set(costs) == {"below", "at_bound", "block_size", "decode", "bytes"}
+    assert set(costs) == {
+        "below",
+        "at_bound",
+        "block_size",
+        "decode",
+        "bytes",
+        "gc_held",
+        "gc_empty",
+        "gc_bytes",
+    }
+    assert costs["gc_bytes"] >= bench_catchup.GC_HELD * 0.95 * bench_catchup.BLOCK_BYTES
     assert abs(costs["bytes"] - bench_catchup.BLOCK_BYTES) <= 0.05 * bench_catchup.BLOCK_BYTES
     _check_shape(bench_catchup.add_figures(costs))
     assert callable(bench_catchup.profile_target("live path, catch-up on vs off: relay throughput"))
