@@ -349,17 +349,29 @@ async def _paced(seconds: float, send: Any) -> int:
     return sent
 
 
-async def role_worker(port: int, kind: str, mode: str, n: int, seconds: float) -> None:
-    url = f"http://127.0.0.1:{port}"
+def _turns(items: Sequence[Any]) -> list[list[Any]]:
+    """``items`` in each rotation: block ``i`` goes to the relays in ``turns[i % len]``
+    order, so that no relay is always served first."""
+    return [[*items[k:], *items[:k]] for k in range(len(items))]
+
+
+async def role_worker(ports: Sequence[int], kind: str, mode: str, n: int, seconds: float) -> None:
+    """Publish the load to the relay at each of ``ports`` (every block to each, the first one
+    rotating), through python-socketio clients (``plain``) or a hub and ``LoopbackEmitter``
+    each (``kx``)."""
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
     if kind == "plain":
         import socketio
 
-        client = socketio.AsyncClient(reconnection=False)
-        await client.connect(url, namespaces=[NS], transports=["websocket"], wait_timeout=10)
+        clients = [socketio.AsyncClient(reconnection=False) for _ in urls]
+        for client, url in zip(clients, urls, strict=True):
+            await client.connect(url, namespaces=[NS], transports=["websocket"], wait_timeout=10)
+        turns = _turns(clients)
 
         async def send(stream: int, i: int) -> None:
-            block = _block(i, f"{time.time_ns()} progress of stream {stream}", f"t{stream}")
-            await client.emit("relay_in", {"room": ROOM, "block": block}, namespace=NS)
+            for client in turns[i % len(turns)]:
+                block = _block(i, f"{time.time_ns()} progress of stream {stream}", f"t{stream}")
+                await client.emit("relay_in", {"room": ROOM, "block": block}, namespace=NS)
 
         if mode == "burst":
             for i in range(n):
@@ -368,9 +380,12 @@ async def role_worker(port: int, kind: str, mode: str, n: int, seconds: float) -
                     await asyncio.sleep(0)
         else:
             await _paced(seconds, send)
-        await client.call("join_conversation", {"conversationId": "__flush__"}, namespace=NS)
+        for client in clients:
+            flush = {"conversationId": "__flush__"}
+            await client.call("join_conversation", flush, namespace=NS)
         await asyncio.sleep(0.5)
-        await client.disconnect()
+        for client in clients:
+            await client.disconnect()
         return
 
     from kernel_ext.context import ToolCall, use_tool_call
@@ -378,28 +393,36 @@ async def role_worker(port: int, kind: str, mode: str, n: int, seconds: float) -
     from kernel_ext.stream import StreamHub
     from kernel_ext.tap import Tap
 
-    hub = StreamHub(max_running_per_second=None, max_queue=max(10_000, n), tap=Tap())
-    emitter = LoopbackEmitter(url, SECRET, hub=hub)
-    await emitter.start()
-    await emitter._ready()  # the first connection attempt is over
-    publish = hub.publish
+    hubs = [
+        StreamHub(max_running_per_second=None, max_queue=max(10_000, n), tap=Tap()) for _ in urls
+    ]
+    emitters = [LoopbackEmitter(url, SECRET, hub=hub) for url, hub in zip(urls, hubs, strict=True)]
+    for emitter in emitters:
+        await emitter.start()
+        await emitter._ready()  # the first connection attempt is over
+    turns = _turns([hub.publish for hub in hubs])
     with use_tool_call(ToolCall(CALL_ID, "ask_colleague", ROOM)):
 
         async def send_kx(stream: int, i: int) -> None:
-            publish(f"{time.time_ns()} progress of stream {stream}", task_id=f"t{stream}")
+            for publish in turns[i % len(turns)]:
+                publish(f"{time.time_ns()} progress of stream {stream}", task_id=f"t{stream}")
 
         if mode == "burst":
             for i in range(n):
-                publish(
-                    f"{time.time_ns()} progress of stream {i % STREAMS}", task_id=f"t{i % STREAMS}"
-                )
+                for publish in turns[i % len(turns)]:
+                    publish(
+                        f"{time.time_ns()} progress of stream {i % STREAMS}",
+                        task_id=f"t{i % STREAMS}",
+                    )
                 if i % 200 == 199:
                     await asyncio.sleep(0)
         else:
             await _paced(seconds, send_kx)
-    await emitter.flush(60)
+    for emitter in emitters:
+        await emitter.flush(60)
     await asyncio.sleep(0.5)
-    await emitter.stop(timeout=5)
+    for emitter in emitters:
+        await emitter.stop(timeout=5)
 
 
 # ---------------------------------------------------------------------------------------
@@ -489,37 +512,55 @@ async def _line(proc: asyncio.subprocess.Process, prefix: str, timeout: float) -
             return line[len(prefix) :].strip()
 
 
-async def _one_run(
-    kind: str, mode: str, n: int, seconds: float, relay_args: Sequence[str] = ()
-) -> dict[str, Any]:
-    """Relay (started with ``relay_args`` too), receiver and worker as three processes; the
-    receiver's result, with ``relay_cpu``: the relay's CPU seconds from the receiver's join
-    to the receiver's result."""
-    port = _free_port()
+async def _one_run(kind: str, mode: str, n: int, seconds: float) -> dict[str, Any]:
+    """Relay, receiver and worker as three processes; the receiver's result."""
+    (result,) = await side_by_side(kind, mode, n, seconds, ((),))
+    return result
+
+
+async def side_by_side(
+    kind: str, mode: str, n: int, seconds: float, relays: Sequence[Sequence[str]]
+) -> list[dict[str, Any]]:
+    """A relay and a receiver per entry of ``relays`` (the relay started with its arguments
+    too) and one worker that publishes the load to each relay at once (every block to each,
+    the first one rotating), so that whatever else runs on the machine hits them alike; the
+    receivers' results, in order, each with ``relay_cpu``: its relay's CPU seconds from the
+    receivers' joins to the receiver's result."""
+    ports = [_free_port() for _ in relays]
     procs: list[asyncio.subprocess.Process] = []
     try:
-        relay = await _spawn("--role", f"{kind}-relay", "--port", str(port), *relay_args)
-        procs.append(relay)
-        await _wait_port(port, relay)
+        servers = []
+        for port, args in zip(ports, relays, strict=True):
+            servers.append(await _spawn("--role", f"{kind}-relay", "--port", str(port), *args))
+            procs.append(servers[-1])
+        for port, relay in zip(ports, servers, strict=True):
+            await _wait_port(port, relay)
         expected = n if mode == "burst" else int(seconds * STREAMS * RATE_PER_STREAM)
-        receiver = await _spawn(
-            "--role",
-            "receiver",
-            "--port",
-            str(port),
-            "--n",
-            str(expected),
-            "--timeout",
-            str(PROCESS_TIMEOUT / 2),
-        )
-        procs.append(receiver)
-        await _line(receiver, "READY", 30)
-        relay_cpu = cpu_seconds(relay.pid)
+        receivers = []
+        for port in ports:
+            receivers.append(
+                await _spawn(
+                    "--role",
+                    "receiver",
+                    "--port",
+                    str(port),
+                    "--n",
+                    str(expected),
+                    "--timeout",
+                    str(PROCESS_TIMEOUT / 2),
+                )
+            )
+            procs.append(receivers[-1])
+        for receiver in receivers:
+            await _line(receiver, "READY", 30)
+        cpu = [cpu_seconds(relay.pid) for relay in servers]
+        also = [arg for port in ports[1:] for arg in ("--also-port", str(port))]
         worker = await _spawn(
             "--role",
             "worker",
             "--port",
-            str(port),
+            str(ports[0]),
+            *also,
             "--kind",
             kind,
             "--mode",
@@ -530,12 +571,15 @@ async def _one_run(
             str(seconds),
         )
         procs.append(worker)
-        result: dict[str, Any] = json.loads(await _line(receiver, "RESULT", PROCESS_TIMEOUT))
-        result["relay_cpu"] = cpu_seconds(relay.pid) - relay_cpu
-        result["expected"] = expected
-        return result
+        results = []
+        for receiver, relay, before in zip(receivers, servers, cpu, strict=True):
+            result: dict[str, Any] = json.loads(await _line(receiver, "RESULT", PROCESS_TIMEOUT))
+            result["relay_cpu"] = cpu_seconds(relay.pid) - before
+            result["expected"] = expected
+            results.append(result)
+        return results
     finally:
-        for proc in reversed(procs):  # worker, receiver, then the relay
+        for proc in reversed(procs):  # the worker, the receivers, then the relays
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
@@ -626,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--role")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--also-port", type=int, action="append", default=[])
     parser.add_argument("--kind", default="kx")
     parser.add_argument("--mode", default="burst")
     parser.add_argument("--n", type=int, default=THROUGHPUT_N)
@@ -649,7 +694,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.role == "worker":
         logging.getLogger("kernel_ext").setLevel(logging.ERROR)  # quiet shutdown
-        asyncio.run(role_worker(args.port, args.kind, args.mode, args.n, args.seconds))
+        ports = [args.port, *args.also_port]
+        asyncio.run(role_worker(ports, args.kind, args.mode, args.n, args.seconds))
         return 0
     print(f"kernel_ext stream benchmarks — Python {sys.version.split()[0]}")
     for figure in run(quick=args.quick):
