@@ -102,3 +102,32 @@ def test_the_in_process_rows_time_add_and_block_size_of_a_typical_block() -> Non
     assert abs(costs["bytes"] - bench_catchup.BLOCK_BYTES) <= 0.05 * bench_catchup.BLOCK_BYTES
     _check_shape(bench_catchup.add_figures(costs))
     assert callable(bench_catchup.profile_target("live path, catch-up on vs off: relay throughput"))
+
+
+def _run(rate: float, cpu_us: float, p99: float | None) -> dict[str, object]:
+    return {
+        "count": 1_000,
+        "expected": 1_000,
+        "elapsed": 1_000 / rate,
+        "relay_cpu": cpu_us * 1_000 / 1e6,
+        "p99": p99,
+        "p50": 1.0,
+    }
+
+
+def test_each_ratio_is_taken_within_a_run_where_the_load_hit_both_relays_alike() -> None:
+    # Each run's two relays saw the same machine: on is 10 % slower in every run, while a
+    # busy third run makes the medians of each side alone say the opposite (180 vs 150).
+    on = [_run(90, 110, 11.0), _run(180, 110, None), _run(400, 110, 22.0)]
+    off = [_run(100, 100, 10.0), _run(200, 100, 5.0), _run(150, 100, 20.0)]
+    runs = {"burst": {"on": on, "off": off}, "paced": {"on": on, "off": off}}
+    figures = {f["name"]: f for f in bench_catchup.live_figures(runs, 1_000)}
+    throughput = figures["live path, catch-up on vs off: relay throughput"]
+    assert throughput["value"] == 0.9
+    assert throughput["ok"] is False
+    cpu = figures["live path, catch-up on vs off: relay CPU per delivered block"]
+    assert cpu["value"] == 1.1
+    assert cpu["ok"] is False
+    p99 = figures["live path, catch-up on vs off: latency p99 at 100 streams × 10/s"]
+    assert p99["value"] == 1.1  # the run without a p99 on one side is left out
+    assert p99["ok"] is False
