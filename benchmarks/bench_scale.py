@@ -68,7 +68,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench_stream import _free_port, _line, _wait_port, plain_relay_app
+from bench_stream import (
+    _free_port,
+    _line,
+    _stdin_lines,
+    _wait_port,
+    cpu_seconds,
+    plain_relay_app,
+    rss_bytes,
+)
 from bench_stream import _spawn as _spawn_script
 
 SECRET = "bench-internal-secret"
@@ -109,29 +117,6 @@ P99_TARGET = 1.5
 
 
 # ---------------------------------------------------------------------------------------
-# /proc readings (Linux)
-# ---------------------------------------------------------------------------------------
-
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process now."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-# ---------------------------------------------------------------------------------------
 # Roles (each a child process of this script)
 # ---------------------------------------------------------------------------------------
 
@@ -154,13 +139,6 @@ def role_relay(kind: str, port: int, redis_url: str | None) -> None:
         signal.signal(signal.SIGUSR1, lambda *_: profiler.dump_stats(f"{profile}.{kind}.{port}"))
         profiler.enable()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
-
-
-async def _stdin_lines() -> asyncio.StreamReader:
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
 
 
 async def role_browsers(ports: list[int], rooms: list[str], per_room: int) -> None:

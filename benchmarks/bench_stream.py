@@ -17,7 +17,8 @@ block; the relay emits it to the room, one emit per message, no validation):
 
 * throughput: ``N`` blocks as fast as the worker can publish them, counted at the receiver
   from the first to the last block; kernel_ext (hub + LoopbackEmitter batching ``kx_blocks``
-  frames + ChatRelay validating every block) vs. plain — target ratio ≥ 1.0 (aim 1.5).
+  frames + ChatRelay validating every block, catch-up on: the default; ``bench_catchup.py``
+  compares on with off) vs. plain — target ratio ≥ 1.0 (aim 1.5).
   Rounds alternate plain/kernel_ext; the median rate of each is compared.
 * latency: 100 streams × 10 blocks/s for ``SECONDS`` s; latency from the ``publish()`` (or
   plain ``emit``) call to the receiver's handler (the publish time travels in the block's
@@ -35,6 +36,7 @@ import argparse
 import asyncio
 import contextlib
 import contextvars
+import gc
 import json
 import logging
 import os
@@ -42,6 +44,8 @@ import socket
 import statistics
 import sys
 import time
+import tracemalloc
+from collections.abc import Sequence
 from typing import Any
 
 SECRET = "bench-internal-secret"
@@ -239,13 +243,46 @@ def role_plain_relay(port: int) -> None:
     uvicorn.run(plain_relay_app(), host="127.0.0.1", port=port, log_level="error", lifespan="off")
 
 
-def role_kx_relay(port: int) -> None:
+def role_kx_relay(
+    port: int, *, catch_up: bool = True, probe: bool = False, trace: bool = False
+) -> None:
+    """kernel_ext's relay as shipped (``create_app``), catch-up on (its default) or off.
+
+    With ``probe`` it also reads its standard input: a ``STATS`` line is answered with a
+    ``STATS`` line holding the relay's :meth:`~kernel_ext.relay.ChatRelay.stats`, any other
+    line with a ``MEASURE`` line (after a full garbage collection) holding those, its traced
+    memory (``None`` unless ``trace`` started ``tracemalloc`` first) and its resident memory;
+    the end of the input stops it."""
+    if trace:
+        tracemalloc.start()
     import uvicorn
 
     from kernel_ext.relay import allow_all, create_app
 
-    ready = create_app(SECRET, authorize_join=allow_all)
-    uvicorn.run(ready.app, host="127.0.0.1", port=port, log_level="error", lifespan="off")
+    ready = create_app(SECRET, authorize_join=allow_all, catch_up=catch_up)
+    config = uvicorn.Config(
+        ready.app, host="127.0.0.1", port=port, log_level="error", lifespan="off"
+    )
+    if not probe:
+        uvicorn.Server(config).run()
+        return
+
+    async def serve_and_answer() -> None:
+        server = uvicorn.Server(config)
+        serving = asyncio.ensure_future(server.serve())
+        reader = await _stdin_lines()
+        while line := await reader.readline():
+            if line.strip() == b"STATS":
+                print("STATS " + json.dumps(ready.relay.stats()), flush=True)
+                continue
+            gc.collect()
+            traced = tracemalloc.get_traced_memory()[0] if tracemalloc.is_tracing() else None
+            answer = {"traced": traced, "rss": rss_bytes(os.getpid()), "stats": ready.relay.stats()}
+            print("MEASURE " + json.dumps(answer), flush=True)
+        server.should_exit = True
+        await serving
+
+    asyncio.run(serve_and_answer())
 
 
 async def role_receiver(port: int, expected: int, timeout: float) -> None:
@@ -312,17 +349,29 @@ async def _paced(seconds: float, send: Any) -> int:
     return sent
 
 
-async def role_worker(port: int, kind: str, mode: str, n: int, seconds: float) -> None:
-    url = f"http://127.0.0.1:{port}"
+def _turns(items: Sequence[Any]) -> list[list[Any]]:
+    """``items`` in each rotation: block ``i`` goes to the relays in ``turns[i % len]``
+    order, so that no relay is always served first."""
+    return [[*items[k:], *items[:k]] for k in range(len(items))]
+
+
+async def role_worker(ports: Sequence[int], kind: str, mode: str, n: int, seconds: float) -> None:
+    """Publish the load to the relay at each of ``ports`` (every block to each, the first one
+    rotating), through python-socketio clients (``plain``) or a hub and ``LoopbackEmitter``
+    each (``kx``)."""
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
     if kind == "plain":
         import socketio
 
-        client = socketio.AsyncClient(reconnection=False)
-        await client.connect(url, namespaces=[NS], transports=["websocket"], wait_timeout=10)
+        clients = [socketio.AsyncClient(reconnection=False) for _ in urls]
+        for client, url in zip(clients, urls, strict=True):
+            await client.connect(url, namespaces=[NS], transports=["websocket"], wait_timeout=10)
+        turns = _turns(clients)
 
         async def send(stream: int, i: int) -> None:
-            block = _block(i, f"{time.time_ns()} progress of stream {stream}", f"t{stream}")
-            await client.emit("relay_in", {"room": ROOM, "block": block}, namespace=NS)
+            for client in turns[i % len(turns)]:
+                block = _block(i, f"{time.time_ns()} progress of stream {stream}", f"t{stream}")
+                await client.emit("relay_in", {"room": ROOM, "block": block}, namespace=NS)
 
         if mode == "burst":
             for i in range(n):
@@ -331,9 +380,12 @@ async def role_worker(port: int, kind: str, mode: str, n: int, seconds: float) -
                     await asyncio.sleep(0)
         else:
             await _paced(seconds, send)
-        await client.call("join_conversation", {"conversationId": "__flush__"}, namespace=NS)
+        for client in clients:
+            flush = {"conversationId": "__flush__"}
+            await client.call("join_conversation", flush, namespace=NS)
         await asyncio.sleep(0.5)
-        await client.disconnect()
+        for client in clients:
+            await client.disconnect()
         return
 
     from kernel_ext.context import ToolCall, use_tool_call
@@ -341,33 +393,67 @@ async def role_worker(port: int, kind: str, mode: str, n: int, seconds: float) -
     from kernel_ext.stream import StreamHub
     from kernel_ext.tap import Tap
 
-    hub = StreamHub(max_running_per_second=None, max_queue=max(10_000, n), tap=Tap())
-    emitter = LoopbackEmitter(url, SECRET, hub=hub)
-    await emitter.start()
-    await emitter._ready()  # the first connection attempt is over
-    publish = hub.publish
+    hubs = [
+        StreamHub(max_running_per_second=None, max_queue=max(10_000, n), tap=Tap()) for _ in urls
+    ]
+    emitters = [LoopbackEmitter(url, SECRET, hub=hub) for url, hub in zip(urls, hubs, strict=True)]
+    for emitter in emitters:
+        await emitter.start()
+        await emitter._ready()  # the first connection attempt is over
+    turns = _turns([hub.publish for hub in hubs])
     with use_tool_call(ToolCall(CALL_ID, "ask_colleague", ROOM)):
 
         async def send_kx(stream: int, i: int) -> None:
-            publish(f"{time.time_ns()} progress of stream {stream}", task_id=f"t{stream}")
+            for publish in turns[i % len(turns)]:
+                publish(f"{time.time_ns()} progress of stream {stream}", task_id=f"t{stream}")
 
         if mode == "burst":
             for i in range(n):
-                publish(
-                    f"{time.time_ns()} progress of stream {i % STREAMS}", task_id=f"t{i % STREAMS}"
-                )
+                for publish in turns[i % len(turns)]:
+                    publish(
+                        f"{time.time_ns()} progress of stream {i % STREAMS}",
+                        task_id=f"t{i % STREAMS}",
+                    )
                 if i % 200 == 199:
                     await asyncio.sleep(0)
         else:
             await _paced(seconds, send_kx)
-    await emitter.flush(60)
+    for emitter in emitters:
+        await emitter.flush(60)
     await asyncio.sleep(0.5)
-    await emitter.stop(timeout=5)
+    for emitter in emitters:
+        await emitter.stop(timeout=5)
 
 
 # ---------------------------------------------------------------------------------------
-# Three processes: orchestration
+# Three processes: orchestration (and the plumbing bench_scale.py and bench_catchup.py use)
 # ---------------------------------------------------------------------------------------
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process now (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def _stdin_lines() -> asyncio.StreamReader:
+    """This process's standard input as a stream of lines (a child's command channel)."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    return reader
 
 
 def _free_port() -> int:
@@ -428,30 +514,53 @@ async def _line(proc: asyncio.subprocess.Process, prefix: str, timeout: float) -
 
 async def _one_run(kind: str, mode: str, n: int, seconds: float) -> dict[str, Any]:
     """Relay, receiver and worker as three processes; the receiver's result."""
-    port = _free_port()
+    (result,) = await side_by_side(kind, mode, n, seconds, ((),))
+    return result
+
+
+async def side_by_side(
+    kind: str, mode: str, n: int, seconds: float, relays: Sequence[Sequence[str]]
+) -> list[dict[str, Any]]:
+    """A relay and a receiver per entry of ``relays`` (the relay started with its arguments
+    too) and one worker that publishes the load to each relay at once (every block to each,
+    the first one rotating), so that whatever else runs on the machine hits them alike; the
+    receivers' results, in order, each with ``relay_cpu``: its relay's CPU seconds from the
+    receivers' joins to the receiver's result."""
+    ports = [_free_port() for _ in relays]
     procs: list[asyncio.subprocess.Process] = []
     try:
-        relay = await _spawn("--role", f"{kind}-relay", "--port", str(port))
-        procs.append(relay)
-        await _wait_port(port, relay)
+        servers = []
+        for port, args in zip(ports, relays, strict=True):
+            servers.append(await _spawn("--role", f"{kind}-relay", "--port", str(port), *args))
+            procs.append(servers[-1])
+        for port, relay in zip(ports, servers, strict=True):
+            await _wait_port(port, relay)
         expected = n if mode == "burst" else int(seconds * STREAMS * RATE_PER_STREAM)
-        receiver = await _spawn(
-            "--role",
-            "receiver",
-            "--port",
-            str(port),
-            "--n",
-            str(expected),
-            "--timeout",
-            str(PROCESS_TIMEOUT / 2),
-        )
-        procs.append(receiver)
-        await _line(receiver, "READY", 30)
+        receivers = []
+        for port in ports:
+            receivers.append(
+                await _spawn(
+                    "--role",
+                    "receiver",
+                    "--port",
+                    str(port),
+                    "--n",
+                    str(expected),
+                    "--timeout",
+                    str(PROCESS_TIMEOUT / 2),
+                )
+            )
+            procs.append(receivers[-1])
+        for receiver in receivers:
+            await _line(receiver, "READY", 30)
+        cpu = [cpu_seconds(relay.pid) for relay in servers]
+        also = [arg for port in ports[1:] for arg in ("--also-port", str(port))]
         worker = await _spawn(
             "--role",
             "worker",
             "--port",
-            str(port),
+            str(ports[0]),
+            *also,
             "--kind",
             kind,
             "--mode",
@@ -462,11 +571,15 @@ async def _one_run(kind: str, mode: str, n: int, seconds: float) -> dict[str, An
             str(seconds),
         )
         procs.append(worker)
-        result: dict[str, Any] = json.loads(await _line(receiver, "RESULT", PROCESS_TIMEOUT))
-        result["expected"] = expected
-        return result
+        results = []
+        for receiver, relay, before in zip(receivers, servers, cpu, strict=True):
+            result: dict[str, Any] = json.loads(await _line(receiver, "RESULT", PROCESS_TIMEOUT))
+            result["relay_cpu"] = cpu_seconds(relay.pid) - before
+            result["expected"] = expected
+            results.append(result)
+        return results
     finally:
-        for proc in reversed(procs):  # worker, receiver, then the relay
+        for proc in reversed(procs):  # the worker, the receivers, then the relays
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
@@ -557,25 +670,32 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--role")
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--also-port", type=int, action="append", default=[])
     parser.add_argument("--kind", default="kx")
     parser.add_argument("--mode", default="burst")
     parser.add_argument("--n", type=int, default=THROUGHPUT_N)
     parser.add_argument("--seconds", type=float, default=SECONDS)
     parser.add_argument("--timeout", type=float, default=PROCESS_TIMEOUT)
+    parser.add_argument("--catch-up", choices=("on", "off"), default="on")
+    parser.add_argument("--probe", action="store_true")
+    parser.add_argument("--trace-memory", action="store_true")
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     if args.role == "plain-relay":
         role_plain_relay(args.port)
         return 0
     if args.role == "kx-relay":
-        role_kx_relay(args.port)
+        role_kx_relay(
+            args.port, catch_up=args.catch_up == "on", probe=args.probe, trace=args.trace_memory
+        )
         return 0
     if args.role == "receiver":
         asyncio.run(role_receiver(args.port, args.n, args.timeout))
         return 0
     if args.role == "worker":
         logging.getLogger("kernel_ext").setLevel(logging.ERROR)  # quiet shutdown
-        asyncio.run(role_worker(args.port, args.kind, args.mode, args.n, args.seconds))
+        ports = [args.port, *args.also_port]
+        asyncio.run(role_worker(ports, args.kind, args.mode, args.n, args.seconds))
         return 0
     print(f"kernel_ext stream benchmarks — Python {sys.version.split()[0]}")
     for figure in run(quick=args.quick):
