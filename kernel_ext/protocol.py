@@ -92,6 +92,8 @@ __all__ = [
     "BlockState",
     "Envelope",
     "block_size",
+    "check_block",
+    "compact_bytes",
     "decode",
     "decode_envelope",
     "encode",
@@ -326,20 +328,27 @@ def _decode_error(error: ValidationError, what: str) -> DecodeError:
 Wire: TypeAlias = "str | bytes | bytearray | Mapping[str, Any]"
 
 
-def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+# One encoder, built once: json.dumps with arguments builds a new one on every call.
+_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+def compact_bytes(wire: Mapping[str, Any]) -> bytes:
+    """A block's compact JSON as UTF-8 (separators ``,`` and ``:``, non-ASCII characters
+    as themselves, a lone surrogate as 3 bytes): what :func:`block_size` measures, and
+    what a relay holds for catch-up. Raises ``ValueError``/``TypeError`` for a value JSON
+    cannot hold (NaN, a set, …)."""
+    return _compact(wire).encode("utf-8", "surrogatepass")
 
 
 def block_size(wire: Mapping[str, Any]) -> int:
-    """The size of a block in bytes: the UTF-8 length of its compact JSON (separators
-    ``,`` and ``:``, non-ASCII characters as themselves, a lone surrogate as 3 bytes).
+    """The size of a block in bytes: the length of :func:`compact_bytes`.
 
     The one measure of the size bound: the worker truncates to it and the relay checks it,
     so what one accepts the other accepts. ``wire`` is the block as a JSON-ready mapping
     (its wire form, camelCase keys). Raises ``ValueError``/``TypeError`` for a value JSON
     cannot hold (NaN, a set, …).
     """
-    return len(_compact(wire).encode("utf-8", "surrogatepass"))
+    return len(compact_bytes(wire))
 
 
 def fits(wire: Mapping[str, Any], max_bytes: int) -> bool:
@@ -380,25 +389,43 @@ def decode(data: Wire, *, max_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> Block:
     is over ``max_bytes`` raises :class:`~kernel_ext.errors.BlockTooLargeError` (JSON text
     more than 16 times the bound is refused unread).
     """
+    if isinstance(data, (str, bytes, bytearray)):
+        if len(data) > 16 * max_bytes:
+            raise _too_large(len(data), max_bytes)
+        try:
+            parsed = json.loads(data)
+        except RecursionError:
+            raise DecodeError("invalid block: nested too deeply") from None
+        except ValueError as exc:
+            raise DecodeError(f"invalid block: not a JSON object ({exc})") from None
+        data = parsed
+    return _checked(data, max_bytes, exact=False)[0]
+
+
+def check_block(wire: object, *, max_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> bytes:
+    """:func:`decode` of a block already parsed, for a relay that passes it on as it came:
+    the same checks and errors, the size measured exactly (not :func:`fits`' quick test);
+    returns the block's :func:`compact_bytes` (so a relay that keeps it encodes it once)."""
+    encoded = _checked(wire, max_bytes, exact=True)[1]
+    assert encoded is not None
+    return encoded
+
+
+def _checked(data: object, max_bytes: int, *, exact: bool) -> tuple[Block, bytes | None]:
+    """A parsed block validated and within ``max_bytes`` (and, ``exact``, its compact
+    JSON); the one set of checks and errors of :func:`decode` and :func:`check_block`."""
     try:
-        if isinstance(data, (str, bytes, bytearray)):
-            if len(data) > 16 * max_bytes:
-                raise _too_large(len(data), max_bytes)
-            try:
-                parsed = json.loads(data)
-            except ValueError as exc:
-                raise DecodeError(f"invalid block: not a JSON object ({exc})") from None
-            if not isinstance(parsed, Mapping):
-                raise DecodeError(
-                    f"invalid block: expected a JSON object, got {type(parsed).__name__}"
-                )
-            data = parsed
         if not isinstance(data, Mapping):
             raise DecodeError(f"invalid block: expected a JSON object, got {type(data).__name__}")
         block = Block.model_validate(data)
+        if exact:
+            encoded = compact_bytes(data)
+            if len(encoded) > max_bytes:
+                raise _too_large(len(encoded), max_bytes)
+            return block, encoded
         if not fits(data, max_bytes):
             raise _too_large(block_size(data), max_bytes)
-        return block
+        return block, None
     except ValidationError as exc:
         raise _decode_error(exc, "block") from None
     except RecursionError:

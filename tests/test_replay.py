@@ -279,3 +279,34 @@ def test_cursors_past_the_bound_are_ignored_and_counted() -> None:
     assert ignored == 9_000
     # exactly at the bound: every entry read
     assert read_cursors(have[:1_000], 1_000) == (cursors, 0)
+
+
+def test_a_silent_stream_is_released_idle_seconds_after_its_last_block_up_to_a_sixteenth_less() -> (
+    None
+):
+    replay, counts, clock = memory(idle=160)  # its idle time starts again at most every 10 s
+    replay.add(ROOM, block(1))  # the idle time starts
+    clock.advance(9.9)
+    replay.add(ROOM, block(2))  # too soon to start it again
+    clock.advance(160 - 9.9 - 0.1)  # 159.9 s after the first block, 150 s after the last
+    assert replay.sizes()["replay_streams"] == 1
+    clock.advance(0.1)  # idle after the first block: 150.1 s after the last, over 160 - 10
+    assert replay.sizes()["replay_streams"] == 0
+    assert counts["replay_idle_released"] == 1
+
+
+def test_a_stream_that_keeps_publishing_is_never_idle() -> None:
+    replay, _, clock = memory(idle=160)
+    for seq in range(1, 200):
+        replay.add(ROOM, block(seq))
+        clock.advance(5)  # 995 s in all, a block every 5 s
+    assert replay.sizes()["replay_streams"] == 1
+
+
+def test_a_catch_up_returns_the_blocks_as_they_were_emitted() -> None:
+    replay, _, _ = memory()
+    sent = [block(1, pad=3), block(2), block(3, state="done")]
+    sent[1]["envelope"]["payload"]["text"] = "é 中文 😀 \ud800"  # a lone surrogate too
+    for b in sent:
+        replay.add(ROOM, b)
+    assert replay.catch_up(ROOM, {})[0] == sent

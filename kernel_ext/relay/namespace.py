@@ -55,7 +55,7 @@ from kernel_ext.protocol import (
     REFUSED_UNAUTHORIZED,
     TERMINAL_STATES,
     TOOL_EVENT_STREAM,
-    decode,
+    check_block,
 )
 from kernel_ext.relay._log import count_frame, logger, rare
 from kernel_ext.relay.auth import (
@@ -498,18 +498,18 @@ class ChatRelay(GuardedNamespace):
         if sum(len(blocks) for _, blocks in sections) > self.max_frame_blocks:
             self._reject(sid, "frame_too_large", KX_BLOCKS)
             return {"ok": False, "error": f"more than {self.max_frame_blocks} blocks in a frame"}
-        valid: list[tuple[str, list[Any]]] = []
+        valid: list[tuple[str, list[tuple[Any, bytes]]]] = []
         refused: list[dict[str, Any]] = []
         index = 0
         for room, blocks in sections:
-            kept: list[Any] = []
+            kept: list[tuple[Any, bytes]] = []
             for raw in blocks:
-                problem = self._check_block(raw)
-                if problem is None:
-                    kept.append(raw)
+                checked = self._check_block(raw)
+                if isinstance(checked, bytes):
+                    kept.append((raw, checked))
                 else:
-                    refused.append({"index": index, "reason": problem})
-                    self._reject(sid, problem, "a block")
+                    refused.append({"index": index, "reason": checked})
+                    self._reject(sid, checked, "a block")
                 index += 1
             valid.append((room, kept))
         if conn.queue.qsize() >= self.max_pending_frames:
@@ -565,20 +565,20 @@ class ChatRelay(GuardedNamespace):
         await self._submit(conn, "chat_event", room, dict(event))
         return {"ok": True}
 
-    def _check_block(self, raw: Any) -> str | None:
-        """``None`` when ``raw`` is a valid block within the size bound (the protocol's one
-        measure, :func:`kernel_ext.protocol.block_size`), else the reason."""
+    def _check_block(self, raw: Any) -> str | bytes:
+        """The block's compact JSON when ``raw`` is a valid block within the size bound (the
+        protocol's one measure, :func:`kernel_ext.protocol.block_size`; the catch-up memory
+        holds that JSON, encoded once here), else the reason it is refused."""
         if not isinstance(raw, Mapping):
             return "invalid"
         try:
-            decode(raw, max_bytes=self.max_block_bytes)
+            return check_block(raw, max_bytes=self.max_block_bytes)
         except BlockTooLargeError:
             return "too_large"
         except (DecodeError, TypeError, ValueError, RecursionError):
             return "invalid"
-        return None
 
-    async def _emit_in_order(self, blocks: list[Any], room: str) -> None:
+    async def _emit_in_order(self, blocks: list[tuple[Any, bytes | None]], room: str) -> None:
         """One ``tool_event_stream`` per block, in order.
 
         With the in-process client manager every emit is queued to each participant's
@@ -589,23 +589,24 @@ class ChatRelay(GuardedNamespace):
         """
         if len(blocks) > 1 and not isinstance(self.server.manager, AsyncPubSubManager):
             loop = asyncio.get_running_loop()
-            tasks = [loop.create_task(self._emit_block(raw, room)) for raw in blocks]
+            tasks = [loop.create_task(self._emit_block(raw, room, data)) for raw, data in blocks]
             results = await asyncio.gather(*tasks, return_exceptions=True)
             for result in results:
                 if isinstance(result, BaseException):
                     raise result
             return
-        for raw in blocks:
-            await self._emit_block(raw, room)
+        for raw, data in blocks:
+            await self._emit_block(raw, room, data)
 
-    async def _emit_block(self, raw: Any, room: str) -> None:
+    async def _emit_block(self, raw: Any, room: str, data: bytes | None = None) -> None:
         """Emit one block to its room; held for catch-up in the same step (before the emit
         picks the room's browsers, with nothing awaited in between) — unless the server's
         manager is a :class:`~kernel_ext.relay.RelayRedisManager`, which holds every block
-        it emits to this process's browsers, wherever it came from."""
+        it emits to this process's browsers, wherever it came from. ``data``: the block's
+        compact JSON when the relay has it already."""
         replay = self.replay
         if replay is not None and not isinstance(self.server.manager, RelayRedisManager):
-            replay.add(room, raw)
+            replay.add(room, raw, data)
         await self.emit(TOOL_EVENT_STREAM, raw, room=room)
 
     async def _submit(self, conn: _Internal, kind: str, room: str, payload: Any) -> int:
@@ -648,7 +649,7 @@ class ChatRelay(GuardedNamespace):
         emitted = 0
         for room, raws in payload:
             blocks = []
-            for raw in raws:
+            for raw, data in raws:
                 if not self._track(conn, raw, room):
                     continue
                 if raw.get("state") in TERMINAL_STATES and not self.terminals.admit(
@@ -656,7 +657,7 @@ class ChatRelay(GuardedNamespace):
                 ):
                     self._count("duplicate_terminal")
                     continue
-                blocks.append(raw)
+                blocks.append((raw, data))
             try:
                 await self._emit_in_order(blocks, room)
             except asyncio.CancelledError:
