@@ -8,7 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from kernel_ext.emit import LoopbackEmitter
 from kernel_ext.stream import StreamHub
 
 SECRET = "s3cret-for-tests"
+TESTS = str(Path(__file__).resolve().parent)
 NS = "/chat"
 CALL = "00f067aa0ba902b7"
 CONV = "conv-1"
@@ -121,17 +123,23 @@ async def barrier(browser: Browser, port: int) -> None:
 
 class RelayProcess:
     """``python -m kernel_ext.relay`` in a subprocess on a fixed port (on 127.0.0.1, open to
-    every browser: ``--allow-anyone``); killed in ``stop``."""
+    every browser: ``--allow-anyone``, unless ``hooks`` gives its ``--authenticate`` and
+    ``--authorize-join`` options, naming functions of a module in tests/); killed in
+    ``stop``."""
 
-    def __init__(self, port: int | None = None, redis_url: str | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, redis_url: str | None = None, hooks: Sequence[str] = ()
+    ) -> None:
         self.port = port or free_port()
         self.redis_url = redis_url
+        self.hooks = list(hooks)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
+        path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
         cmd = [sys.executable, "-m", "kernel_ext.relay", "--port", str(self.port)]
-        cmd.append("--allow-anyone")
+        cmd += self.hooks or ["--allow-anyone"]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
