@@ -40,6 +40,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import kernel_ext
@@ -128,13 +129,15 @@ def child_main(index: int) -> None:
     )
 
 
-def fork_children(indexes: list[int]) -> list[int]:
+def fork_children(indexes: list[int], first: Callable[[], None] = lambda: None) -> list[int]:
+    """Fork a child per index; each runs ``first()`` then :func:`child_main` and exits."""
     pids = []
     for index in indexes:
         pid = os.fork()
         if pid == 0:
             code = 0
             try:
+                first()
                 child_main(index)
             except BaseException as exc:
                 say("child", index=index, error=repr(exc))
@@ -160,7 +163,7 @@ def forking_main() -> None:
         say("parent", queued_at_fork=state.hub.stats().queue, call_id=parent_call)
         indexes = list(range(1, CHILDREN + 1))
         if MODE == "fork-in-call":
-            pids = fork_children_in_call(indexes)
+            pids = fork_children(indexes, publish_for_the_parents_call)
         elif MODE == "fork-thread":
             result: list[list[int]] = []
             thread = threading.Thread(target=lambda: result.append(fork_children(indexes)))
@@ -187,25 +190,11 @@ def forking_main() -> None:
     )
 
 
-def fork_children_in_call(indexes: list[int]) -> list[int]:
-    """Children forked inside the parent's call publish for it (the contextvar came along)
-    and for a call of their own."""
-    pids = []
-    for index in indexes:
-        pid = os.fork()
-        if pid == 0:
-            code = 0
-            try:
-                kernel_ext.publish("child publishes for the parent's call", task_id="t")
-                kernel_ext.publish("child ends the parent's call", task_id="t", state="done")
-                child_main(index)
-            except BaseException as exc:
-                say("child", index=index, error=repr(exc))
-                code = 1
-            finally:
-                os._exit(code)
-        pids.append(pid)
-    return pids
+def publish_for_the_parents_call() -> None:
+    """What a child forked inside the parent's call publishes for that call (the contextvar
+    came along): the parent's, not the child's."""
+    kernel_ext.publish("child publishes for the parent's call", task_id="t")
+    kernel_ext.publish("child ends the parent's call", task_id="t", state="done")
 
 
 def child_ends_itself_with_sigterm() -> None:

@@ -70,12 +70,26 @@ class Browser:
             asyncio.get_running_loop().create_task(self._rejoin())
 
     async def _rejoin(self) -> None:
+        """Join the rooms again after a reconnect, saying what it holds (``have``), as the
+        reference renderer does: the relay then sends only the rest."""
         for room in self.rooms:
             ack = await self.client.call(
-                "join_conversation", {"conversationId": room}, namespace=NS, timeout=10
+                "join_conversation",
+                {"conversationId": room, "have": self.have()},
+                namespace=NS,
+                timeout=10,
             )
-            assert ack == {"ok": True}, ack
+            assert isinstance(ack, dict), ack
+            assert ack.get("ok") is True, ack
         self.rejoined.set()
+
+    def have(self) -> list[dict[str, Any]]:
+        """Per stream it holds blocks of, the highest seq (the join's ``have``)."""
+        highest: dict[tuple[Any, Any], int] = {}
+        for block in self.blocks:
+            key = (block["callId"], block["taskId"])
+            highest[key] = max(block["envelope"]["seq"], highest.get(key, -1))
+        return [{"callId": c, "taskId": t, "seq": seq} for (c, t), seq in highest.items()]
 
     async def connect(self, port: int, auth: Any = None) -> None:
         await asyncio.wait_for(
@@ -217,3 +231,26 @@ def record_joins(relay: Any, into: list[Any] | None = None) -> list[Any]:
 
     relay.on_join_conversation = on_join_conversation
     return requests
+
+
+async def run_script(
+    script: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> tuple[int, str, str]:
+    """Run a worker script (``python SCRIPT ARGS``) with the tests' secret to its end, at
+    most ``timeout`` seconds (then killed); its exit status, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        *args,
+        env={**os.environ, "KERNEL_EXT_SECRET": SECRET, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

@@ -284,3 +284,48 @@ async def test_a_refresh_onto_the_other_web_process_behind_redis_is_caught_up(
                 await browser.close()
         web1.stop()
         web2.stop()
+
+
+@pytest.mark.redis
+async def test_a_redis_outage_leaves_a_hole_on_the_other_web_process_never_a_double(
+    redis_server: RedisServer,
+) -> None:
+    """Blocks that cannot cross Redis are neither shown nor held on the other web process:
+    a browser that joins there after the outage is caught up with what it held (a hole
+    where the outage was, reported by the relay's Redis counts), each block once, the
+    terminal once; on the worker's web process nothing is missing."""
+    web1, web2 = RelayProcess(redis_url=redis_server.url), RelayProcess(redis_url=redis_server.url)
+    for web in (web1, web2):
+        web.start()
+    browsers: list[Browser] = []
+    try:
+        await web1.wait_ready()
+        await web2.wait_ready()
+        first = await connected(web1.port, "on-web1")
+        browsers.append(first)
+        browsers.append(await connected(web2.port, "idle-on-web2"))
+        await wait_subscribed(redis_server.url, 2)
+        async with worker(web1.port) as w:
+            await join(first, C1, have=[])
+            await w.call("kx_blocks", frame(C1, [block(1), block(2)]), namespace=NS)
+            await first.wait_for(lambda b: len(b) >= 2)
+            redis_server.stop()
+            await w.call("kx_blocks", frame(C1, [block(3), block(4)]), namespace=NS)
+            await first.wait_for(lambda b: len(b) >= 4)
+            redis_server.start()  # same port
+            await wait_subscribed(redis_server.url, 2, timeout=60)
+            done = block(6, state="done")
+            await w.call("kx_blocks", frame(C1, [block(5), done]), namespace=NS)
+            await first.wait_for(lambda b: len(b) >= 6)
+        on_web2 = await connected(web2.port, "joins-web2")
+        on_web1 = await connected(web1.port, "joins-web1")
+        browsers += [on_web2, on_web1]
+        await join(on_web2, C1, have=[])
+        await join(on_web1, C1, have=[])
+        assert seqs(on_web2.blocks) == [1, 2, 5, 6]
+        assert seqs(on_web1.blocks) == [1, 2, 3, 4, 5, 6]
+    finally:
+        for browser in browsers:
+            await browser.close()
+        web1.stop()
+        web2.stop()

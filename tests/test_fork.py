@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 from network import RedisServer, free_port, need_module, serve_asgi, wait_listening_async
-from relay_helpers import SECRET, barrier, terminals
+from relay_helpers import SECRET, barrier, run_script, terminals
 from reliability_support import RUNS, WatchedBrowser, browser_on, one_terminal_last, report
 from test_redis import wait_subscribed
 from timing import wait_until
@@ -39,30 +39,13 @@ CHILDREN = 3
 async def run_worker(
     mode: str, port: int, conversation: str, run: int = 0, redis_url: str | None = None
 ) -> tuple[list[dict[str, Any]], str]:
-    env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
-    if redis_url is not None:
-        env["KERNEL_EXT_TEST_REDIS"] = redis_url
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        mode,
-        f"http://127.0.0.1:{port}",
-        conversation,
-        str(CHILDREN),
-        str(run),
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+    env = {"KERNEL_EXT_TEST_REDIS": redis_url} if redis_url is not None else None
+    url = f"http://127.0.0.1:{port}"
+    code, out, err = await run_script(
+        WORKER, mode, url, conversation, str(CHILDREN), str(run), env=env, timeout=90
     )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=90)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode == 0, err.decode()
-    lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
-    return lines, err.decode()
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")], err
 
 
 def done_text(blocks: list[dict[str, Any]]) -> str:
@@ -295,7 +278,7 @@ async def test_gunicorn_preload_workers_deliver_their_calls() -> None:
             await barrier(browser, port)
         finally:
             proc.terminate()
-            _, err = await asyncio.to_thread(proc.communicate, timeout=30)
+            _, err = await asyncio.to_thread(proc.communicate, timeout=60)
         for index, call_id in enumerate(call_ids, start=1):
             stream = browser.stream(call_id, "t")
             assert [b["state"] for b in stream] == ["running", "running", "done"], stream

@@ -482,6 +482,9 @@ async def test_mcp_progress_reaches_a_browser_through_the_relay_with_one_termina
     relay: RelayProcess, case: str
 ) -> None:
     name, arguments, state, text = CASES[case]
+    # Each case in a conversation of its own: the relay is shared, and a browser that joins
+    # a conversation is caught up with its streams the relay still holds.
+    conversation = f"{CONV}-{case}"
     started("network")
     hub = StreamHub(tap=Tap())
     emitter = emitter_for(relay.port, hub)
@@ -489,7 +492,7 @@ async def test_mcp_progress_reaches_a_browser_through_the_relay_with_one_termina
     await emitter.start()
     try:
         await browser.connect(relay.port)
-        assert await browser.join(CONV) == {"ok": True}
+        assert await browser.join(conversation) == {"ok": True}
         async with served("stdio") as server:
 
             async def kill_on_report(progress: float, total: float | None, pid: str | None) -> None:
@@ -498,7 +501,7 @@ async def test_mcp_progress_reaches_a_browser_through_the_relay_with_one_termina
 
             outcome: CallToolResult | MCPError
             try:
-                with in_call():
+                with use_tool_call(ToolCall(CALL, "crawl_site", conversation)):
                     outcome = await call_mcp_tool(
                         server.session,
                         name,

@@ -23,11 +23,12 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import socketio
 from network import free_port
-from relay_helpers import NS, SECRET, Browser, RelayProcess
+from relay_helpers import NS, SECRET, Browser, RelayProcess, barrier
 from test_relay import block, frame, worker
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
@@ -315,3 +316,32 @@ def test_everything_missing_at_once_is_one_line_listing_each_requirement() -> No
         start = parts.index(f"({number}) ")
         assert phrase in parts[start:], (number, phrase, parts)
         parts = parts[start:]
+
+
+async def blocks_of_a_late_joiner(relay: CliRelay) -> list[dict[str, Any]]:
+    """Two blocks go to a room with nobody in it, then a browser joins: what it holds."""
+    async with worker(relay.port) as sender:
+        await sender.call("kx_blocks", frame("conv-late", [block(1), block(2)]), namespace=NS)
+    late = Browser("late")
+    try:
+        await late.connect(relay.port)
+        assert await late.join("conv-late") == {"ok": True}
+        await barrier(late, relay.port)
+        return late.blocks
+    finally:
+        await late.close()
+
+
+async def test_no_catch_up_keeps_nothing_for_a_browser_that_joins_late() -> None:
+    async with cli_relay("--allow-anyone", "--no-catch-up") as relay:
+        assert await blocks_of_a_late_joiner(relay) == []
+
+
+async def test_catch_up_memory_at_one_conversations_bound_starts_and_catches_up() -> None:
+    async with cli_relay("--allow-anyone", "--catch-up-memory", "4") as relay:
+        assert await blocks_of_a_late_joiner(relay) == [block(1), block(2)]
+
+
+@pytest.mark.parametrize("value", ["3", "0", "-4", "4.5", "lots"])
+def test_catch_up_memory_below_one_conversations_bound_is_refused(value: str) -> None:
+    assert_refused(run_relay("--allow-anyone", "--catch-up-memory", value), "--catch-up-memory")

@@ -272,7 +272,9 @@ async def test_a_re_sent_terminal_goes_again_to_a_room_whose_browsers_all_left()
     (its acknowledgement never came) was dropped as a duplicate, so the browser that had
     reconnected never got the terminal. Here the first browser leaving stands for that."""
     final = relay_block(7, state="done", text="the answer")
-    async with relay_server() as (port, relay):
+    # Without catch-up: with it, the second browser is caught up with the held terminal at
+    # its join (test_a_re_sent_terminal_after_a_catch_up_is_a_duplicate).
+    async with relay_server(catch_up=False) as (port, relay):
         first = Browser("first")
         try:
             await first.connect(port)
@@ -299,3 +301,36 @@ async def test_a_re_sent_terminal_goes_again_to_a_room_whose_browsers_all_left()
             await second.close()
     stats = relay.stats()
     assert (stats["terminal_reemitted"], stats["duplicate_terminal"]) == (1, 1)
+
+
+async def test_a_re_sent_terminal_after_a_catch_up_is_a_duplicate() -> None:
+    """With catch-up, a browser that joins after the terminal went to a room whose browsers
+    all left gets it from the relay's memory; the sender's re-send is then a duplicate for
+    that browser, not a second terminal."""
+    final = relay_block(7, state="done", text="the answer")
+    async with relay_server() as (port, relay):
+        first = Browser("first")
+        try:
+            await first.connect(port)
+            assert await first.join(CONV) == {"ok": True}
+            async with internal_sender(port) as sender:
+                await sender.call("kx_blocks", relay_frame(CONV, [final]), namespace=NS)
+            await first.wait_for(lambda blocks: len(blocks) == 1)
+        finally:
+            await first.close()
+        await wait_until(lambda: relay.stats()["browsers"] == 0)
+        second = Browser("second")
+        try:
+            await second.connect(port)
+            assert await second.join(CONV) == {"ok": True}
+            assert second.blocks == [final]  # caught up
+            async with internal_sender(port) as sender:  # the re-send
+                ack = await sender.call("kx_blocks", relay_frame(CONV, [final]), namespace=NS)
+                assert ack == {"ok": True, "accepted": 1, "rejected": 0}
+            await barrier(second, port)
+            assert second.blocks == [final]
+        finally:
+            await second.close()
+    stats = relay.stats()
+    assert stats.get("terminal_reemitted", 0) == 0
+    assert stats["duplicate_terminal"] == 1

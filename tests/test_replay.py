@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from test_relay import block as relay_block
 from timing import FakeClock
 
 from kernel_ext.errors import ConfigError
@@ -22,22 +23,10 @@ BLOCK_BOUND = 1024
 def block(
     seq: int, *, state: str = "running", task: str = "t", call: str | None = CALL, pad: int = 0
 ) -> dict[str, Any]:
-    key = "message" if state == "aborted" else "text"
-    return {
-        "v": 1,
-        "callId": call,
-        "taskId": task,
-        "state": state,
-        "ts": 1789123456789 + seq,
-        "envelope": {
-            "v": 1,
-            "kind": "text",
-            "streamKey": task,
-            "seq": seq,
-            "status": state,
-            "payload": {key: f"block {seq:04d}" + "x" * pad},
-        },
-    }
+    """test_relay's block, with a text of fixed width (plus ``pad`` characters)."""
+    return relay_block(
+        seq, state=state, call_id=call, task_id=task, text=f"block {seq:04d}" + "x" * pad
+    )
 
 
 SIZE = block_size(block(1))  # every block(seq) below 10,000 of task "t" has this size

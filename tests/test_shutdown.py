@@ -11,17 +11,14 @@ process, the browser a real python-socketio client.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from network import serve_asgi
-from relay_helpers import SECRET, barrier, terminals
+from relay_helpers import SECRET, barrier, run_script, terminals
 from reliability_support import RUNS, browser_on, report
 
 from kernel_ext.relay import allow_all, create_app
@@ -35,26 +32,7 @@ CALL = "5b8aa5a2d2c872e8"
 async def run_worker(
     mode: str, port: int, conversation: str, call_id: str = CALL
 ) -> tuple[int, str, str]:
-    env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        str(WORKER),
-        mode,
-        f"http://127.0.0.1:{port}",
-        conversation,
-        call_id,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
+    return await run_script(WORKER, mode, f"http://127.0.0.1:{port}", conversation, call_id)
 
 
 def last_json(out: str) -> dict[str, Any]:

@@ -54,6 +54,7 @@ from kernel_ext._cli import (
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import NAMESPACE
 from kernel_ext.relay._log import logger
+from kernel_ext.relay.replay import DEFAULT_CONVERSATION_BYTES, DEFAULT_TOTAL_BYTES
 from kernel_ext.settings import (
     MAKE_SECRET,
     MIN_SECRET_BYTES,
@@ -128,15 +129,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis-url",
         default=None,
         metavar="URL",
-        help=f"redis:// URL of a Redis client manager shared by several web processes "
-        f"(default: ${_REDIS_URL} if set, else none: this process only)",
+        help=f"Redis shared by several web processes (default: ${_REDIS_URL} if set, else none)",
     )
     parser.add_argument(
         "--redis-channel",
         default=None,
         metavar="NAME",
-        help=f"python-socketio's Redis channel, the workers' and other web processes' one "
-        f"(default: {_REDIS_CHANNEL_DEFAULT}, or ${_REDIS_CHANNEL} if set)",
+        help=f"python-socketio's Redis channel (default: {_REDIS_CHANNEL_DEFAULT}, or "
+        f"${_REDIS_CHANNEL} if set)",
     )
     parser.add_argument(
         "--namespace",
@@ -152,8 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--authenticate",
         metavar="MODULE:FUNCTION",
-        help="browser authentication hook, authenticate(auth, environ) -> identity or None "
-        "(default: none, every browser is accepted)",
+        help="authenticate(auth, environ) -> identity or None (default: none, every browser "
+        "is accepted)",
     )
     parser.add_argument(
         "--authorize-join",
@@ -164,16 +164,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-anyone",
         action="store_true",
-        help="start without both hooks, on a loopback --host only: every browser may then "
-        "join any conversation (default: off, refuse to start)",
+        help="start without both hooks (loopback --host only): any browser may join any "
+        "conversation (default: off)",
+    )
+    parser.add_argument(
+        "--no-catch-up",
+        action="store_true",
+        help="keep nothing for late joiners, reloads, reconnects (default: catch them up)",
+    )
+    parser.add_argument(
+        "--catch-up-memory",
+        type=_catch_up_mib,
+        default=_CATCH_UP_MIB,
+        metavar="MIB",
+        help=f"MiB held for catch-up, at least {_CONVERSATION_MIB} (default: %(default)s)",
     )
     parser.add_argument(
         "--no-page",
         action="store_true",
-        help=f"do not serve the example page, renderer.js and the Socket.IO client under "
-        f"{PAGE_PREFIX}/ (default: serve them; the page is {PAGE_PREFIX}/{PAGE}"
-        "?conversation=ID&token=T)",
+        help=f"do not serve the example page and its files under {PAGE_PREFIX}/ (default: "
+        f"serve {PAGE_PREFIX}/{PAGE}?conversation=ID&token=T)",
     )
+
+
+_CATCH_UP_MIB = DEFAULT_TOTAL_BYTES >> 20
+_CONVERSATION_MIB = DEFAULT_CONVERSATION_BYTES >> 20
+
+
+def _catch_up_mib(value: str) -> int:
+    """``--catch-up-memory``: whole MiB, at least one conversation's bound."""
+    rule = f"must be a whole number of MiB, at least {_CONVERSATION_MIB}"
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{rule}, got {value!r}") from None
+    if number < _CONVERSATION_MIB:
+        raise argparse.ArgumentTypeError(f"{rule}, got {value!r}")
+    return number
 
 
 def _openness(authenticate: str | None, authorize_join: str | None) -> str:
@@ -370,6 +397,8 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
             authenticate=hooks.get("--authenticate"),
             authorize_join=hooks.get("--authorize-join", allow_all),
             assets_prefix=None if args.no_page else PAGE_PREFIX,
+            catch_up=not args.no_catch_up,
+            replay_total_bytes=args.catch_up_memory << 20,
         )
         manager = ready.sio.manager
 

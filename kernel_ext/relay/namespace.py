@@ -69,7 +69,13 @@ from kernel_ext.relay.auth import (
 from kernel_ext.relay.health import Readiness
 from kernel_ext.relay.hostile import GuardedNamespace
 from kernel_ext.relay.redis import RelayRedisManager
-from kernel_ext.relay.replay import ReplayMemory, read_cursors
+from kernel_ext.relay.replay import (
+    DEFAULT_CONVERSATION_BYTES,
+    DEFAULT_STREAM_BYTES,
+    DEFAULT_TOTAL_BYTES,
+    ReplayMemory,
+    read_cursors,
+)
 from kernel_ext.relay.terminals import TerminalMemory
 from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, ConnectionGrace, track_workers
 
@@ -178,9 +184,9 @@ class ChatRelay(GuardedNamespace):
         max_workers: int = 1_024,
         max_worker_streams: int = 10_000,
         catch_up: bool = True,
-        replay_stream_bytes: int = 1 << 20,
-        replay_conversation_bytes: int = 4 << 20,
-        replay_total_bytes: int = 64 << 20,
+        replay_stream_bytes: int = DEFAULT_STREAM_BYTES,
+        replay_conversation_bytes: int = DEFAULT_CONVERSATION_BYTES,
+        replay_total_bytes: int = DEFAULT_TOTAL_BYTES,
         replay_max_streams: int = 10_000,
         replay_hold: float = 30.0,
         replay_idle: float = 900.0,
@@ -408,6 +414,8 @@ class ChatRelay(GuardedNamespace):
                 missing.setdefault(key, n)
             for raw in blocks:
                 await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
+                if raw.get("state") in TERMINAL_STATES:
+                    self.terminals.caught_up(raw, sid)
             sent += len(blocks)
             streams.update(key for key, seq in after.items() if seq != cursors.get(key))
             cursors = after

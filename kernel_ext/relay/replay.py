@@ -34,7 +34,16 @@ from kernel_ext._bounded import BoundedMap
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, block_size
 
-__all__ = ["MAX_SEQ", "Cursors", "ReplayMemory", "StreamKey", "read_cursors"]
+__all__ = [
+    "DEFAULT_CONVERSATION_BYTES",
+    "DEFAULT_STREAM_BYTES",
+    "DEFAULT_TOTAL_BYTES",
+    "MAX_SEQ",
+    "Cursors",
+    "ReplayMemory",
+    "StreamKey",
+    "read_cursors",
+]
 
 StreamKey = tuple[Any, Any]
 """``(callId, taskId)`` of a stream (``callId`` may be ``None``: an unattributed terminal)."""
@@ -42,6 +51,11 @@ Cursors = dict[StreamKey, int]
 """Per stream, the highest seq a browser holds."""
 Entry = tuple[int, Mapping[str, Any], int]
 """``(seq, block, size)`` of a held block."""
+
+DEFAULT_STREAM_BYTES = 1 << 20
+DEFAULT_CONVERSATION_BYTES = 4 << 20
+DEFAULT_TOTAL_BYTES = 64 << 20
+"""The default bounds (1 MiB, 4 MiB, 64 MiB), for the relay's options and its command."""
 
 MAX_SEQ = 2**53 - 1
 """The largest seq a cursor may name (the largest integer a JSON number holds exactly)."""
@@ -156,9 +170,9 @@ class ReplayMemory:
     def __init__(
         self,
         *,
-        stream_bytes: int = 1 << 20,
-        conversation_bytes: int = 4 << 20,
-        total_bytes: int = 64 << 20,
+        stream_bytes: int = DEFAULT_STREAM_BYTES,
+        conversation_bytes: int = DEFAULT_CONVERSATION_BYTES,
+        total_bytes: int = DEFAULT_TOTAL_BYTES,
         max_streams: int = 10_000,
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
         hold: float = 30.0,

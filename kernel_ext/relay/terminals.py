@@ -95,6 +95,14 @@ class TerminalMemory:
             self._count("held_terminals", 1)
         return True
 
+    def caught_up(self, raw: Mapping[str, Any], sid: str) -> None:
+        """The terminal ``raw`` went to the browser ``sid`` by a catch-up: a re-send of it
+        is a duplicate while that browser is connected."""
+        sent = self._sent
+        key = (raw.get("callId"), raw.get("taskId"))
+        if sent is not None and key in sent:
+            sent.set(key, (*(sent.get(key) or ()), sid))
+
     def late(self, sid: str, room: str) -> list[Any]:
         """The held terminals of ``room`` not yet sent to the browser ``sid``, oldest first
         (marked as sent to it)."""
