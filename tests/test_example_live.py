@@ -199,7 +199,10 @@ def _stream_and_check(server: Server, page: Any) -> None:
 
 def test_the_example_page_follows_a_conversation_over_websocket() -> None:
     with example_server() as server, example_page(server, TOKEN) as (page, errors):
-        page.wait_for_function("() => window.kx.socket.io.engine.transport.name === 'websocket'")
+        # window.kx.socket exists once the page's dynamic import of the client resolved.
+        page.wait_for_function(
+            "() => window.kx.socket && window.kx.socket.io.engine.transport.name === 'websocket'"
+        )
         _stream_and_check(server, page)
         assert page.get_attribute("#connection", "data-transport") == "websocket"
         assert errors == []
