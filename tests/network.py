@@ -265,18 +265,14 @@ class LoopThread:
         self.loop.close()
 
 
-class NoWebSocketProxy:
-    """An HTTP proxy on 127.0.0.1 in front of ``127.0.0.1:target_port`` that refuses every
-    WebSocket upgrade with ``403`` and forwards every other request — what a proxy that
-    blocks WebSocket does to a page. It marks each request ``Connection: close`` so that
-    every request comes on a connection of its own and is inspected. ``refused`` and
-    ``forwarded`` count requests. Start and stop it on its loop (:class:`LoopThread`)."""
+class _Proxy:
+    """A server on 127.0.0.1 (:attr:`port` once started) in front of
+    ``127.0.0.1:target_port``, handling each connection in a task of its own
+    (:meth:`_handle`); :meth:`stop` ends them all."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
-        self.refused = 0
-        self.forwarded = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -296,6 +292,22 @@ class NoWebSocketProxy:
         task = asyncio.ensure_future(self._handle(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class NoWebSocketProxy(_Proxy):
+    """An HTTP proxy on 127.0.0.1 in front of ``127.0.0.1:target_port`` that refuses every
+    WebSocket upgrade with ``403`` and forwards every other request — what a proxy that
+    blocks WebSocket does to a page. It marks each request ``Connection: close`` so that
+    every request comes on a connection of its own and is inspected. ``refused`` and
+    ``forwarded`` count requests. Start and stop it on its loop (:class:`LoopThread`)."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self.refused = 0
+        self.forwarded = 0
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
@@ -346,26 +358,16 @@ async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
         await sink.drain()
 
 
-class FlakyNetwork:
+class FlakyNetwork(_Proxy):
     """A TCP proxy on 127.0.0.1 in front of ``127.0.0.1:target_port`` whose network can
     drop: :meth:`offline` cuts every connection through it (no goodbye reaches either end)
     and cuts each new one at once until :meth:`online` — what a closed laptop lid or a
-    mobile hand-off does to a client. ``connections`` counts the connections it let
-    through. Start, use and stop it on one loop."""
+    mobile hand-off does to a client. Start, use and stop it on one loop."""
 
     def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self.connections = 0
+        super().__init__(target_port)
         self._online = True
-        self._server: asyncio.Server | None = None
         self._open: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        started("network")
-        self._server = await asyncio.start_server(self._accept, HOST, 0)
-        self.port = int(self._server.sockets[0].getsockname()[1])
 
     def offline(self) -> None:
         """Cut every connection now, and every new one until :meth:`online`."""
@@ -377,20 +379,14 @@ class FlakyNetwork:
         self._online = True
 
     async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
         self.offline()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await super().stop()
 
     def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if not self._online:
             writer.transport.abort()
             return
-        task = asyncio.ensure_future(self._handle(reader, writer))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        super()._accept(reader, writer)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
@@ -399,7 +395,6 @@ class FlakyNetwork:
             if not self._online:
                 return  # went offline meanwhile
             self._open.update((writer, upstream))
-            self.connections += 1
             to_upstream = asyncio.ensure_future(_pipe(reader, upstream))
             try:
                 await _pipe(up_reader, writer)
