@@ -2,9 +2,9 @@
 ``socket.io.esm.min.js``) reloaded, taken offline, opened in a second tab, moved to the other
 web process behind Redis, in the middle of a call — each pane comes back whole.
 
-* ``kernel-ext demo`` (every process real) reloaded in the middle of its two
-  ``ask_colleague`` calls: the page's text equals that of a tab that never reloaded, each
-  pane ends once and goes ``replay`` → ``live``.
+* ``kernel-ext demo`` (every process real; also ``--redis`` on a real redis-server) reloaded
+  in the middle of its two ``ask_colleague`` calls: the page's text equals that of a tab that
+  never reloaded, each pane ends once and goes ``replay`` → ``live``.
 * The shipped example page on ``python -m kernel_ext.relay`` processes (one, or two on a real
   redis-server), a worker sending ``kx_blocks`` frames as the loopback sender does:
   offline for 5 s (Playwright's offline mode drops the WebSocket and fails every reconnect
@@ -111,11 +111,15 @@ PANE_TEXTS = """() => Object.fromEntries(Array.from(document.querySelectorAll(".
   .map((node) => [node.dataset.callId, node.innerText]))"""
 
 
-def test_the_demo_reloaded_in_the_middle_of_its_calls_shows_each_pane_whole() -> None:
+@pytest.mark.parametrize("through", ["memory", pytest.param("redis", marks=pytest.mark.redis)])
+def test_the_demo_reloaded_in_the_middle_of_its_calls_shows_each_pane_whole(
+    through: str, request: pytest.FixtureRequest
+) -> None:
     pytest.importorskip("pydantic_ai", reason=PY_REASON)
     question = wording("zh").questions[0]
+    extra = ["--redis", request.getfixturevalue("redis_server").url] if through == "redis" else []
     # 0.5 s a beat: each call streams for several seconds, long enough to reload in it.
-    with demo("--step-delay", "0.5", "--time-limit", "170") as running:
+    with demo("--step-delay", "0.5", "--time-limit", "170", *extra) as running:
         running.wait_for("Open http://")
         base = f"http://127.0.0.1:{running.port}"
         with tabs(2) as ((steady, reloaded), consoles):
