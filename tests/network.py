@@ -8,8 +8,9 @@
   loop), :func:`chromium` (headless Chromium through Playwright);
 * :func:`http_request` — one plain HTTP request with a timeout (status, headers, body);
 * :class:`LoopThread` (an event loop on a thread of its own, for tests whose thread
-  belongs to Playwright's sync API) and :class:`NoWebSocketProxy` (an HTTP proxy that
-  refuses WebSocket upgrades, as some corporate proxies do);
+  belongs to Playwright's sync API), :class:`NoWebSocketProxy` (an HTTP proxy that
+  refuses WebSocket upgrades, as some corporate proxies do) and :class:`FlakyNetwork` (a
+  TCP proxy whose network drops and comes back);
 * :func:`started` — what a test started (``network``, ``redis``, ``browser``), recorded by
   the helpers above; conftest fails a test that started something it is not marked for.
 """
@@ -264,18 +265,14 @@ class LoopThread:
         self.loop.close()
 
 
-class NoWebSocketProxy:
-    """An HTTP proxy on 127.0.0.1 in front of ``127.0.0.1:target_port`` that refuses every
-    WebSocket upgrade with ``403`` and forwards every other request — what a proxy that
-    blocks WebSocket does to a page. It marks each request ``Connection: close`` so that
-    every request comes on a connection of its own and is inspected. ``refused`` and
-    ``forwarded`` count requests. Start and stop it on its loop (:class:`LoopThread`)."""
+class _Proxy:
+    """A server on 127.0.0.1 (:attr:`port` once started) in front of
+    ``127.0.0.1:target_port``, handling each connection in a task of its own
+    (:meth:`_handle`); :meth:`stop` ends them all."""
 
     def __init__(self, target_port: int) -> None:
         self.target_port = target_port
         self.port = 0
-        self.refused = 0
-        self.forwarded = 0
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -295,6 +292,22 @@ class NoWebSocketProxy:
         task = asyncio.ensure_future(self._handle(reader, writer))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class NoWebSocketProxy(_Proxy):
+    """An HTTP proxy on 127.0.0.1 in front of ``127.0.0.1:target_port`` that refuses every
+    WebSocket upgrade with ``403`` and forwards every other request — what a proxy that
+    blocks WebSocket does to a page. It marks each request ``Connection: close`` so that
+    every request comes on a connection of its own and is inspected. ``refused`` and
+    ``forwarded`` count requests. Start and stop it on its loop (:class:`LoopThread`)."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self.refused = 0
+        self.forwarded = 0
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: asyncio.StreamWriter | None = None
@@ -321,9 +334,9 @@ class NoWebSocketProxy:
             up_reader, upstream = await asyncio.open_connection(HOST, self.target_port)
             upstream.write(b"\r\n".join([request, *kept, b"Connection: close", b"", b""]))
             self.forwarded += 1
-            to_upstream = asyncio.ensure_future(self._pipe(reader, upstream))
+            to_upstream = asyncio.ensure_future(_pipe(reader, upstream))
             try:
-                await self._pipe(up_reader, writer)  # until the server closes: one request
+                await _pipe(up_reader, writer)  # until the server closes: one request
             finally:
                 to_upstream.cancel()
                 with contextlib.suppress(asyncio.CancelledError, OSError):
@@ -337,11 +350,76 @@ class NoWebSocketProxy:
                 if stream is not None:
                     stream.close()
 
-    @staticmethod
-    async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
-        while chunk := await source.read(65536):
-            sink.write(chunk)
-            await sink.drain()
+
+async def _pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+    """Copy ``source`` to ``sink`` until ``source`` ends."""
+    while chunk := await source.read(65536):
+        sink.write(chunk)
+        await sink.drain()
+
+
+class FlakyNetwork(_Proxy):
+    """A TCP proxy on 127.0.0.1 in front of ``127.0.0.1:target_port`` whose network can
+    drop: :meth:`offline` cuts every connection through it (no goodbye reaches either end)
+    and cuts each new one at once until :meth:`online` — what a closed laptop lid or a
+    mobile hand-off does to a client. Start, use and stop it on one loop."""
+
+    def __init__(self, target_port: int) -> None:
+        super().__init__(target_port)
+        self._online = True
+        self._open: set[asyncio.StreamWriter] = set()
+
+    def offline(self) -> None:
+        """Cut every connection now, and every new one until :meth:`online`."""
+        self._online = False
+        for writer in list(self._open):
+            writer.transport.abort()
+
+    def online(self) -> None:
+        self._online = True
+
+    async def stop(self) -> None:
+        self.offline()
+        await super().stop()
+
+    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self._online:
+            writer.transport.abort()
+            return
+        super()._accept(reader, writer)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream: asyncio.StreamWriter | None = None
+        try:
+            up_reader, upstream = await asyncio.open_connection(HOST, self.target_port)
+            if not self._online:
+                return  # went offline meanwhile
+            self._open.update((writer, upstream))
+            to_upstream = asyncio.ensure_future(_pipe(reader, upstream))
+            try:
+                await _pipe(up_reader, writer)
+            finally:
+                to_upstream.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await to_upstream
+        except OSError:
+            pass  # cut, or one end went away
+        finally:
+            for stream in (writer, upstream):
+                if stream is not None:
+                    self._open.discard(stream)
+                    stream.transport.abort()
+
+
+@contextlib.asynccontextmanager
+async def flaky_network(target_port: int) -> AsyncIterator[FlakyNetwork]:
+    """A started :class:`FlakyNetwork` in front of ``target_port``, on the running loop."""
+    network = FlakyNetwork(target_port)
+    await network.start()
+    try:
+        yield network
+    finally:
+        await network.stop()
 
 
 @contextlib.contextmanager

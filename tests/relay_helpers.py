@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from kernel_ext.emit import LoopbackEmitter
 from kernel_ext.stream import StreamHub
 
 SECRET = "s3cret-for-tests"
+TESTS = str(Path(__file__).resolve().parent)
 NS = "/chat"
 CALL = "00f067aa0ba902b7"
 CONV = "conv-1"
@@ -136,17 +137,23 @@ async def barrier(browser: Browser, port: int) -> None:
 
 class RelayProcess:
     """``python -m kernel_ext.relay`` in a subprocess on a fixed port (on 127.0.0.1, open to
-    every browser: ``--allow-anyone``); killed in ``stop``."""
+    every browser: ``--allow-anyone``, unless ``hooks`` gives its ``--authenticate`` and
+    ``--authorize-join`` options, naming functions of a module in tests/); killed in
+    ``stop``."""
 
-    def __init__(self, port: int | None = None, redis_url: str | None = None) -> None:
+    def __init__(
+        self, port: int | None = None, redis_url: str | None = None, hooks: Sequence[str] = ()
+    ) -> None:
         self.port = port or free_port()
         self.redis_url = redis_url
+        self.hooks = list(hooks)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = dict(os.environ, KERNEL_EXT_SECRET=SECRET)
+        path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
         cmd = [sys.executable, "-m", "kernel_ext.relay", "--port", str(self.port)]
-        cmd.append("--allow-anyone")
+        cmd += self.hooks or ["--allow-anyone"]
         if self.redis_url:
             cmd += ["--redis-url", self.redis_url]
         self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
@@ -210,40 +217,20 @@ def record_sender_events(
     return totals
 
 
-class CatchUpStandIn:
-    """Stands in for the relay's catch-up (issue 24; the relay side is built separately) on
-    a real :class:`~kernel_ext.relay.ChatRelay`, for tests of its clients — the renderer,
-    ``kernel-ext tail``. Installed on a relay, each join it accepts sends that browser the
-    ``held`` blocks it lacks (seq above the join's ``have`` cursor of their stream), then
-    acknowledges with ``replay`` (``missing`` as given), as the wire of docs/web.md
-    ("Catching up") says. Every join request is recorded in :attr:`requests`."""
+def record_joins(relay: Any, into: list[Any] | None = None) -> list[Any]:
+    """Record every ``join_conversation`` request ``relay`` (a real
+    :class:`~kernel_ext.relay.ChatRelay`) gets, as it got it, in ``into`` (a new list when
+    ``None``), before the relay handles it as always; returns the list, which fills as joins
+    come."""
+    requests: list[Any] = [] if into is None else into
+    join = relay.on_join_conversation
 
-    def __init__(self, held: list[dict[str, Any]] | None = None, missing: Any = None) -> None:
-        self.held = held or []
-        self.missing = missing if missing is not None else []
-        self.requests: list[Any] = []
+    async def on_join_conversation(sid: str, data: Any = None) -> Any:
+        requests.append(data)
+        return await join(sid, data)
 
-    def install(self, relay: Any) -> None:
-        join = relay.on_join_conversation
-
-        async def on_join_conversation(sid: str, data: Any = None) -> dict[str, Any]:
-            self.requests.append(data)
-            ack: dict[str, Any] = await join(sid, data)
-            if not ack.get("ok"):
-                return ack
-            cursors = {(c["callId"], c["taskId"]): c["seq"] for c in data.get("have") or []}
-            sent = [
-                block
-                for block in self.held
-                if block["envelope"]["seq"] > cursors.get((block["callId"], block["taskId"]), -1)
-            ]
-            for block in sent:
-                await relay.emit("tool_event_stream", block, to=sid)
-            streams = {(block["callId"], block["taskId"]) for block in sent}
-            replay = {"blocks": len(sent), "streams": len(streams), "missing": self.missing}
-            return {**ack, "replay": replay}
-
-        relay.on_join_conversation = on_join_conversation
+    relay.on_join_conversation = on_join_conversation
+    return requests
 
 
 async def run_script(

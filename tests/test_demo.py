@@ -9,6 +9,7 @@ the "needs Python 3.11" message are tested everywhere.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import io
 import json
 import os
@@ -395,6 +396,127 @@ async def test_with_lang_en_the_page_and_its_words_are_english() -> None:
         titles = [c["title"] for c in config["colleagues"]]
         assert titles == ["Orders desk", "Carrier (third-party)"]
         assert CJK.findall(json.dumps(config, ensure_ascii=False)) == []
+
+
+# -- the web process's history: what a reloaded page needs besides the blocks ------------------
+
+
+def _message(n: int, room: str = "demo-room") -> dict[str, Any]:
+    return {
+        "eventId": f"m-{n}",
+        "eventScene": "message",
+        "conversationId": room,
+        "content": {"role": "user", "text": f"message {n}"},
+    }
+
+
+async def _snapshot(sender: socketio.AsyncClient, room: str, event: dict[str, Any]) -> None:
+    ack = await sender.call(
+        "kx_chat_event", {"room": room, "event": event}, namespace=NS, timeout=5
+    )
+    assert ack == {"ok": True}
+
+
+async def _joined_history(rig: _Rig, room: str) -> tuple[Any, list[Any]]:
+    """A new browser joins ``room``: its acknowledgement and the chat events it had got by
+    then (the history comes before the acknowledgement)."""
+    got: list[Any] = []
+    browser = await rig.client(chat_event=got.append)
+    ack = await _join(browser, room)
+    return ack, [event["eventId"] for event in got]
+
+
+@pytest.mark.network
+@pytest.mark.timeout(30)
+async def test_a_joining_browser_gets_its_conversations_history_before_the_acknowledgement() -> (
+    None
+):
+    async with _web() as rig:
+        sender = await rig.client(auth={"internal": SECRET})
+        live: list[Any] = []
+        first = await rig.client(chat_event=live.append)
+        assert await _join(first, "demo-room") == {"ok": True}
+        for n in range(3):
+            await _snapshot(sender, "demo-room", _message(n))
+        await _snapshot(sender, "demo-other", _message(9, "demo-other"))
+        await wait_until(lambda: len(live) == 3, 5, "the first browser got them live")
+        ack, history = await _joined_history(rig, "demo-room")
+        assert ack == {"ok": True}  # the acknowledgement it always was
+        assert history == ["m-0", "m-1", "m-2"]  # in order, none of another conversation
+        assert (await _joined_history(rig, "demo-quiet"))[1] == []
+        # A refused join gets nothing (not a demo conversation, or the same room refused).
+        ack, history = await _joined_history(rig, "conv-1")
+        assert (ack["ok"], history) == (False, [])
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_a_conversation_keeps_its_last_256_snapshots() -> None:
+    from kernel_ext.demo.web import HISTORY_EVENTS
+
+    assert HISTORY_EVENTS == 256
+    async with _web() as rig:
+        sender = await rig.client(auth={"internal": SECRET})
+        for n in range(HISTORY_EVENTS):
+            await _snapshot(sender, "demo-room", _message(n))
+        history = (await _joined_history(rig, "demo-room"))[1]
+        assert history == [f"m-{n}" for n in range(HISTORY_EVENTS)]  # exactly at the bound
+        await _snapshot(sender, "demo-room", _message(HISTORY_EVENTS))
+        history = (await _joined_history(rig, "demo-room"))[1]
+        assert history == [f"m-{n}" for n in range(1, HISTORY_EVENTS + 1)]  # the oldest gave way
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_the_64_most_recently_active_conversations_keep_their_history() -> None:
+    from kernel_ext.demo.script import MAX_CONVERSATIONS
+
+    assert MAX_CONVERSATIONS == 64
+    async with _web() as rig:
+        sender = await rig.client(auth={"internal": SECRET})
+        rooms = [f"demo-{n}" for n in range(MAX_CONVERSATIONS + 2)]
+        for room in rooms[:MAX_CONVERSATIONS]:
+            await _snapshot(sender, room, _message(0, room))
+        await _snapshot(sender, rooms[0], _message(1, rooms[0]))  # the first is active again
+        await _snapshot(sender, rooms[MAX_CONVERSATIONS], _message(0, rooms[MAX_CONVERSATIONS]))
+        assert (await _joined_history(rig, rooms[0]))[1] == ["m-0", "m-1"]
+        assert (await _joined_history(rig, rooms[1]))[1] == []  # the least recently active
+        assert (await _joined_history(rig, rooms[2]))[1] == ["m-0"]
+        assert (await _joined_history(rig, rooms[MAX_CONVERSATIONS]))[1] == ["m-0"]
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_snapshots_flowing_while_browsers_join_reach_each_exactly_once_in_order() -> None:
+    """An internal sender sends 200 snapshots without waiting while browsers join one after
+    the other: each joiner gets every snapshot once, in order — the earlier ones in the
+    history, the later ones live."""
+    total = 200
+    async with _web() as rig:
+        sender = await rig.client(auth={"internal": SECRET})
+        seen: list[Any] = []
+        watcher = await rig.client(chat_event=seen.append)
+        assert await _join(watcher, "demo-room") == {"ok": True}
+        joiners: list[list[Any]] = [[] for _ in range(8)]
+        clients = [await rig.client(chat_event=got.append) for got in joiners]
+
+        async def flood() -> None:
+            for n in range(total):
+                await sender.emit(
+                    "kx_chat_event", {"room": "demo-room", "event": _message(n)}, namespace=NS
+                )
+
+        flooding = asyncio.get_running_loop().create_task(flood())
+        for n, client in enumerate(clients, start=1):
+            await wait_until(lambda n=n: len(seen) >= n * total // 10, 20, "the flood goes on")
+            assert await _join(client, "demo-room") == {"ok": True}
+        await flooding
+        for got in joiners:
+            await wait_until(lambda got=got: len(got) >= total, 20, "every snapshot arrived")
+        for client in clients:  # a round trip on each: nothing more is on its way
+            assert await _join(client, "demo-barrier") == {"ok": True}
+        for got in joiners:
+            assert [event["eventId"] for event in got] == [f"m-{n}" for n in range(total)]
 
 
 # -- the worker's agent, in process --------------------------------------------------------

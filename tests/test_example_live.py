@@ -30,10 +30,11 @@ from typing import Any
 import pytest
 import socketio
 from network import LoopThread, chromium, free_port, serve_asgi, wait_listening
-from relay_helpers import CALL, CONV, NS, SECRET, CatchUpStandIn, emitter_for, in_call
+from relay_helpers import CALL, CONV, NS, SECRET, emitter_for, in_call
 from starlette.applications import Starlette
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
+from timing import wait_until_sync
 
 from kernel_ext.relay import mount_relay
 from kernel_ext.stream import StreamHub
@@ -48,13 +49,18 @@ STEPS = ("Looking the order up", "Order 42 left the warehouse on Tuesday")
 ANSWER = "Order 42 arrives on Friday."
 
 # Installed before the page's scripts: every tool_event_stream block the page's socket
-# receives, in order (the page exposes its socket as window.kx.socket once created).
+# receives and every join it sends, in order (the page exposes its socket as
+# window.kx.socket once created).
 RECORD = """() => {
   window.__blocks = [];
+  window.__joins = [];
   const watch = setInterval(() => {
     if (!window.kx || !window.kx.socket) return;
     clearInterval(watch);
     window.kx.socket.on("tool_event_stream", (block) => window.__blocks.push(block));
+    window.kx.socket.onAnyOutgoing((event, request) => {
+      if (event === "join_conversation") window.__joins.push(request);
+    });
   }, 5);
 }"""
 
@@ -92,6 +98,14 @@ class Server:
 
         self.loop.run(publish())
 
+    def stats(self) -> dict[str, int]:
+        """The relay's counts (:meth:`~kernel_ext.relay.ChatRelay.stats`), read on its loop."""
+
+        async def stats() -> dict[str, int]:
+            return dict(self.sio.namespace_handlers[NS].stats())
+
+        return dict(self.loop.run(stats()))
+
     def disconnect_browsers(self) -> int:
         """The server disconnects every browser in :data:`CONV`; how many there were."""
 
@@ -105,9 +119,10 @@ class Server:
 
 
 @contextlib.contextmanager
-def example_server(transports: list[str] | None = None) -> Iterator[Server]:
-    """The web directory plus ``/chat`` (browsers need ``auth {token: TOKEN}``), and a
-    running emitter; ``transports`` restricts the server's Engine.IO transports."""
+def example_server(transports: list[str] | None = None, **relay_options: Any) -> Iterator[Server]:
+    """The web directory plus ``/chat`` (browsers need ``auth {token: TOKEN}``; the relay
+    takes ``relay_options``), and a running emitter; ``transports`` restricts the server's
+    Engine.IO transports."""
     runner = LoopThread()
     attempts: list[Any] = []
 
@@ -121,7 +136,13 @@ def example_server(transports: list[str] | None = None) -> Iterator[Server]:
         # that the emitter's polling connection closes promptly at the end.
         options.update(transports=transports, ping_interval=1, ping_timeout=1)
     sio = socketio.AsyncServer(async_mode="asgi", cors_allowed_origins=[], **options)
-    mount_relay(sio, SECRET, authenticate=authenticate, authorize_join=lambda user, room: True)
+    mount_relay(
+        sio,
+        SECRET,
+        authenticate=authenticate,
+        authorize_join=lambda user, room: True,
+        **relay_options,
+    )
     files = Starlette(routes=[Mount("/", StaticFiles(directory=web_root()))])
     server = Server(runner, socketio.ASGIApp(sio, other_asgi_app=files), sio, attempts=attempts)
     emitter = None
@@ -178,7 +199,10 @@ def _stream_and_check(server: Server, page: Any) -> None:
 
 def test_the_example_page_follows_a_conversation_over_websocket() -> None:
     with example_server() as server, example_page(server, TOKEN) as (page, errors):
-        page.wait_for_function("() => window.kx.socket.io.engine.transport.name === 'websocket'")
+        # window.kx.socket exists once the page's dynamic import of the client resolved.
+        page.wait_for_function(
+            "() => window.kx.socket && window.kx.socket.io.engine.transport.name === 'websocket'"
+        )
         _stream_and_check(server, page)
         assert page.get_attribute("#connection", "data-transport") == "websocket"
         assert errors == []
@@ -286,17 +310,21 @@ def test_the_page_kernel_ext_relay_serves_follows_a_worker_that_enabled_kernel_e
         relay.wait(timeout=10)
 
 
-def test_after_a_restart_the_page_rejoins_with_what_it_holds_and_shows_the_catch_up() -> None:
-    """The official client's re-join carries ``have``; the relay (its catch-up stood in for,
-    see :class:`relay_helpers.CatchUpStandIn`) sends the rest, a terminal included, before
-    its acknowledgement: the pane goes replay → live, shows where blocks are missing, and
-    ends once."""
-    with example_server() as server, example_page(server, TOKEN) as (page, errors):
+def test_after_a_drop_the_page_rejoins_with_what_it_holds_and_shows_the_catch_up() -> None:
+    """Offline (Playwright's offline mode: the WebSocket drops, every reconnect fails) while
+    the call goes on and ends; back online, the official client's re-join carries ``have``
+    and the relay sends the rest from its memory — the terminal included, before its
+    acknowledgement — of which one block gave way to the relay's bound: the pane goes
+    replay → live, shows where the block is missing, and ends once."""
+    # Blocks 2-4 are long: the stream bound holds the first block, two of them and the
+    # terminal, so block 2 (the oldest running one) gives way when block 4 comes.
+    long = [f"step {n}: " + "x" * 2_000 for n in (2, 3, 4)]
+    bounds = {"max_block_bytes": 3_000, "replay_stream_bytes": 6_000}
+    with example_server(**bounds) as server, example_page(server, TOKEN) as (page, errors):
         page.wait_for_selector("body[data-joined='1']")
-        for step in STEPS:
-            server.publish(step)
+        server.publish(STEPS[0])
         pane = page.locator(f"section.kx-pane[data-call-id='{CALL}']")
-        page.wait_for_function(f"() => window.__blocks.length === {len(STEPS)}")
+        page.wait_for_function("() => window.__blocks.length === 1")
         page.evaluate(
             """() => {
               window.__modes = [];
@@ -309,36 +337,30 @@ def test_after_a_restart_the_page_rejoins_with_what_it_holds_and_shows_the_catch
               });
             }"""
         )
-        last = page.evaluate("window.__blocks.at(-1)")
-        task = last["taskId"]
-        after = {**last, "envelope": {**last["envelope"], "seq": 4, "payload": {"text": "more"}}}
-        answer = {
-            **last,
-            "state": "done",
-            "envelope": {**last["envelope"], "seq": 5, "payload": {"text": ANSWER}},
-        }
-        catch_up = CatchUpStandIn([*page.evaluate("window.__blocks"), after, answer])
-        catch_up.missing = [{"callId": CALL, "taskId": task, "blocks": 1}]  # seq 3
-        catch_up.install(server.sio.namespace_handlers[NS])
-
-        def while_down() -> None:
-            page.wait_for_function("() => !window.kx.socket.connected && window.kx.socket.active")
-
-        server.restart(while_down)
+        page.context.set_offline(True)
+        page.wait_for_function("() => !window.kx.socket.connected && window.kx.socket.active")
+        for text in long:
+            server.publish(text)
+        server.publish(ANSWER, state="done")
+        wait_until_sync(lambda: server.stats()["blocks_emitted"] == 5, 20, "the relay has all")
+        assert server.stats()["replay_gave_way"] == 1
+        page.context.set_offline(False)
         pane.locator(".kx-end").wait_for(state="visible")
-        assert catch_up.requests == [
-            {"conversationId": CONV, "have": [{"callId": CALL, "taskId": task, "seq": 2}]}
+        task = page.evaluate("window.__blocks[0].taskId")
+        assert page.evaluate("window.__joins") == [
+            {"conversationId": CONV, "have": []},
+            {"conversationId": CONV, "have": [{"callId": CALL, "taskId": task, "seq": 1}]},
         ]
         page.wait_for_function("() => window.__modes.at(-1) === 'live'")
         assert page.evaluate("window.__modes") == ["replay", "live"]
         classes = pane.locator(".kx-items > *").evaluate_all(
             "nodes => nodes.map((n) => n.className)"
         )
-        assert classes == ["kx-text", "kx-text", "kx-missing", "kx-text"]
+        assert classes == ["kx-text", "kx-missing", "kx-text", "kx-text"]
         assert pane.locator(".kx-missing").inner_text() == "1 条较早的内容已不可用"
-        assert pane.locator(".kx-text").all_inner_texts() == [*STEPS, "more"]
+        assert pane.locator(".kx-text").all_inner_texts() == [STEPS[0], *long[1:]]
         assert pane.locator(".kx-final-text").inner_text() == ANSWER
-        # Only what the page lacked came again: blocks 4 and 5, once each.
+        # Only what the page lacked came again: blocks 3 to 5, once each.
         seqs = [block["envelope"]["seq"] for block in page.evaluate("window.__blocks")]
-        assert seqs == [1, 2, 4, 5]
+        assert seqs == [1, 3, 4, 5]
         assert errors == []

@@ -13,18 +13,19 @@ import os
 import re
 import signal
 import sys
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 import socketio
-from network import free_port, serve_asgi
-from relay_helpers import CatchUpStandIn
+from network import flaky_network, free_port, serve_asgi
+from relay_helpers import record_joins
 from test_vectors import VECTOR_FILES, load
 from timing import wait_until
 
+from kernel_ext.protocol import block_size
 from kernel_ext.tail import EXIT_FAILED, EXIT_INTERRUPTED, TailPrinter, clean, follow
 from kernel_ext.view import PaneStore
 
@@ -368,15 +369,17 @@ def authorize_join(identity: Any, conversation_id: str) -> bool:
 
 @asynccontextmanager
 async def relay(
-    port: int | None = None, catch_up: CatchUpStandIn | None = None
+    port: int | None = None, *, setup: Callable[[Any], None] | None = None, **options: Any
 ) -> AsyncIterator[str]:
+    """The real relay (``create_app`` with ``options``) on ``port``; its URL. ``setup`` is
+    called with its :class:`~kernel_ext.relay.ChatRelay` before it serves."""
     # Imported here: the printer tests above do not need the relay module.
     relay_module = pytest.importorskip("kernel_ext.relay")
     ready = relay_module.create_app(
-        SECRET, authenticate=authenticate, authorize_join=authorize_join
+        SECRET, authenticate=authenticate, authorize_join=authorize_join, **options
     )
-    if catch_up is not None:
-        catch_up.install(ready.relay)
+    if setup is not None:
+        setup(ready.relay)
     async with serve_asgi(ready.app, port) as bound:
         yield f"http://127.0.0.1:{bound}"
 
@@ -449,13 +452,10 @@ async def test_tail_follows_a_conversation_live_through_the_relay() -> None:
 
 
 async def tail_across_a_restart(
-    before: list[dict[str, Any]],
-    printed: str,
-    after: list[dict[str, Any]],
-    catch_up: CatchUpStandIn | None = None,
+    before: list[dict[str, Any]], printed: str, after: list[dict[str, Any]]
 ) -> tuple[list[str], str]:
     """``follow`` a relay that sends ``before`` live (until ``printed`` is printed), stops,
-    comes back on the same port (catching up as ``catch_up`` does, if given) and sends
+    comes back on the same port (holding nothing: its memory went with it) and sends
     ``after``, which ends the call: what tail printed, and its stderr."""
     out, err = io.StringIO(), io.StringIO()
     port = free_port()
@@ -475,7 +475,7 @@ async def tail_across_a_restart(
                 await wait_until(
                     lambda: printed in out.getvalue(), WAIT, "timed out waiting for the blocks"
                 )
-        async with relay(port, catch_up) as url:
+        async with relay(port) as url:
             await wait_until(
                 lambda: "following 'conv-1' again" in err.getvalue(),
                 WAIT,
@@ -633,26 +633,29 @@ async def test_tail_explains_an_unreachable_relay_and_exits_non_zero() -> None:
     assert "Traceback" not in stderr
 
 
-# -- catch-up through a relay that catches up -------------------------------------------------
+# -- catch-up: the relay's memory -------------------------------------------------------------
 
 
 @pytest.mark.network
 @pytest.mark.timeout(60)
 async def test_tail_started_mid_call_shows_the_catch_up_then_the_live_blocks() -> None:
     out, err = io.StringIO(), io.StringIO()
-    held = [STORY[0], STORY[2]]  # the relay no longer holds block 2
-    missing = [{"callId": CALL, "taskId": "task-1", "blocks": 1}]
-    stand_in = CatchUpStandIn(held, missing)
+    joins: list[Any] = []
+    sizes = [block_size(item) for item in STORY]
+    # The stream bound one byte short of blocks 1-3: block 2, the oldest running one, gives
+    # way (the first block never does).
+    bounds = {"max_block_bytes": max(sizes), "replay_stream_bytes": sum(sizes[:3]) - 1}
     async with (
-        relay(catch_up=stand_in) as url,
-        tailing(url, TailPrinter(out), err),
+        relay(setup=lambda r: record_joins(r, joins), **bounds) as url,
         internal_sender(url) as sender,
     ):
-        await send_blocks(sender, CONV, STORY[3:])
-        await wait_until(
-            lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
-        )
-    assert stand_in.requests == [{"conversationId": CONV, "have": []}]  # it held nothing
+        await send_blocks(sender, CONV, STORY[:3])
+        async with tailing(url, TailPrinter(out), err):
+            await send_blocks(sender, CONV, STORY[3:])
+            await wait_until(
+                lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+            )
+    assert joins == [{"conversationId": CONV, "have": []}]  # it held nothing
     assert lines_of(out) == [
         "── 同步中… ──",
         f"[00f067aa] ── {CALL}",
@@ -667,14 +670,35 @@ async def test_tail_started_mid_call_shows_the_catch_up_then_the_live_blocks() -
 @pytest.mark.network
 @pytest.mark.timeout(60)
 async def test_tail_joins_again_with_what_it_holds_and_gets_only_the_rest() -> None:
-    # The relay comes back holding the whole stream so far: blocks 1 to 5.
-    catch_up = CatchUpStandIn(held=STORY[:5])
-    lines, err = await tail_across_a_restart(STORY[:3], "▶ search_orders", STORY[5:], catch_up)
-    assert catch_up.requests == [
-        {"conversationId": CONV, "have": [{"callId": CALL, "taskId": "task-1", "seq": 3}]}
+    out, err = io.StringIO(), io.StringIO()
+    joins: list[Any] = []
+    async with (
+        relay(setup=lambda r: record_joins(r, joins)) as url,
+        internal_sender(url) as sender,
+        flaky_network(int(url.rsplit(":", 1)[1])) as network,
+        tailing(f"http://127.0.0.1:{network.port}", TailPrinter(out), err),
+    ):
+        await send_blocks(sender, CONV, STORY[:3])
+        await wait_until(
+            lambda: "▶ search_orders" in out.getvalue(), WAIT, "timed out waiting for the blocks"
+        )
+        network.offline()
+        await wait_until(
+            lambda: "connection lost" in err.getvalue(), WAIT, "tail did not notice the drop"
+        )
+        await send_blocks(sender, CONV, STORY[3:5])  # while tail is away
+        network.online()
+        await wait_until(lambda: "following 'conv-1' again" in err.getvalue(), WAIT, "no re-join")
+        await send_blocks(sender, CONV, STORY[5:])
+        await wait_until(
+            lambda: "已结束" in out.getvalue(), WAIT, "timed out waiting for the terminal"
+        )
+    assert joins == [
+        {"conversationId": CONV, "have": []},
+        {"conversationId": CONV, "have": [{"callId": CALL, "taskId": "task-1", "seq": 3}]},
     ]
     # Blocks 4 and 5 came from the catch-up, once; nothing was repeated or lost.
-    assert lines == [
+    assert lines_of(out) == [
         f"[00f067aa] ── {CALL}",
         *STORY_LINES[1:3],
         "── 同步中… ──",
@@ -682,7 +706,23 @@ async def test_tail_joins_again_with_what_it_holds_and_gets_only_the_rest() -> N
         "── 实时 ──",
         *STORY_LINES[6:],
     ]
-    assert "reconnected; following 'conv-1' again, caught up on 2 blocks" in err
+    assert "reconnected; following 'conv-1' again, caught up on 2 blocks" in err.getvalue()
+
+
+def acknowledging_with(missing: list[Any]) -> Callable[[Any], None]:
+    """A fake, for a fault no relay makes: the relay's acknowledgements carry ``missing``
+    (whatever it is) in their ``replay``; everything else is the real relay's."""
+
+    def setup(real: Any) -> None:
+        join = real.on_join_conversation
+
+        async def on_join_conversation(sid: str, data: Any = None) -> Any:
+            ack = await join(sid, data)
+            return {**ack, "replay": {**ack["replay"], "missing": missing}}
+
+        real.on_join_conversation = on_join_conversation
+
+    return setup
 
 
 @pytest.mark.network
@@ -693,9 +733,10 @@ async def test_tail_takes_a_hostile_catch_up_acknowledgement_in_its_stride() -> 
     missing: list[Any] = [None, "x", {"callId": CALL, "taskId": "task-1", "blocks": 10**99}]
     missing += [{"callId": CALL, "taskId": "task-1", "blocks": -1}] * 5_000
     printer = TailPrinter(out)
-    stand_in = CatchUpStandIn([STORY[0]], missing)
-    async with relay(catch_up=stand_in) as url, tailing(url, printer, err):
-        pass  # joined: the catch-up and its acknowledgement are behind
+    async with relay(setup=acknowledging_with(missing)) as url, internal_sender(url) as sender:
+        await send_blocks(sender, CONV, STORY[:1])
+        async with tailing(url, printer, err):
+            pass  # joined: the catch-up and its acknowledgement are behind
     assert lines_of(out) == ["── 同步中… ──", f"[00f067aa] ── {CALL}", STORY_LINES[1], "── 实时 ──"]
     assert printer.store.dropped["ignoredAck"] == len(missing)
     assert "Traceback" not in err.getvalue()

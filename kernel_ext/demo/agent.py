@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 from kernel_ext.a2a import ask_colleague as ask_colleague_over_a2a
 from kernel_ext.context import current_tool_call
-from kernel_ext.demo.script import DEFAULT_LANG, LANG_KEY, Wording, wording
+from kernel_ext.demo.script import DEFAULT_LANG, LANG_KEY, MAX_CONVERSATIONS, Wording, wording
 from kernel_ext.errors import ColleagueError
 from kernel_ext.stream import StreamHub, get_default_hub
 
@@ -45,8 +45,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-MAX_CONVERSATIONS = 64
-"""How many conversations an agent remembers (the least recently answered is forgotten)."""
 _MAX_QUEUED_PER_CONVERSATION = 4
 
 T = TypeVar("T")

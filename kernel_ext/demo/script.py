@@ -25,6 +25,7 @@ __all__ = [
     "KERNELS",
     "LANGS",
     "LANG_KEY",
+    "MAX_CONVERSATIONS",
     "MAX_MESSAGE_CHARS",
     "USER_MESSAGE",
     "USER_MESSAGE_TO_AGENT",
@@ -205,6 +206,10 @@ LANG_KEY = "kx.lang"
 
 MAX_MESSAGE_CHARS = 2_000
 """The longest message a browser may send to the agent."""
+
+MAX_CONVERSATIONS = 64
+"""How many conversations the demo remembers — the agent their messages, the web process
+their page history — the least recently active one forgotten first."""
 
 _CONVERSATION_ID = re.compile(r"demo-[A-Za-z0-9_-]{1,64}")
 _BOTH = ("both", "all", "everyone", "两位", "都")

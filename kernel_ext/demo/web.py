@@ -24,6 +24,14 @@ The worker only ever *answers* a message: blocks and snapshots still come from i
 senders alone, and every other browser event reaches no one (:class:`~kernel_ext.relay.
 ChatRelay`).
 
+History, as a chat application loads it: the relay catches a joining browser up on the
+conversation's blocks (ordinary ``tool_event_stream``), but the page's flow — the user's and
+the agent's messages, and the tool-call node that holds each pane — comes from ``chat_event``
+snapshots, which the relay does not replay. :class:`DemoRelay` keeps each conversation's
+``chat_event`` snapshots and sends them to a browser whose join it accepted, before the
+acknowledgement: a page reloaded (or reconnected, or opened in a second tab) in the middle of
+a call shows its messages and each pane whole.
+
 Run by ``kernel-ext demo``; on its own: ``KERNEL_EXT_SECRET=… python -m
 kernel_ext.demo.web --port 8000 [--lang en]`` (binds 127.0.0.1 unless ``--host`` says
 otherwise).
@@ -32,10 +40,13 @@ otherwise).
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import html
 import logging
 import string
-from collections.abc import Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Mapping
 from importlib.resources import files
 from pathlib import Path
 from typing import Any
@@ -47,22 +58,26 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from kernel_ext._bounded import BoundedMap
 from kernel_ext.demo.script import (
     COLLEAGUES,
     DEFAULT_LANG,
     KERNELS,
     LANGS,
+    MAX_CONVERSATIONS,
     MAX_MESSAGE_CHARS,
     USER_MESSAGE_TO_AGENT,
     Wording,
     is_conversation_id,
     wording,
 )
+from kernel_ext.protocol import CHAT_EVENT
 from kernel_ext.relay import ChatRelay, RelayRedisManager, with_probes
 from kernel_ext.settings import env_name, load_settings
 from kernel_ext.web import SOCKET_IO_CLIENT, asset_path
 
 __all__ = [
+    "HISTORY_EVENTS",
     "DemoApp",
     "DemoRelay",
     "create_demo_app",
@@ -74,6 +89,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _AGENT_ACK_TIMEOUT = 10.0
+HISTORY_EVENTS = 256
+"""``chat_event`` snapshots a :class:`DemoRelay` keeps per conversation (the oldest give
+way): a question with two calls takes six."""
 
 CSP = (
     "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
@@ -110,6 +128,17 @@ class DemoRelay(ChatRelay):
     ``{"ok": false, "error"}``: not a browser, not joined to that conversation, text empty
     or over :data:`~kernel_ext.demo.script.MAX_MESSAGE_CHARS`, no agent connected, or the
     agent's own refusal (``busy``) or silence (10 s).
+
+    History (the module docstring says why): every ``chat_event`` it emits to a
+    conversation's room is kept — at most :data:`HISTORY_EVENTS` per conversation, for the
+    :data:`~kernel_ext.demo.script.MAX_CONVERSATIONS` most recently active conversations, in
+    memory only — and a browser whose join is accepted gets them, in order, after its
+    catch-up and before the acknowledgement; a refused join gets none. Nothing is lost in
+    between and nothing comes out of order: a conversation's snapshots are emitted one at a
+    time, never while one of its joins is under way, so each reaches a joining browser once,
+    in the history or live after it. (A browser that joins again, or one behind a Redis
+    manager — whose emits come back from Redis later — may get one twice: the demo page
+    keeps the first of each ``eventId``.)
     """
 
     def __init__(self, secret: str, **options: Any) -> None:
@@ -118,6 +147,67 @@ class DemoRelay(ChatRelay):
         # sid -> the kernel it runs on; insertion-ordered: the newest agent answers
         self._agents: dict[str, str | None] = {}
         self._browser_sids: set[str] = set()
+        self._history: BoundedMap[str, deque[Any]] = BoundedMap(MAX_CONVERSATIONS)
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}  # room -> (lock, users)
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, room: str) -> AsyncIterator[None]:
+        """One at a time per conversation: a join (catch-up and history) or a snapshot."""
+        lock, users = self._turns.get(room) or (asyncio.Lock(), 0)
+        self._turns[room] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._turns[room]
+            if users > 1:
+                self._turns[room] = (lock, users - 1)
+            else:
+                del self._turns[room]
+
+    async def emit(
+        self,
+        event: str,
+        data: Any = None,
+        to: Any = None,
+        room: Any = None,
+        skip_sid: Any = None,
+        namespace: str | None = None,
+        callback: Any = None,
+        ignore_queue: bool = False,
+    ) -> None:
+        """python-socketio's ``emit``; a ``chat_event`` to a conversation's room is kept in
+        its history first (class docstring)."""
+        kept = event == CHAT_EVENT and isinstance(room, str) and to is None
+        async with self._turn(room) if kept else contextlib.nullcontext():
+            if kept:
+                history = self._history.get(room)
+                if history is None:
+                    history = deque(maxlen=HISTORY_EVENTS)
+                self._history.set(room, history, refresh=True)  # the most recently active
+                history.append(data)
+            await super().emit(
+                event,
+                data,
+                to=to,
+                room=room,
+                skip_sid=skip_sid,
+                namespace=namespace,
+                callback=callback,
+                ignore_queue=ignore_queue,
+            )
+
+    async def on_join_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """The relay's join (its catch-up included), then the conversation's history."""
+        room = self._room_of(data)
+        if room is None:
+            return await super().on_join_conversation(sid, data)
+        async with self._turn(room):
+            ack = await super().on_join_conversation(sid, data)
+            history = self._history.get(room) if ack.get("ok") is True else None
+            for event in list(history or ()):
+                await super().emit(CHAT_EVENT, event, to=sid, ignore_queue=True)
+        return ack
 
     @property
     def agent_connected(self) -> bool:

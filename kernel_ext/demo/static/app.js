@@ -8,7 +8,10 @@
 //   page's words, the questions and the pane's labels (renderer.js's labelsFor).
 // * Conversation: `?c=demo-…` joins that conversation (nothing is sent); without it, the page
 //   starts a new conversation and sends the first question itself once joined (`?auto=0`
-//   starts one without sending).
+//   starts one without sending), and puts `?c=` in the address: a reload comes back to the
+//   same conversation. Every join, a reload's and a reconnect's too, gets the conversation's
+//   history (its chat_event snapshots, from the web process) and the blocks of its calls
+//   (the relay's catch-up), so each pane comes back whole.
 // * The flow is driven by `chat_event` snapshots: scene "message" (role user/assistant) is a
 //   bubble, scene "tool" is a tool-call node (once per eventId = callId). Each node mounts
 //   the renderer's pane for its callId (kernel_ext/web/renderer.js), fed by the same socket.
@@ -67,6 +70,10 @@ attachSocket(socket, store, {
       return;
     }
     document.body.dataset.joined = "1";
+    if (requested !== conversationId) {
+      // A new conversation: a reload comes back to it (and does not send the question again).
+      history.replaceState(null, "", `?c=${conversationId}`);
+    }
     if (autoSend && !firstSent) {
       firstSent = true;
       send(config.firstQuestion);
