@@ -627,7 +627,8 @@ class PaneStore:
     # -- catching up -------------------------------------------------------------------
     def have(self) -> list[dict[str, Any]]:
         """The join request's ``have``: per stream this store holds, the highest seq it
-        holds (its items' and its terminal's), as ``[{"callId", "taskId", "seq"}]`` — open
+        holds (its items' and its terminal's), as ``[{"callId", "taskId", "seq"}]``, with
+        ``"ended": True`` when it holds the stream's terminal — open
         streams first (in order of pane and task), then ended ones, then the final answers
         of calls without a callId (``callId`` ``None``); at most :data:`MAX_JOIN_STREAMS`
         entries, and none for a seq above 2**53 - 1."""
@@ -636,9 +637,12 @@ class PaneStore:
         for pane in self._panes.values():
             for task in pane.tasks.values():
                 cursor = {"callId": pane.call_id, "taskId": task.task_id, "seq": task.last_seq}
-                (ended if task.ended else open_).append(cursor)
+                if task.ended:
+                    ended.append({**cursor, "ended": True})
+                else:
+                    open_.append(cursor)
         orphans = [
-            {"callId": None, "taskId": task_id, "seq": seq}
+            {"callId": None, "taskId": task_id, "seq": seq, "ended": True}
             for task_id, seq in self._orphan_seqs.items()
         ]
         cursors = [c for c in (*open_, *ended, *orphans) if c["seq"] <= _MAX_COUNT]

@@ -84,12 +84,19 @@ class Browser:
         self.rejoined.set()
 
     def have(self) -> list[dict[str, Any]]:
-        """Per stream it holds blocks of, the highest seq (the join's ``have``)."""
+        """Per stream it holds blocks of, the highest seq, and ``ended`` when it holds the
+        stream's terminal (the join's ``have``)."""
         highest: dict[tuple[Any, Any], int] = {}
+        ended: set[tuple[Any, Any]] = set()
         for block in self.blocks:
             key = (block["callId"], block["taskId"])
             highest[key] = max(block["envelope"]["seq"], highest.get(key, -1))
-        return [{"callId": c, "taskId": t, "seq": seq} for (c, t), seq in highest.items()]
+            if block["state"] != "running":
+                ended.add(key)
+        return [
+            {"callId": c, "taskId": t, "seq": seq, **({"ended": True} if (c, t) in ended else {})}
+            for (c, t), seq in highest.items()
+        ]
 
     async def connect(self, port: int, auth: Any = None) -> None:
         await asyncio.wait_for(

@@ -98,7 +98,7 @@ async def test_a_reconnect_that_says_what_it_has_gets_only_the_rest() -> None:
             await w.call("kx_blocks", frame(C1, [block(7, state="done")]), namespace=NS)
             await browser.wait_for(lambda b: len(b) >= 3)
             # Joining again with everything it has: nothing is sent again.
-            ack = await join(browser, C1, have=[{**KEY, "seq": 7}])
+            ack = await join(browser, C1, have=[{**KEY, "seq": 7, "ended": True}])
             assert ack["replay"] == {"blocks": 0, "streams": 0, "missing": []}
             await barrier(browser, port)
             assert seqs(browser.blocks) == [5, 6, 7]
@@ -329,3 +329,25 @@ async def test_a_redis_outage_leaves_a_hole_on_the_other_web_process_never_a_dou
             await browser.close()
         web1.stop()
         web2.stop()
+
+
+async def test_a_colleagues_stream_ends_for_a_reconnect_that_missed_its_terminal() -> None:
+    """A colleague's blocks carry its own seqs and the caller's terminal the caller's (seq 1
+    after blocks 1–8): a browser that holds 1–8 but not the terminal still gets it, one that
+    says it holds it (``ended``) does not."""
+    async with relay_server() as (port, _), worker(port) as w:
+        await w.call("kx_blocks", frame(C1, [block(s) for s in range(1, 9)]), namespace=NS)
+        await w.call("kx_blocks", frame(C1, [block(1, state="done")]), namespace=NS)
+        missed = await connected(port, "missed-the-answer")
+        held = await connected(port, "holds-the-answer")
+        try:
+            ack = await join(missed, C1, have=[{**KEY, "seq": 8}])
+            assert ack["replay"]["blocks"] == 1
+            assert [(b["state"], b["envelope"]["seq"]) for b in missed.blocks] == [("done", 1)]
+            ack = await join(held, C1, have=[{**KEY, "seq": 8, "ended": True}])
+            assert ack["replay"]["blocks"] == 0
+            await barrier(held, port)
+            assert held.blocks == []
+        finally:
+            await missed.close()
+            await held.close()

@@ -60,7 +60,7 @@ def test_a_stream_is_caught_up_in_seq_order_with_its_terminal_last() -> None:
     blocks, cursors, missing = replay.catch_up(ROOM, {})
     assert seqs(blocks) == [1, 2, 3, 4, 5]
     assert blocks[-1]["state"] == "done"
-    assert cursors == {(CALL, "t"): 5}
+    assert cursors == {(CALL, "t"): (5, True)}
     assert missing == {}
 
 
@@ -80,9 +80,23 @@ def test_a_cursor_leaves_out_what_the_browser_holds() -> None:
     for seq in range(1, 7):
         replay.add(ROOM, block(seq))
     replay.add(ROOM, block(7, state="done"))
-    assert seqs(replay.catch_up(ROOM, {(CALL, "t"): 4})[0]) == [5, 6, 7]
-    assert replay.catch_up(ROOM, {(CALL, "t"): 7})[0] == []  # it has the terminal
-    assert seqs(replay.catch_up(ROOM, {(CALL, "other"): 9})[0]) == list(range(1, 8))
+    assert seqs(replay.catch_up(ROOM, {(CALL, "t"): (4, False)})[0]) == [5, 6, 7]
+    assert replay.catch_up(ROOM, {(CALL, "t"): (7, True)})[0] == []  # it has the terminal
+    assert seqs(replay.catch_up(ROOM, {(CALL, "other"): (9, True)})[0]) == list(range(1, 8))
+
+
+def test_a_terminal_below_the_highest_seq_is_sent_unless_the_browser_holds_it() -> None:
+    """A colleague's blocks carry its own seqs, the caller's terminal the caller's: the
+    terminal of such a stream may have a lower seq than the blocks before it. What tells
+    the relay that the browser holds it is ``ended``, not its seq."""
+    replay, _, _ = memory()
+    for seq in range(1, 9):
+        replay.add(ROOM, block(seq))
+    replay.add(ROOM, block(1, state="done"))
+    blocks, cursors, _ = replay.catch_up(ROOM, {(CALL, "t"): (8, False)})
+    assert [(b["state"], b["envelope"]["seq"]) for b in blocks] == [("done", 1)]
+    assert cursors == {(CALL, "t"): (8, True)}
+    assert replay.catch_up(ROOM, cursors)[0] == []
 
 
 def test_nothing_after_a_terminal_is_held() -> None:
@@ -108,7 +122,7 @@ def test_exactly_at_the_stream_bound_nothing_gives_way_one_byte_past_the_oldest_
     assert seqs(blocks) == [1, 3, 4, 5, 6]  # the first block stays; block 2 gave way
     assert missing == {(CALL, "t"): 1}
     # A browser that holds block 2 already misses nothing.
-    assert replay.catch_up(ROOM, {(CALL, "t"): 2})[2] == {}
+    assert replay.catch_up(ROOM, {(CALL, "t"): (2, False)})[2] == {}
 
 
 def test_the_first_block_and_the_terminal_never_give_way_to_running_blocks() -> None:
@@ -247,9 +261,13 @@ def test_the_smallest_bounds_allowed_are_accepted() -> None:
         ([], {}, 0),
         ({"callId": CALL}, {}, 1),
         ("nonsense", {}, 1),
-        ([{"callId": CALL, "taskId": "t", "seq": 3}], {(CALL, "t"): 3}, 0),
-        ([{"callId": None, "taskId": "t", "seq": 0}], {(None, "t"): 0}, 0),
-        ([{"callId": CALL, "taskId": "t", "seq": MAX_SEQ}], {(CALL, "t"): MAX_SEQ}, 0),
+        ([{"callId": CALL, "taskId": "t", "seq": 3}], {(CALL, "t"): (3, False)}, 0),
+        ([{"callId": None, "taskId": "t", "seq": 0}], {(None, "t"): (0, False)}, 0),
+        ([{"callId": CALL, "taskId": "t", "seq": MAX_SEQ}], {(CALL, "t"): (MAX_SEQ, False)}, 0),
+        ([{"callId": CALL, "taskId": "t", "seq": 2, "ended": True}], {(CALL, "t"): (2, True)}, 0),
+        ([{"callId": CALL, "taskId": "t", "seq": 2, "ended": False}], {(CALL, "t"): (2, False)}, 0),
+        ([{"callId": CALL, "taskId": "t", "seq": 2, "ended": 1}], {}, 1),
+        ([{"callId": CALL, "taskId": "t", "seq": 2, "ended": "yes"}], {}, 1),
         ([{"callId": CALL, "taskId": "t", "seq": MAX_SEQ + 1}], {}, 1),
         ([{"callId": CALL, "taskId": "t", "seq": -1}], {}, 1),
         ([{"callId": CALL, "taskId": "t", "seq": 2.0}], {}, 1),
@@ -260,8 +278,11 @@ def test_the_smallest_bounds_allowed_are_accepted() -> None:
         ([{"callId": CALL, "seq": 3}], {}, 1),
         ([7, None, [1]], {}, 3),
         (
-            [{"callId": CALL, "taskId": "t", "seq": 3}, {"callId": CALL, "taskId": "t", "seq": 9}],
-            {(CALL, "t"): 9},
+            [
+                {"callId": CALL, "taskId": "t", "seq": 3, "ended": True},
+                {"callId": CALL, "taskId": "t", "seq": 9},
+            ],
+            {(CALL, "t"): (9, True)},
             0,
         ),
     ],

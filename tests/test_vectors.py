@@ -209,7 +209,12 @@ def test_have_names_at_most_max_join_streams_streams_the_open_ones_first() -> No
     for index in range(MAX_JOIN_STREAMS - 1):
         fewer.apply_block(text_block(index, call_id=A, task_id=f"t{index}"))
     fewer.apply_block(text_block(2, call_id=None, task_id="orphan", state="done"))
-    assert fewer.have()[-1] == {"callId": "0000000000000000", "taskId": "ended", "seq": 3}
+    assert fewer.have()[-1] == {
+        "callId": "0000000000000000",
+        "taskId": "ended",
+        "seq": 3,
+        "ended": True,
+    }
 
 
 def test_an_acks_missing_list_is_read_up_to_the_bound_the_rest_counted() -> None:

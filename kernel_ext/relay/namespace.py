@@ -73,6 +73,7 @@ from kernel_ext.relay.replay import (
     DEFAULT_CONVERSATION_BYTES,
     DEFAULT_STREAM_BYTES,
     DEFAULT_TOTAL_BYTES,
+    Cursors,
     ReplayMemory,
     read_cursors,
 )
@@ -390,7 +391,7 @@ class ChatRelay(GuardedNamespace):
         # list included); any other gets the acknowledgement it always got.
         return {"ok": True, "replay": replay} if "have" in data else {"ok": True}
 
-    async def _catch_up(self, sid: str, room: str, cursors: dict[Any, int]) -> dict[str, Any]:
+    async def _catch_up(self, sid: str, room: str, cursors: Cursors) -> dict[str, Any]:
         """Send the browser ``sid`` what it lacks of ``room``'s held streams, then put it
         into the room; the join acknowledgement's ``replay``.
 

@@ -51,8 +51,9 @@ __all__ = [
 
 StreamKey = tuple[Any, Any]
 """``(callId, taskId)`` of a stream (``callId`` may be ``None``: an unattributed terminal)."""
-Cursors = dict[StreamKey, int]
-"""Per stream, the highest seq a browser holds."""
+Cursors = dict[StreamKey, tuple[int, bool]]
+"""Per stream, the highest seq a browser holds, and whether it holds the stream's terminal
+(whose seq need not be the highest: a colleague's blocks carry its own seqs)."""
 Entry = tuple[int, bytes]
 """``(seq, its compact JSON)`` of a held block: its size is the length (the protocol's
 measure), and bytes are compact and untracked by the garbage collector, where the parsed
@@ -70,9 +71,10 @@ MAX_SEQ = 2**53 - 1
 def read_cursors(have: object, max_entries: int) -> tuple[Cursors, int]:
     """The cursors of a join's ``have`` list, and how many entries were ignored: not an
     object, a ``callId`` neither a string nor ``null``, a ``taskId`` not a non-empty string,
-    a ``seq`` not an integer in 0 .. :data:`MAX_SEQ` (a bool is not one), or beyond the
-    first ``max_entries``. A ``have`` that is absent (``None``) gives no cursor; one that
-    is not a list counts as one ignored entry. Never raises."""
+    a ``seq`` not an integer in 0 .. :data:`MAX_SEQ` (a bool is not one), an ``ended`` that
+    is there and not a bool, or beyond the first ``max_entries``. A ``have`` that is absent
+    (``None``) gives no cursor; one that is not a list counts as one ignored entry. Never
+    raises."""
     if have is None:
         return {}, 0
     if not isinstance(have, list):
@@ -84,17 +86,20 @@ def read_cursors(have: object, max_entries: int) -> tuple[Cursors, int]:
             ignored += 1
             continue
         call_id, task_id, seq = entry.get("callId"), entry.get("taskId"), entry.get("seq")
+        ended = entry.get("ended", False)
         if (
             (call_id is not None and not isinstance(call_id, str))
             or not isinstance(task_id, str)
             or not task_id
             or seq.__class__ is not int
             or not 0 <= seq <= MAX_SEQ
+            or ended.__class__ is not bool
         ):
             ignored += 1
             continue
         key = (call_id, task_id)
-        cursors[key] = max(seq, cursors.get(key, seq))
+        held, had_end = cursors.get(key, (seq, False))
+        cursors[key] = (max(seq, held), ended or had_end)
     return cursors, ignored
 
 
@@ -126,7 +131,7 @@ class _Stream:
         self.refreshed = 0.0  # when its idle time last started again
 
     def held(self) -> list[Entry]:
-        """The blocks in seq order (a seq once), the terminal last."""
+        """The blocks before the terminal, in seq order (a seq once)."""
         entries = [self.first] if self.first is not None else []
         entries += sorted(self.running, key=_seq)
         seen: set[int] = set()
@@ -135,8 +140,6 @@ class _Stream:
             if entry[0] not in seen:
                 seen.add(entry[0])
                 ordered.append(entry)
-        if self.terminal is not None:
-            ordered.append(self.terminal)
         return ordered
 
 
@@ -358,9 +361,10 @@ class ReplayMemory:
         self, room: str, cursors: Cursors
     ) -> tuple[list[Mapping[str, Any]], Cursors, dict[StreamKey, int]]:
         """What a browser that holds ``cursors`` lacks of ``room``: the blocks (stream by
-        stream in the order the streams started, each in seq order, its terminal last), the
-        cursors after them, and per stream how many blocks the browser lacks that gave way
-        (at most that many: the running blocks that gave way after its cursor)."""
+        stream in the order the streams started, each in seq order: those above its cursor,
+        then the terminal unless it holds it), the cursors after them, and per stream how
+        many blocks the browser lacks that gave way (at most that many: the running blocks
+        that gave way after its cursor)."""
         self.expire()
         where = self._rooms.get(room)
         if where is None:
@@ -369,13 +373,21 @@ class ReplayMemory:
         after = dict(cursors)
         missing: dict[StreamKey, int] = {}
         for key, stream in where.streams.items():
-            cursor = cursors.get(key, -1)
+            cursor, ended = cursors.get(key, (-1, False))
+            if ended:
+                continue  # it holds the terminal, so everything it will ever need
             if stream.gone and cursor < stream.gone_last:
                 missing[key] = stream.gone
+            highest = cursor
             for seq, data in stream.held():
                 if seq > cursor:
                     blocks.append(json.loads(data))
-                    after[key] = max(seq, after.get(key, seq))
+                    highest = max(highest, seq)
+            if stream.terminal is not None:
+                blocks.append(json.loads(stream.terminal[1]))
+                highest = max(highest, stream.terminal[0])
+            if highest != cursor or stream.terminal is not None:
+                after[key] = (highest, stream.terminal is not None)
         return blocks, after, missing
 
     # -- sizes --------------------------------------------------------------------------------

@@ -489,10 +489,11 @@ export class PaneStore {
     const ended = [];
     for (const pane of this._panes.values()) {
       for (const task of pane.tasks.values()) {
-        (task.ended ? ended : open).push({ callId: pane.callId, taskId: task.taskId, seq: task.lastSeq });
+        if (task.ended) ended.push({ callId: pane.callId, taskId: task.taskId, seq: task.lastSeq, ended: true });
+        else open.push({ callId: pane.callId, taskId: task.taskId, seq: task.lastSeq });
       }
     }
-    const orphans = Array.from(this._orphans.values(), (o) => ({ callId: null, taskId: o.taskId, seq: o.seq }));
+    const orphans = Array.from(this._orphans.values(), (o) => ({ callId: null, taskId: o.taskId, seq: o.seq, ended: true }));
     const cursors = [...open, ...ended, ...orphans].filter((cursor) => cursor.seq <= MAX_COUNT);
     return cursors.slice(0, MAX_JOIN_STREAMS);
   }

@@ -182,6 +182,8 @@ export interface StreamCursor {
   taskId: string;
   /** the highest seq held, the stream's items' and terminal's (an integer, 0 to 2**53 - 1) */
   seq: number;
+  /** true when the stream's terminal is held (its seq need not be the highest: a colleague's blocks carry its own seqs); the relay then sends nothing more of the stream */
+  ended?: boolean;
 }
 
 /** What `join_conversation` sends. */

@@ -236,6 +236,10 @@ def _join_declarations() -> list[str]:
         "  taskId: string;",
         f"  /** the highest seq held, the stream's items' and terminal's ({seq}) */",
         "  seq: number;",
+        "  /** true when the stream's terminal is held (its seq need not be the highest: a "
+        "colleague's blocks carry its own seqs); the relay then sends nothing more of the "
+        "stream */",
+        "  ended?: boolean;",
         "}",
         "",
         f"/** What `{JOIN_EVENT}` sends. */",

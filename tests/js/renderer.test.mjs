@@ -219,7 +219,7 @@ test("have names at most MAX_JOIN_STREAMS streams, the open ones first", () => {
   fewer.applyBlock(done("0000000000000000", "ended", 3));
   for (let index = 0; index < MAX_JOIN_STREAMS - 1; index += 1) fewer.applyBlock(running(A, `t${index}`, index));
   fewer.applyBlock(done(null, "orphan", 2));
-  assert.deepStrictEqual(fewer.have().at(-1), { callId: "0000000000000000", taskId: "ended", seq: 3 });
+  assert.deepStrictEqual(fewer.have().at(-1), { callId: "0000000000000000", taskId: "ended", seq: 3, ended: true });
 });
 
 test("an ack's missing list is read up to MAX_JOIN_STREAMS entries, the rest counted", () => {
