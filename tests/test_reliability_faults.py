@@ -266,6 +266,21 @@ async def test_a2a_faults_each_end_every_stream_with_one_terminal_at_the_browser
     )
 
 
+async def a_browser_got_it_and_left(port: int, relay: Any, final: dict[str, Any]) -> None:
+    """A terminal goes to a room's one browser, which then leaves (the relay has no browser
+    any more): what the re-sent-terminal tests start from."""
+    first = Browser("first")
+    try:
+        await first.connect(port)
+        assert await first.join(CONV) == {"ok": True}
+        async with internal_sender(port) as sender:
+            await sender.call("kx_blocks", relay_frame(CONV, [final]), namespace=NS)
+        await first.wait_for(lambda blocks: len(blocks) == 1)
+    finally:
+        await first.close()
+    await wait_until(lambda: relay.stats()["browsers"] == 0)
+
+
 async def test_a_re_sent_terminal_goes_again_to_a_room_whose_browsers_all_left() -> None:
     """Regression (found by the freeze test): a frozen web process, once resumed, emits the
     frame it got before freezing into connections that died meanwhile; the sender's re-send
@@ -275,16 +290,7 @@ async def test_a_re_sent_terminal_goes_again_to_a_room_whose_browsers_all_left()
     # Without catch-up: with it, the second browser is caught up with the held terminal at
     # its join (test_a_re_sent_terminal_after_a_catch_up_is_a_duplicate).
     async with relay_server(catch_up=False) as (port, relay):
-        first = Browser("first")
-        try:
-            await first.connect(port)
-            assert await first.join(CONV) == {"ok": True}
-            async with internal_sender(port) as sender:
-                await sender.call("kx_blocks", relay_frame(CONV, [final]), namespace=NS)
-            await first.wait_for(lambda blocks: len(blocks) == 1)
-        finally:
-            await first.close()
-        await wait_until(lambda: relay.stats()["browsers"] == 0)
+        await a_browser_got_it_and_left(port, relay, final)
         second = Browser("second")
         try:
             await second.connect(port)
@@ -309,16 +315,7 @@ async def test_a_re_sent_terminal_after_a_catch_up_is_a_duplicate() -> None:
     that browser, not a second terminal."""
     final = relay_block(7, state="done", text="the answer")
     async with relay_server() as (port, relay):
-        first = Browser("first")
-        try:
-            await first.connect(port)
-            assert await first.join(CONV) == {"ok": True}
-            async with internal_sender(port) as sender:
-                await sender.call("kx_blocks", relay_frame(CONV, [final]), namespace=NS)
-            await first.wait_for(lambda blocks: len(blocks) == 1)
-        finally:
-            await first.close()
-        await wait_until(lambda: relay.stats()["browsers"] == 0)
+        await a_browser_got_it_and_left(port, relay, final)
         second = Browser("second")
         try:
             await second.connect(port)
