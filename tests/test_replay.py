@@ -331,3 +331,15 @@ def test_a_catch_up_returns_the_blocks_as_they_were_emitted() -> None:
     for b in sent:
         replay.add(ROOM, b)
     assert replay.catch_up(ROOM, {})[0] == sent
+
+
+def test_streams_are_released_whatever_the_clock_reads_at_their_first_block() -> None:
+    """A monotonic clock may read near 0 (a machine booted a moment ago): a stream's first
+    block still starts its idle time."""
+    counts: Counter[str] = Counter()
+    clock = FakeClock(start=0.0)
+    replay = ReplayMemory(idle=160, clock=clock, count=lambda name, n: counts.update({name: n}))
+    replay.add(ROOM, block(1))
+    clock.advance(160)
+    assert replay.sizes()["replay_streams"] == 0
+    assert counts["replay_idle_released"] == 1

@@ -29,6 +29,7 @@ Used from the event loop's thread only.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -128,7 +129,7 @@ class _Stream:
         self.size = 0
         self.gone = 0  # running blocks that gave way
         self.gone_last = -1  # the highest seq among them
-        self.refreshed = 0.0  # when its idle time last started again
+        self.refreshed = -math.inf  # when its idle time last started (never, yet)
 
     def held(self) -> list[Entry]:
         """The blocks before the terminal, in seq order (a seq once)."""
