@@ -224,11 +224,42 @@ class PublishResult:
         return result
 
     async def _publish_one(self, data: Any) -> Any:
-        """python-socketio's publish (its two attempts), its receiver count kept."""
+        """python-socketio's publish (its two attempts), its receiver count kept; a message
+        with commands of its own (:meth:`_route`) goes as a pipeline, with two attempts
+        too."""
+        await self._before_publish()
+        if self._route(data) is not None:
+            for attempt in (1, 2):
+                receivers = await self._pipeline([data], quiet=attempt == 1)
+                if receivers[0] is not None:
+                    break
+            self.last_receivers = receivers[0]
+            return receivers[0]
         result = await super()._publish(data)  # type: ignore[misc]
         supported = publish_result_supported()
         self.last_receivers = result if supported and isinstance(result, int) else None
         return result
+
+    # Hooks of a routing manager (kernel_ext._redis_routing.RoutedPublish): what a message
+    # is published as. Here: python-socketio's one channel.
+
+    async def _before_publish(self) -> None:
+        """Called before each publish (or pipeline of them)."""
+
+    def _route(self, message: Any) -> Any:
+        """``None`` when ``message`` is published as python-socketio publishes it."""
+        return None
+
+    def _queue(self, pipe: Any, message: Any, dumps: Any) -> int:
+        """Queue ``message``'s commands on ``pipe``; how many replies they give (the first
+        is the publish's)."""
+        pipe.publish(self.channel, dumps(message))  # type: ignore[attr-defined]
+        return 1
+
+    def _receivers(self, replies: list[Any]) -> int | None:
+        """A message's receiver count from the replies of its commands (:meth:`_queue`)."""
+        count = replies[0]
+        return count if isinstance(count, int) and not isinstance(count, bool) else None
 
     def _published(self, data: Any, receivers: int | None) -> None:
         """Called after each message went to Redis (``receivers`` ``None``: it failed)."""
@@ -259,37 +290,50 @@ class PublishResult:
 
     async def _send_collected(self, collected: _Collected) -> None:
         messages = collected.messages
-        if len(messages) <= 1 or not publish_pipeline_supported():
+        if not messages:
+            return
+        await self._before_publish()
+        if len(messages) == 1 or not publish_pipeline_supported():
             for message in messages:
                 await self._publish_one(message)
                 collected.receivers.append(self.last_receivers)
                 self._published(message, self.last_receivers)
             return
-        manager: Any = self
-        receivers: list[int | None]
-        try:
-            if not manager.connected:
-                manager._redis_connect()
-            pipe = manager.redis.pipeline(transaction=False)
-            dumps, channel = manager.json.dumps, manager.channel
-            for message in messages:
-                pipe.publish(channel, dumps(message))
-            results = await pipe.execute()
-            receivers = [
-                r if isinstance(r, int) and not isinstance(r, bool) else None for r in results
-            ]
-            if len(receivers) != len(messages):
-                raise RuntimeError(f"{len(receivers)} replies to {len(messages)} publishes")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            manager.connected = False  # the next publish connects anew
-            _log.error("kernel_ext: cannot publish %d messages to redis: %s", len(messages), exc)
-            receivers = [None] * len(messages)
+        receivers = await self._pipeline(messages)
         collected.receivers.extend(receivers)
         self.last_receivers = receivers[-1]
         for message, count in zip(messages, receivers, strict=True):
             self._published(message, count)
+
+    async def _pipeline(self, messages: list[Any], *, quiet: bool = False) -> list[int | None]:
+        """Send ``messages`` (:meth:`_queue`'s commands each) as one pipeline; each one's
+        receiver count, all ``None`` when it failed (logged at ERROR unless ``quiet``; the
+        next publish connects anew)."""
+        manager: Any = self
+        try:
+            if not manager.connected:
+                manager._redis_connect()
+            pipe = manager.redis.pipeline(transaction=False)
+            dumps = manager.json.dumps
+            sizes = [self._queue(pipe, message, dumps) for message in messages]
+            results = await pipe.execute()
+            if len(results) != sum(sizes):
+                raise RuntimeError(f"{len(results)} replies to {sum(sizes)} commands")
+            receivers: list[int | None] = []
+            at = 0
+            for size in sizes:
+                receivers.append(self._receivers(results[at : at + size]))
+                at += size
+            return receivers
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            manager.connected = False  # the next publish connects anew
+            if not quiet:
+                _log.error(
+                    "kernel_ext: cannot publish %d messages to redis: %s", len(messages), exc
+                )
+            return [None] * len(messages)
 
 
 SDK_SPAN_FIELDS: bool = _probe_span_fields()

@@ -81,6 +81,7 @@ __all__ = [
     "PROTOCOL_VERSION",
     "REFUSED_BAD_WORKER",
     "REFUSED_UNAUTHORIZED",
+    "REPLAY_IDLE",
     "TERMINAL_KEYS",
     "TERMINAL_STATES",
     "TOOL_EVENT_STREAM",
@@ -140,6 +141,11 @@ CALL_ID_PATTERN = r"^[0-9a-f]{16}$"
 # key that tags a write-only sender's emits with its id (docs/contracts.md).
 WORKER_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}"
 WORKER_HEARTBEAT = "kx_worker_heartbeat"
+REPLAY_IDLE = 900.0
+"""Seconds a stream without a terminal is kept for catch-up after its last block: the
+relay's memory (:class:`~kernel_ext.relay.replay.ReplayMemory`'s default) and a room's log
+on Redis (:mod:`kernel_ext._redis_routing`)."""
+
 WORKER_TAG = "kx_worker"
 
 

@@ -24,9 +24,14 @@ FIXTURE_MARKERS = {"redis_server": ("redis", "network")}
 
 
 @pytest.fixture
-def redis_server() -> Iterator[network.RedisServer]:
-    """A fresh real redis-server for one test (skips outside CI when not installed)."""
-    server = network.RedisServer(network.need_binary("redis-server", "REDIS_SERVER"))
+def redis_server(request: pytest.FixtureRequest) -> Iterator[network.RedisServer]:
+    """A fresh real redis-server for one test (skips outside CI when not installed); one
+    that keeps its data across a restart when the test is parametrized indirectly with
+    ``persist=True``."""
+    persist = bool(getattr(request, "param", {}).get("persist", False))
+    server = network.RedisServer(
+        network.need_binary("redis-server", "REDIS_SERVER"), persist=persist
+    )
     server.start()
     try:
         yield server

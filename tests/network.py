@@ -156,11 +156,13 @@ def _answers_ping(sock: socket.socket) -> bool:
 
 class RedisServer:
     """A real redis-server on 127.0.0.1, started and stopped by the test (on the same port
-    each time), with ``password`` required when given."""
+    each time), with ``password`` required when given; its data lost at each stop, or kept
+    across a restart with ``persist`` (its append-only file, as a production Redis)."""
 
-    def __init__(self, binary: str, password: str | None = None) -> None:
+    def __init__(self, binary: str, password: str | None = None, persist: bool = False) -> None:
         self.binary = binary
         self.password = password
+        self.persist = persist
         self.port = free_port()
         self.dir = tempfile.mkdtemp(prefix="kx-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -183,7 +185,9 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes" if self.persist else "no",
+                "--appendfsync",
+                "always",
                 "--dir",
                 self.dir,
                 *(["--requirepass", self.password] if self.password else []),

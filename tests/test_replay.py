@@ -343,3 +343,36 @@ def test_streams_are_released_whatever_the_clock_reads_at_their_first_block() ->
     clock.advance(160)
     assert replay.sizes()["replay_streams"] == 0
     assert counts["replay_idle_released"] == 1
+
+
+def test_merging_a_rooms_log_holds_what_is_not_held_yet_each_once_in_seq_order() -> None:
+    """A web process that subscribed to a room while its blocks flowed holds a few live
+    blocks before it reads the room's log: the older ones become the stream's first, the
+    ones it holds are skipped, and so is every block of a stream whose terminal it holds."""
+    replay, _, _ = memory()
+    for seq in (7, 8):  # heard live after subscribing
+        replay.add(ROOM, block(seq))
+    replay.add(ROOM, block(3, task="ended"))
+    replay.add(ROOM, block(4, task="ended", state="done"))
+    log = [block(s) for s in range(1, 9)] + [block(s, task="ended") for s in (1, 2, 3)]
+    taken = replay.merge(ROOM, [*log, block(4, task="ended", state="done"), {"bad": 1}])
+    assert seqs(taken) == [1, 2, 3, 4, 5, 6]
+    blocks, _, missing = replay.catch_up(ROOM, {(CALL, "t"): (-1, False)})
+    assert [(b["taskId"], b["envelope"]["seq"]) for b in blocks] == [
+        *(("t", s) for s in range(1, 9)),
+        ("ended", 3),
+        ("ended", 4),
+    ]
+    assert missing == {}
+    assert replay.merge(ROOM, log) == []  # merged again: nothing new
+    held = [block(s) for s in range(1, 9)]
+    held += [block(3, task="ended"), block(4, task="ended", state="done")]
+    assert replay.sizes()["replay_bytes"] == sum(block_size(b) for b in held)
+
+
+def test_merging_skips_the_running_blocks_that_gave_way() -> None:
+    replay, counts, _ = memory(stream_bytes=3 * SIZE)
+    for seq in range(1, 6):
+        replay.add(ROOM, block(seq))
+    assert counts["replay_gave_way"] == 2  # 2 and 3 gave way: 1 (first), 4, 5 held
+    assert replay.merge(ROOM, [block(s) for s in range(1, 7)]) == [block(6)]

@@ -45,10 +45,14 @@ _UNCONFIRMED = -1
 
 @functools.cache
 def _manager_class() -> Any:
-    """python-socketio's ``AsyncRedisManager`` reporting each publish's receivers."""
+    """python-socketio's ``AsyncRedisManager`` reporting each publish's receivers, routing
+    each room's emits to the room's channel and its blocks to the room's log
+    (:mod:`kernel_ext._redis_routing`)."""
     import socketio
 
-    class ReportingRedisManager(_compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    from kernel_ext._redis_routing import RoutedPublish
+
+    class ReportingRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ignore[misc]
         pass
 
     return ReportingRedisManager
@@ -79,6 +83,13 @@ class RedisEmitter(Emitter):
       seconds, at most ``terminal_max_attempts`` times, for ``terminal_max_age`` seconds,
       at most ``max_pending_terminals`` at once (beyond: dropped, counted, logged at ERROR).
       While Redis is down it is pinged every ``retry_interval`` seconds.
+    * Room routing (``routing``, default on; :mod:`kernel_ext._redis_routing`): while every
+      web process on the channel routes, an emit goes on its room's channel, which only
+      the web processes with a browser in the room hear, and a block also into the room's
+      log on Redis, from which a web process catches up a browser that joins later. A
+      block that no web process heard live but that reached the room's log while web
+      processes listen on the channel counts as delivered. While an older web process
+      listens, everything goes on the channel.
     * ``chat_event`` snapshots are emitted as ``chat_event`` in order with the blocks.
     * Liveness (``heartbeat_interval`` seconds, ``None`` disables): each emit carries
       ``worker_id`` (default: a random id per emitter; unique per process run) and a
@@ -122,6 +133,7 @@ class RedisEmitter(Emitter):
         redis_options: Mapping[str, Any] | None = None,
         worker_id: str | None = None,
         heartbeat_interval: float | None = 5.0,
+        routing: bool = True,
     ) -> None:
         super().__init__(hub=hub, batch_max=batch_max, on_health=on_health)
         check_redis_url(url)
@@ -130,6 +142,7 @@ class RedisEmitter(Emitter):
         check_positive_numbers(health_interval=health_interval, socket_timeout=socket_timeout)
         self.url = url
         self.channel = channel
+        self.routing = bool(routing)
         self.namespace = namespace
         self.worker_id = check_worker_id(worker_id)
         self.heartbeat_interval = None if heartbeat_interval is None else float(heartbeat_interval)
@@ -188,6 +201,7 @@ class RedisEmitter(Emitter):
             logger=logging.getLogger("kernel_ext.emit.redis"),
             redis_options=dict(self._options),
         )
+        self._manager.routing = self.routing
         if self.heartbeat_interval is not None:
             self._manager.emit_tags = {WORKER_TAG: self.worker_id}
         if not _compat.publish_result_supported():

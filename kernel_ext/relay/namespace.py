@@ -53,6 +53,7 @@ from kernel_ext.protocol import (
     NAMESPACE,
     REFUSED_BAD_WORKER,
     REFUSED_UNAUTHORIZED,
+    REPLAY_IDLE,
     TERMINAL_STATES,
     TOOL_EVENT_STREAM,
     check_block,
@@ -190,7 +191,7 @@ class ChatRelay(GuardedNamespace):
         replay_total_bytes: int = DEFAULT_TOTAL_BYTES,
         replay_max_streams: int = 10_000,
         replay_hold: float = 30.0,
-        replay_idle: float = 900.0,
+        replay_idle: float = REPLAY_IDLE,
         max_cursors: int = 1_000,
     ) -> None:
         self._secret = InternalSecret(secret)
@@ -370,8 +371,17 @@ class ChatRelay(GuardedNamespace):
         if not allowed:
             self._count("join_refused")
             return {"ok": False, "error": "forbidden"}
+        manager = self.server.manager
+        # Behind Redis with room routing, this process subscribes to the room (and reads its
+        # log) before the browser enters it: RelayRedisManager.joining().
+        joining = (
+            manager.joining(self.namespace, room)
+            if isinstance(manager, RelayRedisManager)
+            else contextlib.nullcontext()
+        )
         if self.replay is None:
-            await self.enter_room(sid, room)
+            async with joining:
+                await self.enter_room(sid, room)
             self._count("joins")
             late = self.terminals.late(sid, room)
             for raw in late:
@@ -383,9 +393,10 @@ class ChatRelay(GuardedNamespace):
         if ignored:  # counted and rarely logged; the join itself goes on
             self._reject(sid, "bad_cursor", f"{ignored} cursor(s) of {JOIN_EVENT}")
             self._count("ignored_cursors", ignored)
-        if room in self.rooms(sid):
-            await self.leave_room(sid, room)  # joined again: caught up anew, then live
-        replay = await self._catch_up(sid, room, cursors)
+        async with joining:
+            if room in self.rooms(sid):
+                await self.leave_room(sid, room)  # joined again: caught up anew, then live
+            replay = await self._catch_up(sid, room, cursors)
         self._count("joins")
         # What the catch-up sent is told to a browser that asked (it sent ``have``, an empty
         # list included); any other gets the acknowledgement it always got.

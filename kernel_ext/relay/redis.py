@@ -30,7 +30,14 @@ import socketio
 
 from kernel_ext._backoff import Backoff
 from kernel_ext._bounded import BoundedMap
-from kernel_ext._compat import PublishResult, publish_result_supported
+from kernel_ext._compat import publish_pipeline_supported, publish_result_supported
+from kernel_ext._redis_routing import (
+    RoutedPublish,
+    marker_channel,
+    read_log_entry,
+    room_channel,
+    room_log,
+)
 from kernel_ext._telemetry import is_rare
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.protocol import TERMINAL_STATES, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
@@ -46,7 +53,7 @@ first connection, :meth:`~RelayRedisManager.start` at once), trying the first ti
 subscribed, or not answering (retrying)."""
 
 
-class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ignore[misc]
     """python-socketio's Redis client manager, except that a terminal block whose publish
     to the other web processes failed (Redis down; python-socketio publishes once and only
     logs) is published again once Redis is back and as many web processes listen as did
@@ -107,6 +114,7 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         reconnect_delay: float = 0.5,
         reconnect_delay_max: float = 5.0,
         connect_timeout: float = 5.0,
+        routing: bool = True,
     ) -> None:
         check_redis_url(url)
         check_positive_numbers(connect_timeout=connect_timeout)
@@ -142,6 +150,19 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         self.redis_state = "idle"
         self._started = False
         self._tried = asyncio.Event()  # the first attempt to subscribe ended
+        # Room routing (kernel_ext._redis_routing): the room channels this process wants
+        # (a browser in the room, or one joining it), asked for and confirmed on the
+        # current subscription, and the rooms whose log it has read since.
+        self.routing = bool(routing) and publish_pipeline_supported()
+        self._wanted: dict[str, tuple[str, str]] = {}
+        self._joining: dict[tuple[str, str], int] = {}
+        self._asked: set[str] = set()
+        self._unconfirmed: dict[str, int] = {}  # subscriptions asked for, not yet confirmed
+        self._subscribed_to: dict[str, asyncio.Event] = {}
+        self._read_logs: set[str] = set()
+        self._loading: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+        self._pubsub: Any = None
+        self._syncing: asyncio.Task[None] | None = None
         if not self._confirmed:
             logger.warning(
                 "relay: this python-socketio does not say whether a publish reached Redis; "
@@ -237,10 +258,14 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
             or not isinstance(data[0], Mapping)
         ):
             return
-        namespace = message.get("namespace")
+        namespace = message.get("namespace") or "/"
         handlers = getattr(self.server, "namespace_handlers", None) or {}
-        replay = getattr(handlers.get(namespace or "/"), "replay", None)
+        replay = getattr(handlers.get(namespace), "replay", None)
         if replay is None:
+            return
+        held_back = self._loading.get((namespace, room)) if self._loading else None
+        if held_back is not None:
+            held_back.append(message)  # held after the room's log, being read (joining())
             return
         try:
             replay.add(room, data[0])
@@ -360,6 +385,197 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
             audience=" for this process's browsers",
         )
 
+    # -- room routing: subscribing to the rooms of this process's browsers -----------------
+
+    def basic_enter_room(self, sid: str, namespace: str, room: Any, eio_sid: Any = None) -> None:
+        super().basic_enter_room(sid, namespace, room, eio_sid=eio_sid)
+        self._interest(namespace, room)
+
+    def basic_leave_room(self, sid: str, namespace: str, room: Any) -> None:
+        super().basic_leave_room(sid, namespace, room)
+        self._interest(namespace, room)
+
+    def _interest(self, namespace: str, room: Any) -> None:
+        """Want ``room``'s channel while a browser of this process is in it or joins it."""
+        if not self.routing or room.__class__ is not str:
+            return
+        channel = room_channel(self.channel, namespace, room)
+        if self._joining.get((namespace, room)) or self.rooms.get(namespace, {}).get(room):
+            if channel in self._wanted:
+                return
+            self._wanted[channel] = (namespace, room)
+        elif self._wanted.pop(channel, None) is None:
+            return
+        self._sync_soon()
+
+    def _sync_soon(self) -> None:
+        if self._pubsub is not None and (self._syncing is None or self._syncing.done()):
+            self._syncing = asyncio.get_running_loop().create_task(self._sync())
+
+    async def _sync(self) -> None:
+        """Subscribe to the wanted room channels not asked for yet, unsubscribe from the
+        others, on the current subscription, until nothing changes."""
+        while (pubsub := self._pubsub) is not None:
+            more = [channel for channel in self._wanted if channel not in self._asked]
+            fewer = [channel for channel in self._asked if channel not in self._wanted]
+            if not more and not fewer:
+                return
+            self._asked.update(more)
+            self._asked.difference_update(fewer)
+            for channel in more:
+                self._unconfirmed[channel] = self._unconfirmed.get(channel, 0) + 1
+            for channel in fewer:
+                self._subscribed_to.pop(channel, None)
+                self._read_logs.discard(channel)
+            try:
+                if more:
+                    await pubsub.subscribe(*more)
+                if fewer:
+                    await pubsub.unsubscribe(*fewer)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                return  # the listener notices too, and subscribes anew to what is wanted
+
+    def _confirm(self, channel: str) -> None:
+        """Redis confirmed a subscription to ``channel``: once it confirmed every one asked
+        for on this connection (a room left and joined again is asked for twice), the
+        channel's joiners may go on."""
+        left = self._unconfirmed.get(channel, 0) - 1
+        if left > 0:
+            self._unconfirmed[channel] = left
+            return
+        self._unconfirmed.pop(channel, None)
+        if channel not in self._asked:
+            return
+        event = self._subscribed_to.get(channel)
+        if event is None:
+            event = self._subscribed_to[channel] = asyncio.Event()
+        event.set()
+
+    @contextlib.asynccontextmanager
+    async def joining(self, namespace: str, room: str) -> AsyncIterator[None]:
+        """Around a browser's entry into ``room``: this process subscribes to the room's
+        channel (and waits, up to ``connect_timeout`` seconds, until Redis confirms it), then
+        reads the room's log into the catch-up memory if it has not since it subscribed —
+        so that a block published at any time before the entry reaches the browser by the
+        catch-up, and every one after it live. Without routing (or when Redis does not
+        answer: counted ``redis_join_unsubscribed``) it waits for nothing."""
+        key = (namespace, room)
+        self._joining[key] = self._joining.get(key, 0) + 1
+        self._interest(namespace, room)
+        try:
+            channel = room_channel(self.channel, namespace, room)
+            if self.routing:
+                if not await self._until_subscribed(channel):
+                    self._bump("redis_join_unsubscribed")
+                elif channel not in self._read_logs:
+                    await self._read_log(namespace, room, channel)
+            yield
+        finally:
+            left = self._joining.get(key, 0) - 1
+            if left > 0:
+                self._joining[key] = left
+            else:
+                self._joining.pop(key, None)
+            self._interest(namespace, room)
+
+    async def _until_subscribed(self, channel: str) -> bool:
+        """Whether Redis confirmed this process's subscription to ``channel`` (waiting up to
+        ``connect_timeout`` seconds, the first subscription included; at once ``False``
+        while Redis does not answer)."""
+        if self._pubsub is None and self.redis_state == "connecting":
+            await self.tried(self.connect_timeout)
+        if self._pubsub is None:
+            return False
+        event = self._subscribed_to.get(channel)
+        if event is None:
+            event = self._subscribed_to[channel] = asyncio.Event()
+        try:
+            await asyncio.wait_for(event.wait(), self.connect_timeout)
+        except asyncio.TimeoutError:
+            return False
+        return True
+
+    async def _read_log(
+        self, namespace: str, room: str, channel: str, *, recover: bool = False
+    ) -> None:
+        """Hold the room's log for catch-up (what this process does not hold yet,
+        :meth:`ReplayMemory.merge <kernel_ext.relay.replay.ReplayMemory.merge>`), then what
+        it emitted to the room meanwhile (held back while the log is read). ``recover``
+        (after an outage of Redis): also emit what it did not hold to the room's browsers
+        on this process. Counts ``redis_log_blocks`` (blocks taken from a log) and
+        ``redis_log_unread`` (a log Redis did not give)."""
+        handlers = getattr(self.server, "namespace_handlers", None) or {}
+        relay = handlers.get(namespace)
+        replay = getattr(relay, "replay", None)
+        key = (namespace, room)
+        if replay is None or key in self._loading:
+            # No memory to fill (catch-up off); or another join of the room reads it now,
+            # and what that one holds before the entry is what this one needs too.
+            self._read_logs.add(channel)
+            return
+        held_back: list[Mapping[str, Any]] = []
+        self._loading[key] = held_back
+        taken: list[Mapping[str, Any]] = []
+        try:
+            try:
+                if not self.connected:
+                    self._redis_connect()
+                entries = await asyncio.wait_for(
+                    self.redis.xrange(room_log(self.channel, namespace, room)),
+                    self.connect_timeout,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                self._bump("redis_log_unread")
+                rare("redis_log", "relay: reading a room's log on Redis failed", exc_info=True)
+                return
+            blocks = []
+            for _id, fields in entries:
+                read = read_log_entry(fields)
+                if read is None:
+                    continue
+                block, worker = read
+                if worker is not None and self._workers is not None:
+                    self._note_worker_emit(
+                        worker,
+                        {
+                            "event": TOOL_EVENT_STREAM,
+                            "data": [block],
+                            "room": room,
+                            "namespace": namespace,
+                        },
+                    )
+                blocks.append(block)
+            taken = replay.merge(room, blocks)
+            if taken:
+                self._bump("redis_log_blocks", len(taken))
+            if channel in self._asked:
+                self._read_logs.add(channel)
+        finally:
+            self._loading.pop(key, None)
+            replay.merge(room, [message["data"][0] for message in held_back])
+        if recover:
+            for raw in taken:
+                await self.emit(
+                    TOOL_EVENT_STREAM, raw, namespace=namespace, room=room, ignore_queue=True
+                )
+
+    async def _recover(self) -> None:
+        """After Redis answered again: the rooms of this process's browsers get from their
+        logs what was published while this process could not hear it."""
+        for channel, (namespace, room) in list(self._wanted.items()):
+            if self.rooms.get(namespace, {}).get(room):
+                try:
+                    if await self._until_subscribed(channel):
+                        await self._read_log(namespace, room, channel, recover=True)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    rare("redis_recover", "relay: catching rooms up after an outage failed")
+
     # -- listening, and whether Redis answers ---------------------------------------------
 
     def initialize(self) -> None:
@@ -400,7 +616,7 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
         from redis.asyncio.retry import Retry
         from redis.backoff import NoBackoff
 
-        channel = self.channel.encode("utf-8")
+        marker = marker_channel(self.channel).encode("utf-8")
         backoff = self._reconnect
         self.redis_state = "connecting"
         failures = 0
@@ -410,9 +626,21 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
                 socket_connect_timeout=self.connect_timeout,
                 retry=Retry(NoBackoff(), 0),  # this loop retries, on its own schedule
             )
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub = client.pubsub()
             try:
                 await asyncio.wait_for(pubsub.subscribe(self.channel), self.connect_timeout)
+                if self.routing:
+                    # The rooms wanted now (those wanted later: _sync), and the marker that
+                    # tells publishers that this process routes, last.
+                    self._asked = set(self._wanted)
+                    self._unconfirmed = dict.fromkeys(self._asked, 1)
+                    if self._asked:
+                        await pubsub.subscribe(*self._asked)
+                    await pubsub.subscribe(marker_channel(self.channel))
+                    self._pubsub = pubsub
+                    self._sync_soon()
+                    if failures and self._wanted:
+                        asyncio.get_running_loop().create_task(self._recover())
                 if failures:
                     logger.warning(
                         "relay: Redis at %s answers again (after %d failed attempts)",
@@ -424,8 +652,14 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
                 self.redis_state = "connected"
                 self._tried.set()
                 async for message in pubsub.listen():
-                    if message.get("channel") == channel and message.get("type") == "message":
-                        yield message.get("data")
+                    kind = message.get("type")
+                    if kind == "message":
+                        if message.get("channel") != marker:
+                            yield message.get("data")
+                    elif kind == "subscribe":
+                        name = message.get("channel")
+                        if isinstance(name, bytes):
+                            self._confirm(name.decode("utf-8", "surrogateescape"))
                 raise ConnectionError("the subscription ended")
             except asyncio.CancelledError:
                 raise
@@ -444,6 +678,13 @@ class RelayRedisManager(PublishResult, socketio.AsyncRedisManager):  # type: ign
                         failures,
                     )
             finally:
+                if self._pubsub is pubsub:
+                    self._pubsub = None
+                    self._asked.clear()
+                    self._unconfirmed.clear()
+                    self._read_logs.clear()
+                    for event in self._subscribed_to.values():
+                        event.clear()
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()  # type: ignore[no-untyped-call]
                 with contextlib.suppress(Exception):
@@ -470,6 +711,12 @@ def _scrubbed(exc: BaseException, url: str) -> str:
         if password:
             text = text.replace(password, "***")
     return text
+
+
+def _block_id(block: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    envelope = block.get("envelope")
+    seq = envelope.get("seq") if isinstance(envelope, Mapping) else None
+    return block.get("callId"), block.get("taskId"), (seq, block.get("state"))
 
 
 def _is_heartbeat(message: Any) -> bool:

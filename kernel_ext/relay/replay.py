@@ -32,12 +32,12 @@ import json
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kernel_ext._bounded import BoundedMap
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
-from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, compact_bytes
+from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, REPLAY_IDLE, compact_bytes
 
 __all__ = [
     "DEFAULT_CONVERSATION_BYTES",
@@ -133,8 +133,9 @@ class _Stream:
 
     def held(self) -> list[Entry]:
         """The blocks before the terminal, in seq order (a seq once)."""
-        entries = [self.first] if self.first is not None else []
-        entries += sorted(self.running, key=_seq)
+        entries = sorted(self.running, key=_seq)
+        if self.first is not None:
+            entries.insert(0, self.first)  # the lowest seq held (add())
         seen: set[int] = set()
         ordered = []
         for entry in entries:
@@ -188,7 +189,7 @@ class ReplayMemory:
         max_streams: int = 10_000,
         max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES,
         hold: float = 30.0,
-        idle: float = 900.0,
+        idle: float = REPLAY_IDLE,
         count: Callable[[str, int], None] = lambda name, n: None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -256,9 +257,14 @@ class ReplayMemory:
             return
         entry: Entry = (seq, data)
         if block.get("state") == "running":
-            if stream.first is None and not stream.running and not stream.gone:
+            first = stream.first
+            if first is None and not stream.running and not stream.gone:
                 stream.first = entry
             else:
+                if first is not None and seq < first[0]:
+                    # An older block than the first held (from a room's log, merged after
+                    # live ones): it is the stream's first, the other a running one.
+                    stream.first, entry = entry, first
                 stream.running.append(entry)
                 if key not in where.running:
                     where.running[key] = None
@@ -282,6 +288,42 @@ class ReplayMemory:
             or self._size > self.total_bytes
         ):
             self._bound(stream, where)
+
+    def merge(self, room: str, blocks: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+        """Hold those of ``blocks`` (valid blocks of ``room``, oldest first, from elsewhere:
+        a room's log on Redis) that this memory does not hold already, and return them: a
+        running block whose seq its stream holds or let give way is skipped, and every block
+        of a stream whose terminal it holds."""
+        known: dict[StreamKey, tuple[set[int], int] | None] = {}
+        taken: list[Mapping[str, Any]] = []
+        for block in blocks:
+            envelope = block.get("envelope")
+            seq = envelope.get("seq") if envelope.__class__ is dict else None
+            if seq.__class__ is not int:
+                continue
+            key: StreamKey = (block.get("callId"), block.get("taskId"))
+            if key not in known:
+                where = self._rooms.get(room)
+                stream = where.streams.get(key) if where is not None else None
+                if stream is None:
+                    known[key] = (set(), -1)
+                elif stream.terminal is not None:
+                    known[key] = None
+                else:
+                    known[key] = ({entry[0] for entry in stream.held()}, stream.gone_last)
+            seen = known[key]
+            if seen is None:
+                continue
+            seqs, gone_last = seen
+            if block.get("state") == "running":
+                if seq in seqs or seq <= gone_last:
+                    continue
+                seqs.add(seq)
+            else:
+                known[key] = None
+            self.add(room, block)
+            taken.append(block)
+        return taken
 
     def _bound(self, stream: _Stream, where: _Room) -> None:
         """Bring the stream, its conversation and the whole memory within their bounds."""
