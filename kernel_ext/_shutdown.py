@@ -185,6 +185,7 @@ class SigtermFlush:
         self._handler = self._on_signal  # one bound method: restore() compares identity
         self._loop: asyncio.AbstractEventLoop | None = None
         self._installed = False
+        self._pid = os.getpid()  # the process whose sender the handler flushes
 
     def install(self, sender_loop: asyncio.AbstractEventLoop | None) -> None:
         """Take ``SIGTERM`` if this is the main thread and it still has its default action;
@@ -198,6 +199,7 @@ class SigtermFlush:
                 running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
             except RuntimeError:
                 running = None
+            self._pid = os.getpid()
             if running is not None and running is sender_loop:
                 running.add_signal_handler(signal.SIGTERM, self._on_signal_in_loop, running)
                 self._loop = running
@@ -236,6 +238,7 @@ class SigtermFlush:
         if not self._installed:
             return None
         if self._loop is None:
+            self._pid = os.getpid()  # the child's own now: it flushes the child's sender
             return self
         self._installed = False
         self._loop = None
@@ -250,7 +253,12 @@ class SigtermFlush:
         return child if child._installed else None
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        """SIGTERM in a sync kernel (the sender on its own thread): flush, then terminate."""
+        """SIGTERM in a sync kernel (the sender on its own thread): flush, then terminate.
+        In a forked child before its fork hook took the handler over (a pool terminating a
+        worker that is still starting), terminate at once: the default action."""
+        if os.getpid() != self._pid:
+            _terminate()
+            return
         logger.warning("kernel_ext: SIGTERM; flushing the sender (at most %g s)", self._timeout)
         helper = threading.Thread(target=self._flush, args=(self._timeout,), daemon=True)
         helper.start()

@@ -303,3 +303,37 @@ def get(url: str) -> str:
     with urllib.request.urlopen(url, timeout=20) as response:
         body: bytes = response.read()
     return body.decode()
+
+
+_EARLY_SIGTERM = """
+import json, os, signal, sys
+
+def sigterm_before_kernel_ext_took_over():
+    os.kill(os.getpid(), signal.SIGTERM)  # a pool terminating a worker that is starting
+
+os.register_at_fork(after_in_child=sigterm_before_kernel_ext_took_over)  # runs first
+
+import kernel_ext
+
+kernel_ext.enable(relay_url=sys.argv[1])  # a sync kernel: the SIGTERM flush is installed
+pid = os.fork()
+if pid == 0:
+    os._exit(3)  # the SIGTERM was ignored
+_, status = os.waitpid(pid, 0)
+print(json.dumps({"killed_by": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None}))
+kernel_ext.disable()
+"""
+
+
+async def test_a_sigterm_to_a_forked_child_before_its_fork_hook_ran_terminates_it_at_once(
+    tmp_path: Path,
+) -> None:
+    """The parent's SIGTERM handler is the child's until kernel_ext's fork hook runs: a
+    SIGTERM in that window (a pool terminating a worker that is still starting) is the
+    default action — the child dies of it at once — never a flush of the parent's sender."""
+    script = tmp_path / "early_sigterm.py"
+    script.write_text(_EARLY_SIGTERM, encoding="utf-8")
+    code, out, err = await run_script(script, f"http://127.0.0.1:{free_port()}", timeout=60)
+    assert code == 0, err
+    assert json.loads(out.splitlines()[-1]) == {"killed_by": signal.SIGTERM}
+    assert "SIGTERM; flushing" not in err, err

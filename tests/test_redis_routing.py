@@ -32,7 +32,7 @@ from timing import wait_until
 from kernel_ext._redis_routing import LOG_MAX_BLOCKS, marker_channel, room_channel, room_log
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.protocol import REPLAY_IDLE
-from kernel_ext.relay import allow_all, create_app, mount_relay
+from kernel_ext.relay import RelayRedisManager, allow_all, create_app, mount_relay
 from kernel_ext.stream import StreamHub
 from kernel_ext.tap import Tap
 
@@ -468,3 +468,108 @@ async def test_a_relay_in_this_process_subscribes_for_a_joining_browser_before_i
             assert manager.counts.get("redis_join_unsubscribed", 0) == 0
         finally:
             await browser.close()
+
+
+async def test_an_emit_to_a_list_of_rooms_stays_on_the_channel_and_reaches_each_browser_once(
+    redis_server: RedisServer,
+) -> None:
+    url = redis_server.url
+    ready = create_app(SECRET, redis_url=url, authorize_join=allow_all)
+    async with (
+        web_processes(url, 1) as (other,),
+        serve_asgi(ready.app) as port,
+        spying(url) as spy,
+    ):
+        here = await connected(port, "c1-here")
+        there = [await connected(other.port, "c1-there"), await connected(other.port, "c2-there")]
+        try:
+            await join(here, C1, have=[])
+            await join(there[0], C1, have=[])
+            await join(there[1], C2, have=[])
+            await ready.sio.emit("chat_event", {"to": "both"}, room=[C1, C2], namespace=NS)
+            for browser in (here, *there):
+                await wait_until(lambda br=browser: len(br.chat_events) >= 1, 10)
+            await barrier(here, port)
+            for browser, port_ in ((there[0], other.port), (there[1], other.port)):
+                await barrier(browser, port_)
+            assert [b.chat_events for b in (here, *there)] == [[{"to": "both"}]] * 3
+            assert spy.emits("chat_event") == [(CHANNEL, [C1, C2])]
+        finally:
+            for browser in (here, *there):
+                await browser.close()
+
+
+async def test_routing_off_on_either_side_keeps_every_emit_on_the_channel(
+    redis_server: RedisServer,
+) -> None:
+    """``RedisEmitter(routing=False)`` publishes on the channel; a web process whose manager
+    has ``routing=False`` counts as one that does not route, so publishers route nothing."""
+    url = redis_server.url
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    unrouted = socketio.AsyncServer(
+        async_mode="asgi", client_manager=RelayRedisManager(url, routing=False)
+    )
+    mount_relay(unrouted, SECRET, authorize_join=allow_all)
+    async with web_processes(url, 1) as (routed,), spying(url) as spy:
+        on_routed = await connected(routed.port, "on-routed")
+        try:
+            await join(on_routed, "conv-1", have=[])
+            async with RedisEmitter(url, hub=hub, heartbeat_interval=None, routing=False):
+                with in_call():
+                    hub.publish("step 0")
+                await on_routed.wait_for(lambda b: len(b) >= 1)
+            assert spy.emits() == [(CHANNEL, "conv-1")]
+            async with serve_asgi(socketio.ASGIApp(unrouted)) as port:
+                on_unrouted = await connected(port, "on-unrouted")
+                try:
+                    await join(on_unrouted, "conv-1", have=[])
+                    await wait_subscribed_exactly(url, 2)
+                    async with RedisEmitter(url, hub=hub, heartbeat_interval=None):
+                        with in_call():
+                            hub.publish("step 1")
+                        await on_unrouted.wait_for(lambda b: len(b) >= 1)
+                        await on_routed.wait_for(lambda b: len(b) >= 2)
+                    assert spy.emits() == [(CHANNEL, "conv-1")] * 2
+                finally:
+                    await on_unrouted.close()
+        finally:
+            await on_routed.close()
+
+
+async def test_a_rooms_log_is_read_as_the_memory_would_hold_it(
+    redis_server: RedisServer,
+) -> None:
+    """A web process reading a room's log takes what its memory would still hold had it
+    heard the blocks: not a stream whose terminal is older than ``replay_hold``, a live
+    stream whatever its age below ``replay_idle``."""
+    from redis import asyncio as aioredis
+
+    url = redis_server.url
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    ready = create_app(SECRET, redis_url=url, authorize_join=allow_all, replay_hold=0.3)
+    client = aioredis.Redis.from_url(url)
+    async with serve_asgi(ready.app) as port:
+        browser = await connected(port)  # the web process listens from now on
+        try:
+            await wait_subscribed(url, 1)
+            async with RedisEmitter(url, hub=hub, heartbeat_interval=None) as emitter:
+                with in_call("00f067aa0ba902b1"):
+                    hub.publish("an old answer", state="done")
+                with in_call("00f067aa0ba902b2"):
+                    hub.publish("still working")
+                assert await emitter.flush(10)
+            key = room_log(CHANNEL, NS, "conv-1")
+            first_id = (await client.xrange(key, count=1))[0][0]
+            added = int(first_id.split(b"-")[0])
+
+            async def older_than_the_hold() -> bool:
+                seconds, micros = await client.time()
+                return seconds * 1000 + micros // 1000 - added > 300
+
+            await wait_until(older_than_the_hold, 10, "Redis' clock did not move", interval=0.05)
+            ack = await join(browser, "conv-1", have=[])
+            assert ack["replay"]["blocks"] == 1
+            assert [b["envelope"]["payload"]["text"] for b in browser.blocks] == ["still working"]
+        finally:
+            await browser.close()
+            await client.aclose()

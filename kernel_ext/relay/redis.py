@@ -157,6 +157,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
         self._wanted: dict[str, tuple[str, str]] = {}
         self._joining: dict[tuple[str, str], int] = {}
         self._asked: set[str] = set()
+        self._changed: set[str] = set()  # wanted or not any more since the last _sync
         self._unconfirmed: dict[str, int] = {}  # subscriptions asked for, not yet confirmed
         self._subscribed_to: dict[str, asyncio.Event] = {}
         self._read_logs: set[str] = set()
@@ -406,6 +407,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
             self._wanted[channel] = (namespace, room)
         elif self._wanted.pop(channel, None) is None:
             return
+        self._changed.add(channel)
         self._sync_soon()
 
     def _sync_soon(self) -> None:
@@ -415,11 +417,13 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
     async def _sync(self) -> None:
         """Subscribe to the wanted room channels not asked for yet, unsubscribe from the
         others, on the current subscription, until nothing changes."""
-        while (pubsub := self._pubsub) is not None:
-            more = [channel for channel in self._wanted if channel not in self._asked]
-            fewer = [channel for channel in self._asked if channel not in self._wanted]
+        while (pubsub := self._pubsub) is not None and self._changed:
+            changed, self._changed = self._changed, set()
+            wanted, asked = self._wanted, self._asked
+            more = [c for c in changed if c in wanted and c not in asked]
+            fewer = [c for c in changed if c not in wanted and c in asked]
             if not more and not fewer:
-                return
+                continue
             self._asked.update(more)
             self._asked.difference_update(fewer)
             for channel in more:
@@ -522,9 +526,11 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
             try:
                 if not self.connected:
                     self._redis_connect()
-                entries = await asyncio.wait_for(
-                    self.redis.xrange(room_log(self.channel, namespace, room)),
-                    self.connect_timeout,
+                pipe = self.redis.pipeline(transaction=False)
+                pipe.time()
+                pipe.xrange(room_log(self.channel, namespace, room))
+                (seconds, micros), entries = await asyncio.wait_for(
+                    pipe.execute(), self.connect_timeout
                 )
             except asyncio.CancelledError:
                 raise
@@ -533,11 +539,8 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                 rare("redis_log", "relay: reading a room's log on Redis failed", exc_info=True)
                 return
             blocks = []
-            for _id, fields in entries:
-                read = read_log_entry(fields)
-                if read is None:
-                    continue
-                block, worker = read
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+            for block, worker in _recent(entries, now_ms, replay.hold, replay.idle):
                 if worker is not None and self._workers is not None:
                     self._note_worker_emit(
                         worker,
@@ -633,6 +636,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                     # The rooms wanted now (those wanted later: _sync), and the marker that
                     # tells publishers that this process routes, last.
                     self._asked = set(self._wanted)
+                    self._changed.clear()
                     self._unconfirmed = dict.fromkeys(self._asked, 1)
                     if self._asked:
                         await pubsub.subscribe(*self._asked)
@@ -713,10 +717,36 @@ def _scrubbed(exc: BaseException, url: str) -> str:
     return text
 
 
-def _block_id(block: Mapping[str, Any]) -> tuple[Any, Any, Any]:
-    envelope = block.get("envelope")
-    seq = envelope.get("seq") if isinstance(envelope, Mapping) else None
-    return block.get("callId"), block.get("taskId"), (seq, block.get("state"))
+def _recent(
+    entries: list[tuple[Any, Mapping[Any, Any]]], now_ms: int, hold: float, idle: float
+) -> list[tuple[dict[str, Any], str | None]]:
+    """The blocks (and worker tags) of a room's log whose stream this process would still
+    hold had it heard them (:class:`~kernel_ext.relay.replay.ReplayMemory`'s rules, on
+    Redis' clock: an entry's id starts with the time it was added): not of a stream whose
+    terminal is older than ``hold`` seconds, nor of one without a terminal whose last block
+    is older than ``idle``. Entries that are not a block are skipped."""
+    last: dict[tuple[Any, Any], tuple[int, bool]] = {}
+    read: list[tuple[tuple[Any, Any], dict[str, Any], str | None]] = []
+    for entry_id, fields in entries:
+        entry = read_log_entry(fields)
+        text = entry_id.decode("ascii", "replace") if isinstance(entry_id, bytes) else entry_id
+        try:
+            added = int(str(text).split("-", 1)[0])
+        except ValueError:
+            continue
+        if entry is None:
+            continue
+        block, worker = entry
+        key = (block.get("callId"), block.get("taskId"))
+        _, ended = last.get(key, (0, False))
+        last[key] = (added, ended or block.get("state") != "running")
+        read.append((key, block, worker))
+    fresh = {
+        key
+        for key, (added, ended) in last.items()
+        if now_ms - added <= (hold if ended else idle) * 1000
+    }
+    return [(block, worker) for key, block, worker in read if key in fresh]
 
 
 def _is_heartbeat(message: Any) -> bool:
