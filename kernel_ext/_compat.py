@@ -316,7 +316,7 @@ class PublishResult:
             pipe = manager.redis.pipeline(transaction=False)
             dumps = manager.json.dumps
             sizes = [self._queue(pipe, message, dumps) for message in messages]
-            results = await pipe.execute()
+            results = await pipe.execute(raise_on_error=False)  # a reply may be an error
             if len(results) != sum(sizes):
                 raise RuntimeError(f"{len(results)} replies to {sum(sizes)} commands")
             receivers: list[int | None] = []

@@ -573,3 +573,52 @@ async def test_a_rooms_log_is_read_as_the_memory_would_hold_it(
         finally:
             await browser.close()
             await client.aclose()
+
+
+async def test_a_join_while_redis_is_down_goes_on_unsubscribed_and_is_counted(
+    redis_server: RedisServer,
+) -> None:
+    url = redis_server.url
+    async with relay_app(url) as (port, manager):
+        browser = await connected(port)
+        try:
+            await wait_subscribed(url, 1)
+            redis_server.stop()
+            await wait_until(lambda: manager.redis_state == "unreachable", 20)
+            assert (await join(browser, C1, have=[]))["ok"] is True
+            assert manager.counts["redis_join_unsubscribed"] == 1
+        finally:
+            await browser.close()
+
+
+async def test_a_rooms_log_that_is_not_a_log_is_counted_and_spoils_nothing_else(
+    redis_server: RedisServer,
+) -> None:
+    """Hostile bytes on Redis: the room's log key holds a string. A joining browser is
+    served without it (counted ``redis_log_unread``), and blocks still reach it live (the
+    log's append fails alone, not the publish beside it)."""
+    from redis import asyncio as aioredis
+
+    url = redis_server.url
+    client = aioredis.Redis.from_url(url)
+    await client.set(room_log(CHANNEL, NS, C1), b"\\xff not a stream")
+    await client.aclose()
+    async with relay_app(url) as (port, manager), worker(port) as w:
+        browser = await connected(port)
+        other = await connected(port, "other")
+        try:
+            await join(other, C1, have=[])  # web process subscribed to the room
+            assert manager.counts["redis_log_unread"] == 1
+            await w.call("kx_blocks", frame(C1, [block(1), block(2, state="done")]), namespace=NS)
+            await other.wait_for(lambda b: len(b) >= 2)
+            assert (await join(browser, C1, have=[]))["replay"]["blocks"] == 2  # from memory
+            async with RedisEmitter(url, hub=StreamHub(tap=Tap()), heartbeat_interval=None) as e:
+                hub = e.hub
+                with in_call("00f067aa0ba902b9"):
+                    hub.publish("via redis", state="done")
+                assert await e.flush(10)
+            await browser.wait_for(lambda b: len(b) >= 3)
+            assert e.healthy
+        finally:
+            await browser.close()
+            await other.close()

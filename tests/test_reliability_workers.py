@@ -427,6 +427,34 @@ async def test_a_killed_redis_worker_gets_one_aborted_per_open_stream_on_every_w
     print(f"redis: SIGKILL -> aborted at both browsers after {seen_after:.2f} s (grace {GRACE} s)")
 
 
+@pytest.mark.redis
+async def test_a_browser_joining_after_a_redis_worker_died_elsewhere_sees_its_streams_end(
+    redis_server: RedisServer,
+) -> None:
+    """Room routing: web2 had no browser of the room while the write-only worker published
+    and died. A browser that joins there afterwards is caught up from the room's log, and
+    web2 — which learns the worker's open streams from that log — ends them with one
+    ``aborted`` each after the grace; the finished stream stays finished."""
+    async with (
+        running_relay(redis_server.url, worker_grace=GRACE) as web1,
+        running_relay(redis_server.url, worker_grace=GRACE) as web2,
+        browser_on(web1.port, name="on-web1") as b1,
+    ):
+        await wait_subscribed(redis_server.url, 1)  # web2 listens from its first browser on
+        async with worker_process("redis-worker", redis_url=redis_server.url) as worker:
+            await worker.do(*OPEN_TWO_END_ONE)
+            await b1.wait_for(lambda blocks: len(blocks) == 5)
+            await worker.kill()
+        async with browser_on(web2.port, name="joins-web2-later") as late:
+            await late.wait_for(lambda blocks: len(aborted(blocks)) == 2, timeout=GRACE + 10)
+            await barrier(late, web2.port)
+            for task in ("t1", "t2"):
+                check_aborted(late.stream(CALL, task))
+            assert states(late.stream(CALL, "t0")) == ["running", "done"]
+            assert len(terminals(late.blocks)) == 3
+        await b1.wait_for(lambda blocks: len(aborted(blocks)) == 2, timeout=GRACE + 10)
+
+
 async def _equals(value: Awaitable[Any], expected: Any) -> bool:
     return bool(await value == expected)
 

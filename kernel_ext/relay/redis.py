@@ -11,7 +11,10 @@ process on the same channel) that also
   emits and heartbeats (the rules of :mod:`kernel_ext.relay.workers`); and
 * keeps its subscription's state (:attr:`RelayRedisManager.redis_state`), which the relay's
   readiness reports, reconnecting on kernel_ext's retry schedule and saying at WARNING when
-  Redis does not answer.
+  Redis does not answer; and
+* routes by room (:mod:`kernel_ext._redis_routing`): it subscribes to the channel of each
+  room this process has a browser in (or one joining it), publishes a room's emits on the
+  room's channel and its blocks into the room's log, and catches up from that log.
 """
 
 from __future__ import annotations
@@ -94,6 +97,17 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
     8th … time, the recovery at WARNING; each failed attempt is counted
     ``redis_unreachable``. python-socketio starts listening at the server's first
     connection; :meth:`start` starts it at once (the relay app does, at start-up).
+
+    Room routing (``routing``, default on, :mod:`kernel_ext._redis_routing`): besides the
+    channel it subscribes to the channel of every room in which this process has a browser,
+    from the moment one joins (:meth:`joining`: the browser enters the room once Redis has
+    confirmed the subscription and the room's log is read into the relay's catch-up memory)
+    until the last one leaves; and to the marker that tells publishers it routes. After
+    Redis could not be heard, it reads its browsers' rooms' logs and sends them what they
+    missed. Counts ``redis_join_unsubscribed`` (a join that went on without a confirmed
+    subscription: Redis did not answer), ``redis_log_blocks`` and ``redis_log_unread``.
+    ``routing=False``: python-socketio's one channel for everything (publishers that route
+    then route nothing while this process listens).
 
     Raises:
         ConfigError: a URL redis-py cannot parse (:func:`~kernel_ext.settings.check_redis_url`),
