@@ -250,9 +250,10 @@ class PublishResult:
         """``None`` when ``message`` is published as python-socketio publishes it."""
         return None
 
-    def _queue(self, pipe: Any, message: Any, dumps: Any) -> int:
+    def _queue(self, pipe: Any, message: Any, dumps: Any, after: dict[str, Any]) -> int:
         """Queue ``message``'s commands on ``pipe``; how many replies they give (the first
-        is the publish's)."""
+        is the publish's). ``after``: commands to queue once after every message, by key
+        (``(name, *args)``; their replies are not read)."""
         pipe.publish(self.channel, dumps(message))  # type: ignore[attr-defined]
         return 1
 
@@ -315,9 +316,12 @@ class PublishResult:
                 manager._redis_connect()
             pipe = manager.redis.pipeline(transaction=False)
             dumps = manager.json.dumps
-            sizes = [self._queue(pipe, message, dumps) for message in messages]
+            after: dict[str, Any] = {}
+            sizes = [self._queue(pipe, message, dumps, after) for message in messages]
+            for name, *args in after.values():
+                pipe.execute_command(name, *args)
             results = await pipe.execute(raise_on_error=False)  # a reply may be an error
-            if len(results) != sum(sizes):
+            if len(results) != sum(sizes) + len(after):
                 raise RuntimeError(f"{len(results)} replies to {sum(sizes)} commands")
             receivers: list[int | None] = []
             at = 0

@@ -60,6 +60,8 @@ LOG_MAX_BLOCKS = 4_096
 ROUTE_CHECK_EVERY = 2.0
 """Seconds between a publisher's looks at who listens (rolling upgrades)."""
 
+_LOG_TTL_MS = int(REPLAY_IDLE * 1000)
+
 LOG_BLOCK = b"b"
 LOG_WORKER = b"w"
 """The fields of a log entry: the block's compact JSON, the worker id its emit was tagged
@@ -206,9 +208,9 @@ class RoutedPublish(PublishResult):
         manager: Any = self
         return room_log(manager.channel, message.get("namespace") or "/", message["room"])
 
-    def _queue(self, pipe: Any, message: Any, dumps: Any) -> int:
-        """Queue ``message``'s commands on ``pipe``; how many replies they give (the first
-        is the publish's)."""
+    def _queue(self, pipe: Any, message: Any, dumps: Any, after: dict[str, Any]) -> int:
+        """Queue ``message``'s commands on ``pipe`` (the log's expiry once per pipeline, in
+        ``after``); how many replies they give (the first is the publish's)."""
         manager: Any = self
         route = self._route(message)
         if route is None:
@@ -220,8 +222,8 @@ class RoutedPublish(PublishResult):
             return 1
         key = self._log_key(message)
         pipe.xadd(key, entry, maxlen=LOG_MAX_BLOCKS, approximate=True)
-        pipe.pexpire(key, int(REPLAY_IDLE * 1000))
-        return 3
+        after[key] = ("PEXPIRE", key, _LOG_TTL_MS)
+        return 2
 
     def _receivers(self, replies: list[Any]) -> int | None:
         """A message's receiver count from its replies (:meth:`_queue`): for a block no web
