@@ -108,8 +108,12 @@ def rooms_channel(room: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def web_processes(url: str, n: int) -> AsyncIterator[list[RelayProcess]]:
-    webs = [RelayProcess(redis_url=url) for _ in range(n)]
+async def web_processes(
+    url: str, n: int, *, through: list[str] | None = None
+) -> AsyncIterator[list[RelayProcess]]:
+    """``n`` relay processes on Redis at ``url`` (or at the URLs ``through``, by process:
+    a proxy in front of it), each subscribed."""
+    webs = [RelayProcess(redis_url=(through or [url] * n)[i]) for i in range(n)]
     try:
         for web in webs:
             web.start()
@@ -365,40 +369,37 @@ async def test_a_web_process_that_could_not_hear_redis_catches_its_browsers_up_a
     each block once, then the live ones."""
     url = redis_server.url
     async with flaky_network(redis_server.port) as net:
-        web1 = RelayProcess(redis_url=url)
-        web2 = RelayProcess(redis_url=f"redis://127.0.0.1:{net.port}/0")
-        for web in (web1, web2):
-            web.start()
-        browsers: list[Browser] = []
-        try:
-            await web1.wait_ready()
-            await web2.wait_ready()
-            await wait_subscribed(url, 2)
-            on_web1 = await connected(web1.port, "on-web1")
-            on_web2 = await connected(web2.port, "on-web2")
-            browsers += [on_web1, on_web2]
-            await join(on_web1, C1, have=[])
-            await join(on_web2, C1, have=[])
+        flaky = f"redis://127.0.0.1:{net.port}/0"
+        async with web_processes(url, 2, through=[url, flaky]) as (web1, web2):
+            await run_the_outage(url, net, web1, web2)
+
+
+async def run_the_outage(url: str, net: Any, web1: RelayProcess, web2: RelayProcess) -> None:
+    browsers: list[Browser] = []
+    try:
+        on_web1 = await connected(web1.port, "on-web1")
+        on_web2 = await connected(web2.port, "on-web2")
+        browsers += [on_web1, on_web2]
+        await join(on_web1, C1, have=[])
+        await join(on_web2, C1, have=[])
+        await wait_numsub(url, rooms_channel(C1), 2)
+        async with worker(web1.port) as w:
+            await w.call("kx_blocks", frame(C1, [block(1), block(2)]), namespace=NS)
+            await on_web2.wait_for(lambda b: len(b) >= 2)
+            net.offline()
+            await wait_numsub(url, rooms_channel(C1), 1)  # Redis saw web2 go
+            await w.call("kx_blocks", frame(C1, [block(3), block(4)]), namespace=NS)
+            await on_web1.wait_for(lambda b: len(b) >= 4)
+            net.online()
+            await on_web2.wait_for(lambda b: len(b) >= 4, 30)  # from the room's log
             await wait_numsub(url, rooms_channel(C1), 2)
-            async with worker(web1.port) as w:
-                await w.call("kx_blocks", frame(C1, [block(1), block(2)]), namespace=NS)
-                await on_web2.wait_for(lambda b: len(b) >= 2)
-                net.offline()
-                await wait_numsub(url, rooms_channel(C1), 1)  # Redis saw web2 go
-                await w.call("kx_blocks", frame(C1, [block(3), block(4)]), namespace=NS)
-                await on_web1.wait_for(lambda b: len(b) >= 4)
-                net.online()
-                await on_web2.wait_for(lambda b: len(b) >= 4, 30)  # from the room's log
-                await wait_numsub(url, rooms_channel(C1), 2)
-                await w.call("kx_blocks", frame(C1, [block(5, state="done")]), namespace=NS)
-                await on_web2.wait_for(lambda b: len(b) >= 5)
-            await barrier(on_web2, web2.port)
-            assert seqs(on_web2.blocks) == [1, 2, 3, 4, 5]
-        finally:
-            for browser in browsers:
-                await browser.close()
-            web1.stop()
-            web2.stop()
+            await w.call("kx_blocks", frame(C1, [block(5, state="done")]), namespace=NS)
+            await on_web2.wait_for(lambda b: len(b) >= 5)
+        await barrier(on_web2, web2.port)
+        assert seqs(on_web2.blocks) == [1, 2, 3, 4, 5]
+    finally:
+        for browser in browsers:
+            await browser.close()
 
 
 async def test_other_emits_of_the_application_reach_the_browsers_of_every_web_process(
