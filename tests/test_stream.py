@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
@@ -747,6 +748,10 @@ def test_the_consumers_batches_are_the_general_build_of_each_item_in_order(
     ]
     assert taken == [out for out in expected if out is not None]
     assert taken_drops == built_drops
+    # the same wire text too: equal dicts, keys in the same order
+    assert [json.dumps(getattr(out, "block", None)) for out in taken] == [
+        json.dumps(getattr(out, "block", None)) for out in expected if out is not None
+    ]
 
 
 # A block, a drain of the queue, or time passing (by exact binary fractions too: a block
