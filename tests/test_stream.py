@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from timing import FakeClock
 
@@ -728,6 +728,10 @@ def _queued(draw: st.DrawFn) -> tuple[Any, ...]:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_queued(), max_size=40), st.integers(1, 50))
+@example(  # one task id on two calls, one after the other
+    [(CONV, CALL, "t", "running", 10**18, "a", 1), (CONV, CALL2, "t", "running", 10**18, "a", 1)],
+    10,
+)
 def test_the_consumers_batches_are_the_general_build_of_each_item_in_order(
     items: list[tuple[Any, ...]], max_items: int
 ) -> None:
@@ -765,6 +769,8 @@ _STEPS = st.lists(
 
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from([1.0, 4.0, 10.0, 25.5]), st.integers(1, 6), _STEPS)
+@example(1.0, 6, ["block", 1.0, "block"])  # exactly one window after: let through
+@example(4.0, 6, ["block", 1.0, "block", "take"])  # touched by the second: not idle at the end
 def test_publish_admits_and_drops_exactly_as_the_hubs_one_admission_rule_does(
     rate: float, max_queue: int, steps: list[str | float]
 ) -> None:
