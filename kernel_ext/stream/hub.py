@@ -519,7 +519,8 @@ class StreamHub:
 
     def _admit(self, stream: StreamState, now: float) -> bool:
         """T4 and the queue bound for one running block of ``stream``: admitted (counted on
-        the hub and the call), or dropped (``throttled``/``queue_full``, counted)."""
+        the hub and the call), or dropped (``throttled``/``queue_full``, counted). The rule;
+        :meth:`publish` holds a copy inlined (a test holds the two equal)."""
         ring = stream.ring
         cursor = stream.cursor
         if now - ring[cursor] < self._window:
