@@ -47,8 +47,8 @@ modules of all contenders share it, and a full collection scanning it would othe
 whichever contender triggers it, 15 µs per event in that round); each trial starts after a
 ``gc.collect()``, and the garbage a contender makes during its trial is collected and
 counted as usual. The time spent inside the tool's emit loop, per event, is reported too
-(information: the caller-side part of the end-to-end cost). Target: kernel_ext faster than
-every peer that has a streaming path (ratio < 1).
+(information: the caller-side part of the end-to-end cost). Target: kernel_ext at most 0.8×
+every peer that has a streaming path (:data:`TARGET`), the fastest of them included.
 
 What reaches the sink differs, and the figures include it: kernel_ext's sender gets a
 finished wire block (callId resolved from the contextvar, taskId, per-stream seq, ts, the
@@ -85,6 +85,8 @@ EVENTS = 5_000
 REPEATS = 11
 QUICK_REPEATS = 3
 PAYLOAD = "x" * 64
+TARGET = 0.8  # kernel_ext's per-event cost over each peer's (issue 25: ahead of the fastest)
+TARGET_TEXT = f"≤ {TARGET:g}×"
 
 # One timed run: (wall seconds for the whole call, seconds inside the emit loop, events seen).
 Trial = Callable[[int], Awaitable[tuple[float, float, int]]]
@@ -373,9 +375,9 @@ async def _run_async(events: int, n_calls: int, repeats: int) -> list[dict[str, 
                     "name": f"per event tool → sender ({clock}): kernel_ext vs {name}",
                     "value": round(ratio, 2),
                     "unit": "x",
-                    "target": 1.0,
-                    "target_text": "< 1× (faster)",
-                    "ok": ratio < 1.0,
+                    "target": TARGET,
+                    "target_text": TARGET_TEXT,
+                    "ok": ratio <= TARGET,
                     "detail": (
                         f"{ours_us:.2f} µs vs {theirs_us:.2f} µs per event ({events} events "
                         f"× {len(PAYLOAD)} chars, median of {repeats} rounds)"
@@ -389,8 +391,8 @@ async def _run_async(events: int, n_calls: int, repeats: int) -> list[dict[str, 
                 "name": f"per event tool → sender: kernel_ext vs {name}",
                 "value": None,
                 "unit": "x",
-                "target": 1.0,
-                "target_text": "< 1× (faster)",
+                "target": TARGET,
+                "target_text": TARGET_TEXT,
                 "ok": None,
                 "detail": f"not measured: {reason}",
             }

@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import threading
+from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 from timing import FakeClock
 
 from kernel_ext.context import ToolCall, use_tool_call
-from kernel_ext.protocol import FALLBACK_INVALID, Envelope, block_size, decode
+from kernel_ext.protocol import (
+    FALLBACK_INVALID,
+    Envelope,
+    block_size,
+    decode,
+    text_block_fast_limit,
+)
 from kernel_ext.stream import (
     ATTR_BLOCKS_ADMITTED,
     ATTR_BLOCKS_DROPPED,
@@ -23,7 +33,7 @@ from kernel_ext.stream import (
     set_default_hub,
 )
 from kernel_ext.stream import hub as hub_module
-from kernel_ext.stream.consumer import build
+from kernel_ext.stream.consumer import ToolCallItem, build, take
 from kernel_ext.tap import LiveCall, Tap
 from kernel_ext.testing import MemoryEmitter
 
@@ -673,6 +683,139 @@ def test_the_consumer_builds_running_text_as_the_general_path_does(
     assert expected is not None
     assert block == expected
     decode(block.block)
+
+
+class _TaskId(str):
+    """A task id of a ``str`` subclass (the general path's to judge)."""
+
+
+_SMALL_BOUND = 2048  # a block bound whose inline limit generated texts cross
+# Streams as (call id, task id): the call's default one (task id None: the call id object),
+# one task id on two calls, a call's id as the other call's task id, and task ids the
+# inline build must leave to the general one.
+_STREAMS = [
+    (CALL, None),
+    (CALL, "t"),
+    (CALL2, "t"),
+    (CALL2, CALL),
+    (CALL2, None),
+    (CALL, "t" * 512),
+    (CALL, "t" * 513),
+    (CALL, ""),
+    (CALL2, _TaskId("t")),
+]
+
+
+@st.composite
+def _queued(draw: st.DrawFn) -> tuple[Any, ...]:
+    """One queue item as the hub queues it: running or terminal, text or not, on one of a
+    few streams (a task id equal to an earlier one's but not the same object, too)."""
+    call_id, task_id = draw(st.sampled_from(_STREAMS))
+    if task_id is None:
+        task_id = call_id  # the hub's default: the very call id object
+    elif task_id.__class__ is str and len(task_id) > 1 and draw(st.booleans()):
+        task_id = (task_id + ".")[:-1]  # equal, not identical
+    state = draw(st.sampled_from(["running"] * 4 + ["done", "aborted"]))
+    fast = text_block_fast_limit(_SMALL_BOUND)
+    item = draw(
+        st.sampled_from(["", "a", "step 2", "中文 😀"])
+        | st.integers(fast - 520, fast + 2).map(lambda n: "x" * max(n, 0))
+        | st.sampled_from([ToolCallItem("search", CALL2), 42])
+    )
+    ts_ns = draw(st.integers(0, 2**62))
+    return (CONV, call_id, task_id, state, ts_ns, item, draw(st.integers(0, 2**31)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_queued(), max_size=40), st.integers(1, 50))
+@example(  # one task id on two calls, one after the other
+    [(CONV, CALL, "t", "running", 10**18, "a", 1), (CONV, CALL2, "t", "running", 10**18, "a", 1)],
+    10,
+)
+def test_the_consumers_batches_are_the_general_build_of_each_item_in_order(
+    items: list[tuple[Any, ...]], max_items: int
+) -> None:
+    # take() builds small running text inline, with what is fixed per stream made once per
+    # batch; build() is the specification. Same blocks, same order, same drops.
+    fast = text_block_fast_limit(_SMALL_BOUND)
+    taken_drops: list[tuple[Any, ...]] = []
+    built_drops: list[tuple[Any, ...]] = []
+    queue: deque[Any] = deque(items)
+    taken: list[Any] = []
+    while queue:
+        taken += take(
+            queue, max_items, _SMALL_BOUND, fast, lambda *a, **k: taken_drops.append((a, k))
+        )
+    expected = [
+        build(raw, _SMALL_BOUND, fast, lambda *a, **k: built_drops.append((a, k)))  # type: ignore[arg-type]
+        for raw in items
+    ]
+    assert taken == [out for out in expected if out is not None]
+    assert taken_drops == built_drops
+    # the same wire text too: equal dicts, keys in the same order
+    assert [json.dumps(getattr(out, "block", None)) for out in taken] == [
+        json.dumps(getattr(out, "block", None)) for out in expected if out is not None
+    ]
+
+
+# A block, a drain of the queue, or time passing (by exact binary fractions too: a block
+# exactly one window after the oldest of the ring is let through).
+_STEPS = st.lists(
+    st.sampled_from(["block", "block", "block", "take", 0.125, 0.25, 0.5, 1.0])
+    | st.floats(0.0, 0.5),
+    max_size=60,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from([1.0, 4.0, 10.0, 25.5]), st.integers(1, 6), _STEPS)
+@example(1.0, 6, ["block", 1.0, "block"])  # exactly one window after: let through
+@example(4.0, 6, ["block", 1.0, "block", "take"])  # touched by the second: not idle at the end
+def test_publish_admits_and_drops_exactly_as_the_hubs_one_admission_rule_does(
+    rate: float, max_queue: int, steps: list[str | float]
+) -> None:
+    # publish() inlines StreamHub._admit (T4's window, the queue bound, the stream's idle
+    # time); tool_call_started calls it. The same schedule through both: the same blocks let
+    # through, the same drops, the same streams ended idle.
+    def run(through_publish: bool) -> tuple[dict[str, Any], list[float]]:
+        clock = FakeClock()
+        hub = StreamHub(
+            max_running_per_second=rate,
+            max_queue=max_queue,
+            stream_idle_ttl=1.5,  # the schedule lets streams go idle, and end, too
+            clock=clock,
+            tap=Tap(),
+        )
+        consumer = hub.consumer(loop)
+        parent = LiveCall(CALL, "ask_colleague", CONV)
+        admitted_at = []
+        taken = 0
+        with in_call():
+            for step in steps:
+                if isinstance(step, float):
+                    clock.advance(step)
+                elif step == "take":
+                    taken += len(consumer.take_nowait(max_queue))
+                else:
+                    before = hub.stats()["admitted"]
+                    if through_publish:
+                        hub.publish("step")
+                    else:
+                        hub.tool_call_started(parent, LiveCall(CALL2, "search", CONV))
+                    if hub.stats()["admitted"] > before:
+                        admitted_at.append(clock.now)
+        counts = hub.stats().counts
+        counts.update(hub.call_attributes(CALL))  # the call's own admitted and dropped
+        counts.pop(ATTR_CALL_ID_PATH, None)
+        clock.advance(1.0)
+        counts["sent"] = taken + len(consumer.take_nowait(max_queue + 1))
+        return counts, admitted_at
+
+    loop = asyncio.new_event_loop()
+    try:
+        assert run(through_publish=True) == run(through_publish=False)
+    finally:
+        loop.close()
 
 
 def test_a_running_block_with_a_non_string_task_id_is_dropped_not_raised(

@@ -141,6 +141,10 @@ Outgoing = OutgoingBlock | OutgoingChatEvent
 
 # The fixed parts of a text block, in characters, for the frame-size estimate.
 _TEXT_BLOCK_CHARS = 256
+# What is fixed in the running text blocks of one stream: the block and its envelope as
+# text_block makes them (copied per block), the payload's key and the task id's part of the
+# size estimate; made once per stream and batch.
+_Fixed = tuple[dict[str, Any], dict[str, Any], str, int]
 
 
 def take(
@@ -156,34 +160,71 @@ def take(
     out: list[Outgoing] = []
     append = out.append
     new = object.__new__
+    streams: dict[tuple[str | None, str], _Fixed | None] = {}
+    last_call: str | None = None
+    last_task: str | None = None
+    template: dict[str, Any] = {}
+    envelope_template: dict[str, Any] = {}
+    payload_key = ""
+    task_chars = fast_chars + 1  # no stream yet: nothing fits
     try:
         for _ in range(max_items):
             raw = pop()
             room, call_id, task_id, state, ts_ns, item, seq = raw
             # The common block — small running text — built inline: what build() makes of
-            # it, without its calls (this runs for every block).
-            if (
-                state == "running"
-                and item.__class__ is str
-                and task_id.__class__ is str
-                and 0 < len(task_id) <= MAX_TASK_ID
-                and (size := len(item) + len(task_id) * 2) <= fast_chars
-            ):
-                block = new(OutgoingBlock)  # OutgoingBlock(...) without its __init__
-                block.room = room
-                block.block = text_block(call_id, task_id, "running", ts_ns // 1_000_000, seq, item)
-                block.call_id = call_id
-                block.task_id = task_id
-                block.terminal = False
-                block.size = size + _TEXT_BLOCK_CHARS
-                append(block)
-                continue
+            # it (text_block), without its calls, from what is fixed per stream (this runs
+            # for every block; tests/test_stream.py holds the two to the same output).
+            if state == "running" and item.__class__ is str:
+                if task_id is not last_task or call_id is not last_call:
+                    last_call, last_task = call_id, task_id
+                    fixed = _fixed_parts(streams, call_id, task_id)
+                    if fixed is None:  # not for the inline build: no text fits
+                        task_chars = fast_chars + 1
+                    else:
+                        template, envelope_template, payload_key, task_chars = fixed
+                if (size := len(item) + task_chars) <= fast_chars:
+                    envelope = envelope_template.copy()  # half the cost of a dict display
+                    envelope["seq"] = seq
+                    envelope["payload"] = {payload_key: item}
+                    wire = template.copy()
+                    wire["ts"] = ts_ns // 1_000_000
+                    wire["envelope"] = envelope
+                    block = new(OutgoingBlock)  # OutgoingBlock(...) without its __init__
+                    block.room = room
+                    block.block = wire
+                    block.call_id = call_id
+                    block.task_id = task_id
+                    block.terminal = False
+                    block.size = size + _TEXT_BLOCK_CHARS
+                    append(block)
+                    continue
             built = build(raw, max_block_bytes, fast_chars, drop)
             if built is not None:
                 append(built)
     except IndexError:  # the queue is empty
         pass
     return out
+
+
+def _fixed_parts(
+    streams: dict[tuple[str | None, str], _Fixed | None], call_id: str | None, task_id: str
+) -> _Fixed | None:
+    """What is fixed in the running text blocks of the stream ``(call_id, task_id)``, made
+    once per ``streams``; ``None`` when its task id is not a ``str`` of 1–512 characters
+    (the general path's to judge)."""
+    if task_id.__class__ is not str:  # a subclass too: its code must not run here
+        return None
+    key = (call_id, task_id)
+    if key in streams:
+        return streams[key]
+    found: _Fixed | None = None
+    if 0 < len(task_id) <= MAX_TASK_ID:
+        template = text_block(call_id, task_id, "running", 0, 0, "")
+        envelope = template["envelope"]
+        (payload_key,) = envelope["payload"]
+        found = template, envelope, payload_key, len(task_id) * 2
+    streams[key] = found
+    return found
 
 
 def build(
