@@ -774,8 +774,8 @@ _STEPS = st.lists(
 def test_publish_admits_and_drops_exactly_as_the_hubs_one_admission_rule_does(
     rate: float, max_queue: int, steps: list[str | float]
 ) -> None:
-    # publish() inlines StreamHub._admit (T4's window, the queue bound, the stream's idle
-    # time); tool_call_started calls it. The same schedule through both: the same blocks let
+    # publish() and tool_call_started admit by StreamHub._admit (T4's window, the queue
+    # bound, the stream's idle time). The same schedule through both: the same blocks let
     # through, the same drops, the same streams ended idle.
     def run(through_publish: bool) -> tuple[dict[str, Any], list[float]]:
         clock = FakeClock()

@@ -251,17 +251,8 @@ class StreamHub:
                             stream = self._open(key, room, path, life)
                             if stream is None:
                                 return
-                    # _admit (the rule), inlined: its call is a sixteenth of this path. A block
-                    # it drops goes to it to be counted; tests/test_stream.py holds the two to
-                    # the same admissions and drops.
-                    ring, cursor = stream.ring, stream.cursor
-                    if now - ring[cursor] < self._window or len(self._queue) >= self.max_queue:
-                        self._admit(stream, now)
+                    if not self._admit(stream, now):
                         return
-                    ring[cursor] = stream.touched = now
-                    stream.cursor = cursor + 1 if cursor + 1 < self._ring else 0
-                    stream.call.admitted += 1
-                    self._counts.admitted += 1
                     stream.ours = False  # the tool publishes on it: its stream from now on
                     # A caller-made envelope (a pseudo-envelope, a progress report): its
                     # seq is the stream's.
@@ -519,8 +510,7 @@ class StreamHub:
 
     def _admit(self, stream: StreamState, now: float) -> bool:
         """T4 and the queue bound for one running block of ``stream``: admitted (counted on
-        the hub and the call), or dropped (``throttled``/``queue_full``, counted). The rule;
-        :meth:`publish` holds a copy inlined (a test holds the two equal)."""
+        the hub and the call), or dropped (``throttled``/``queue_full``, counted)."""
         ring = stream.ring
         cursor = stream.cursor
         if now - ring[cursor] < self._window:
