@@ -1,7 +1,8 @@
 """Scale: how the relay's cost grows with browsers, conversations, web processes and tool
 calls (issue 17), each point measured side by side with a plain python-socketio relay.
 
-Run: ``python benchmarks/bench_scale.py [--quick]``. Every point starts real processes on
+Run: ``python benchmarks/bench_scale.py [--quick] [--curves scaleout,...]`` (all four curves
+unless named). Every point starts real processes on
 127.0.0.1: the relay (uvicorn), one or more *browser* processes hosting python-socketio
 ``AsyncClient`` s (one per browser tab, each joined to its conversation's room, as the web
 page's Socket.IO client would be), one worker process and, for the scale-out curve, a real
@@ -35,9 +36,17 @@ Two loads per point, on the same connected browsers:
 
 The curves: (1) fan-out — one conversation, 10 streams, watched by 1–200 browsers;
 (2) breadth — 1–5,000 conversations with one stream and one browser each (the offered load
-grows with them, up to and past saturation); (3) scale-out — 1,000 conversations through one
-web process vs two behind Redis, the worker on the ``RedisEmitter`` path or looping back
-into one web process, with redis-server's CPU per published block; (4) workers — one worker
+grows with them, up to and past saturation); (3) scale-out — 1,000 conversations, one
+browser each, through one web process without Redis, through 1, 2 and 4 web processes behind
+one ``redis-server`` with the worker on the ``RedisEmitter`` path (the web-process curve:
+each web process has an even share of the conversations' browsers; kernel_ext's web
+processes run ``RelayRedisManager``, which routes each room's blocks to the web processes
+with a browser in it, the plain relay python-socketio's ``AsyncRedisManager``, which sends
+every block to every web process, and its worker a write-only one), and through two behind
+Redis with the worker looping back into one. Over each burst the CPU time (``/proc``, user +
+system) of every web process is summed, and it and redis-server's are divided by the
+delivered blocks; kernel_ext's sum at 2 and 4 web processes is held to 1.2× its own at one
+(issue 25), the plain relay's growth is reported beside it; (4) workers — one worker
 with 10–1,000 concurrent tool calls at 10 blocks/s each: its CPU share, and the hub's memory
 per live call (``tracemalloc``, in process). On a 2-core machine the browsers, the worker and
 the relay share the cores, so beyond a few thousand deliveries per second every side is

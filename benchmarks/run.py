@@ -70,7 +70,7 @@ QUICK_ENV = "KERNEL_EXT_BENCH_QUICK"
 PROFILE_INTERVAL = 0.0002  # a targeted path: short, sample densely
 WHOLE_RUN_INTERVAL = 0.001  # a module's whole quick run: long, sample at the default rate
 
-# The figures of issue 8 (design.md §7), issue 17 and issue 24, and the module expected to
+# The figures of issue 8 (design.md §7), issues 17, 24 and 25, and the module expected to
 # measure each.
 TARGETS: tuple[tuple[str, str, str], ...] = (
     ("`current_call_id()` vs bare `ContextVar.get()`", "≤ 2×", "attribution"),
@@ -89,6 +89,12 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
     ("CPU of a flooding peer (10,000 running blocks/s)", "report; terminal arrives", "memory"),
     ("every point of the scale curves (issue 17): throughput vs plain relay", "≥ 1.0×", "scale"),
     ("every point of the scale curves: p99 latency vs plain relay", "≤ 1.5×", "scale"),
+    (
+        "2 and 4 web processes behind Redis (issue 25): their summed CPU per delivered block "
+        "vs 1 process",
+        "≤ 1.2×",
+        "scale",
+    ),
     ("relay throughput, catch-up on vs off (issue 24)", "≥ 0.95× (within 5 %)", "catchup"),
     ("latency p99 at 100 streams × 10 blocks/s, catch-up on vs off", "≤ 1.05×", "catchup"),
     ("relay CPU per delivered block, catch-up on vs off", "≤ 1.05×", "catchup"),

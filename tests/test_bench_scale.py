@@ -169,3 +169,8 @@ def test_a_span_of_figures_that_round_alike_is_one_figure() -> None:
     assert bench_scale._span([2.9, 3.1]) == "3"
     assert bench_scale._span([29.4, 44.2]) == "29–44"
     assert bench_scale._span([1_014.9]) == "1,015"
+
+
+def test_an_unknown_curve_is_refused_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match="no such curve: sideways"):
+        bench_scale.run(quick=True, only=("scaleout", "sideways"))
