@@ -107,7 +107,7 @@ PROCESS_TIMEOUT = 180.0
 QUICK = os.environ.get("KERNEL_EXT_BENCH_QUICK") == "1"
 PLOT_DIR_ENV = "KERNEL_EXT_BENCH_PLOTS"
 # the runner: a longer limit than the other modules (many processes per point)
-TIMEOUT = 1_500.0
+TIMEOUT = 1_800.0
 
 FANOUT = (1, 10, 50, 200)
 BREADTH = (1, 100, 1_000, 5_000)
