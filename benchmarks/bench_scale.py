@@ -1097,18 +1097,21 @@ class Curves:
                 )
             curve = self.web_process_curve()
             if 1 in curve and len(curve) > 1:
-                # The same blocks and deliveries over more web processes: what each added
-                # process costs per block (the plain manager's decodes and skips every block
-                # of the rooms it has no browser in).
                 most = max(curve)
-                added = []
-                for kind in ("kx", "plain"):
-                    one, many = _web_us(curve[1][kind]), _web_us(curve[most][kind])
-                    added.append(None if one is None or many is None else (many - one) / (most - 1))
+                ratio = _ratio(_web_us(curve[most]["kx"]), _web_us(curve[1]["kx"]))
                 rows.append(
-                    "| web-process CPU per delivered block that each added web process adds "
-                    f"(µs, Redis, 1 to {most} processes; the plain manager's) | "
-                    f"{_us(added[0])} ({_us(added[1])}) |"
+                    f"| web processes' summed CPU per delivered block, {most} behind Redis vs 1 "
+                    f"(room-routed) | {'—' if ratio is None else f'{ratio:.2f}×'} |"
+                )
+                # The same blocks and deliveries over more web processes: without routing
+                # (python-socketio's manager, or kernel_ext's beside an older web process)
+                # each added process decodes and skips every block of the others' rooms.
+                one, many = _web_us(curve[1]["plain"]), _web_us(curve[most]["plain"])
+                skip = None if one is None or many is None else (many - one) / (most - 1)
+                rows.append(
+                    "| web-process CPU per published block of a room it has no browser in, "
+                    f"without routing (µs; the plain Redis manager, 1 to {most} processes) | "
+                    f"{_us(skip)} |"
                 )
         if self.workers:
             most = max(self.workers)
