@@ -70,7 +70,7 @@ QUICK_ENV = "KERNEL_EXT_BENCH_QUICK"
 PROFILE_INTERVAL = 0.0002  # a targeted path: short, sample densely
 WHOLE_RUN_INTERVAL = 0.001  # a module's whole quick run: long, sample at the default rate
 
-# The figures of issue 8 (design.md §7), issues 17, 24 and 25, and the module expected to
+# The figures of issue 8 (design.md §7), issue 17 and issue 24, and the module expected to
 # measure each.
 TARGETS: tuple[tuple[str, str, str], ...] = (
     ("`current_call_id()` vs bare `ContextVar.get()`", "≤ 2×", "attribution"),
