@@ -1,7 +1,8 @@
 """Scale: how the relay's cost grows with browsers, conversations, web processes and tool
 calls (issue 17), each point measured side by side with a plain python-socketio relay.
 
-Run: ``python benchmarks/bench_scale.py [--quick]``. Every point starts real processes on
+Run: ``python benchmarks/bench_scale.py [--quick] [--curves scaleout,...]`` (all four curves
+unless named). Every point starts real processes on
 127.0.0.1: the relay (uvicorn), one or more *browser* processes hosting python-socketio
 ``AsyncClient`` s (one per browser tab, each joined to its conversation's room, as the web
 page's Socket.IO client would be), one worker process and, for the scale-out curve, a real
@@ -35,9 +36,17 @@ Two loads per point, on the same connected browsers:
 
 The curves: (1) fan-out — one conversation, 10 streams, watched by 1–200 browsers;
 (2) breadth — 1–5,000 conversations with one stream and one browser each (the offered load
-grows with them, up to and past saturation); (3) scale-out — 1,000 conversations through one
-web process vs two behind Redis, the worker on the ``RedisEmitter`` path or looping back
-into one web process, with redis-server's CPU per published block; (4) workers — one worker
+grows with them, up to and past saturation); (3) scale-out — 1,000 conversations, one
+browser each, through one web process without Redis, through 1, 2 and 4 web processes behind
+one ``redis-server`` with the worker on the ``RedisEmitter`` path (the web-process curve:
+each web process has an even share of the conversations' browsers; kernel_ext's web
+processes run ``RelayRedisManager``, which routes each room's blocks to the web processes
+with a browser in it, the plain relay python-socketio's ``AsyncRedisManager``, which sends
+every block to every web process, and its worker a write-only one), and through two behind
+Redis with the worker looping back into one. Over each burst the CPU time (``/proc``, user +
+system) of every web process is summed, and it and redis-server's are divided by the
+delivered blocks; kernel_ext's sum at 2 and 4 web processes is held to 1.2× its own at one
+(issue 25), the plain relay's growth is reported beside it; (4) workers — one worker
 with 10–1,000 concurrent tool calls at 10 blocks/s each: its CPU share, and the hub's memory
 per live call (``tracemalloc``, in process). On a 2-core machine the browsers, the worker and
 the relay share the cores, so beyond a few thousand deliveries per second every side is
@@ -98,7 +107,7 @@ PROCESS_TIMEOUT = 180.0
 QUICK = os.environ.get("KERNEL_EXT_BENCH_QUICK") == "1"
 PLOT_DIR_ENV = "KERNEL_EXT_BENCH_PLOTS"
 # the runner: a longer limit than the other modules (many processes per point)
-TIMEOUT = 1_500.0
+TIMEOUT = 1_800.0
 
 FANOUT = (1, 10, 50, 200)
 BREADTH = (1, 100, 1_000, 5_000)
@@ -111,9 +120,17 @@ QUICK_WORKER_CALLS = (10, 100)
 ONE_LOOPBACK = "1 web process, loopback, no Redis"
 ONE_REDIS = "1 web process + Redis, RedisEmitter"
 TWO_REDIS = "2 web processes + Redis, RedisEmitter"
+FOUR_REDIS = "4 web processes + Redis, RedisEmitter"
 TWO_LOOPBACK = "2 web processes + Redis, loopback into one"
+# The web-process curve: N web processes behind one redis-server, the worker on the
+# RedisEmitter path, the same browsers and conversations spread evenly over them.
+WEB_PROCESSES = {1: ONE_REDIS, 2: TWO_REDIS, 4: FOUR_REDIS}
+CURVES = ("fanout", "breadth", "scaleout", "workers")
 THROUGHPUT_TARGET = 1.0
 P99_TARGET = 1.5
+# kernel_ext's sum of the web processes' CPU per delivered block at 2 and 4 web processes,
+# against its own at one (issue 25): room-routed fan-out keeps it flat.
+WEB_CPU_TARGET = 1.2
 
 
 # ---------------------------------------------------------------------------------------
@@ -142,8 +159,9 @@ def role_relay(kind: str, port: int, redis_url: str | None) -> None:
 
 
 async def role_browsers(ports: list[int], rooms: list[str], per_room: int) -> None:
-    """Connect ``per_room`` clients to each room (round-robin over the web processes), then
-    answer ``MARK`` (start counting afresh), ``COUNT`` and ``REPORT`` lines on stdin."""
+    """Connect ``per_room`` clients to each room (round-robin over the web processes), say
+    ``READY`` with how many are connected to each web process, then answer ``MARK`` (start
+    counting afresh), ``COUNT`` and ``REPORT`` lines on stdin."""
     import socketio
 
     state = {"count": 0, "first": 0, "last": 0, "mark": 0}
@@ -163,11 +181,13 @@ async def role_browsers(ports: list[int], rooms: list[str], per_room: int) -> No
         latencies.append(now - published)
 
     clients: list[Any] = []
+    per_port = [0] * len(ports)
 
     async def one(index: int, room: str) -> None:
         client = socketio.AsyncClient(reconnection=False)
         client.on(EVENT, on_block, namespace=NS)
         port = ports[index % len(ports)]
+        per_port[index % len(ports)] += 1
         await client.connect(
             f"http://127.0.0.1:{port}", namespaces=[NS], transports=["websocket"], wait_timeout=30
         )
@@ -178,7 +198,7 @@ async def role_browsers(ports: list[int], rooms: list[str], per_room: int) -> No
     wanted = [(i, room) for i, room in enumerate(r for r in rooms for _ in range(per_room))]
     for start in range(0, len(wanted), CONNECT_BATCH):
         await asyncio.gather(*(one(i, room) for i, room in wanted[start : start + CONNECT_BATCH]))
-    print(f"READY {len(clients)}", flush=True)
+    print(f"READY {json.dumps(per_port)}", flush=True)
     reader = await _stdin_lines()
     while line := (await reader.readline()).decode().strip():
         if line == "MARK":
@@ -462,6 +482,7 @@ class Point:
     setup: Setup
     relay_rss_idle: int = 0
     relay_rss_connected: int = 0
+    browsers_per_process: list[int] = field(default_factory=list)  # by web process
     loads: dict[str, Load] = field(default_factory=dict)
 
 
@@ -616,8 +637,11 @@ async def measure(kind: str, setup: Setup, modes: Sequence[str] = ("paced", "bur
                     )
                 )
             procs += browsers
+            point.browsers_per_process = [0] * len(ports)
             for proc in browsers:
-                await _line(proc, "READY", PROCESS_TIMEOUT)
+                ready = json.loads(await _line(proc, "READY", PROCESS_TIMEOUT))
+                for i, connected in enumerate(ready):
+                    point.browsers_per_process[i] += connected
             point.relay_rss_connected = sum(rss_bytes(p.pid) for p in relays)
             if setup.worker_path == "redis":
                 assert redis is not None
@@ -754,6 +778,23 @@ def _per_block_us(cpu: float, blocks: int) -> float | None:
     return cpu / blocks * 1e6 if blocks else None
 
 
+def _cpu_load(point: Point) -> Load:
+    """The load a point's CPU per block is taken from: the burst (saturated) when measured."""
+    return point.loads.get("burst") or point.loads["paced"]
+
+
+def _web_us(point: Point) -> float | None:
+    """The sum of the web processes' CPU per delivered block (µs)."""
+    load = _cpu_load(point)
+    return _per_block_us(load.relay_cpu, load.delivered)
+
+
+def _redis_us(point: Point) -> float | None:
+    """redis-server's CPU per delivered block (µs), ``None`` without Redis."""
+    load = _cpu_load(point)
+    return _per_block_us(load.redis_cpu, load.delivered) if point.setup.redis else None
+
+
 def _kib(value: float | None) -> str:
     return "—" if value is None else f"{value / 1024:,.1f}"
 
@@ -780,6 +821,7 @@ class Curves:
             out += _point_figures("breadth", f"{rooms:,} conversations", pair)
         for label, pair in self.scale_out.items():
             out += _point_figures("scale-out", label, pair)
+        out += self._web_process_figures()
         for calls, pair in self.workers.items():
             out += _point_figures("workers", f"{calls:,} calls", pair)
             kp, pp = pair["kx"].loads["paced"], pair["plain"].loads["paced"]
@@ -796,6 +838,62 @@ class Curves:
             )
         return out
 
+    def web_process_curve(self) -> dict[int, dict[str, Point]]:
+        """The scale-out points of the web-process curve, by number of web processes."""
+        return {
+            n: self.scale_out[label]
+            for n, label in WEB_PROCESSES.items()
+            if label in self.scale_out
+        }
+
+    def _web_process_figures(self) -> list[dict[str, Any]]:
+        """Each contender's sum of the web processes' CPU per delivered block at N web
+        processes against its own at one: held to ``WEB_CPU_TARGET`` for kernel_ext, for
+        information for the plain manager; redis-server's CPU per block at the most."""
+        curve = self.web_process_curve()
+        if 1 not in curve or len(curve) < 2:
+            return []
+        out: list[dict[str, Any]] = []
+        for kind, who in (("kx", "kernel_ext"), ("plain", "plain Redis manager")):
+            one = _web_us(curve[1][kind])
+            base = _cpu_load(curve[1][kind])
+            for n, pair in curve.items():
+                if n == 1:
+                    continue
+                value, load = _web_us(pair[kind]), _cpu_load(pair[kind])
+                ratio = _ratio(value, one)
+                judged = kind == "kx"
+                out.append(
+                    {
+                        "name": f"scale-out, {n} web processes vs 1: sum of the web processes' "
+                        f"CPU per delivered block, {who}" + ("" if judged else " (info)"),
+                        "value": round(ratio, 2) if ratio is not None else None,
+                        "unit": "×",
+                        "target": WEB_CPU_TARGET if judged else None,
+                        "target_text": f"≤ {WEB_CPU_TARGET:.1f}×" if judged else None,
+                        "profile": False,
+                        "ok": (ratio is not None and ratio <= WEB_CPU_TARGET) if judged else None,
+                        "detail": f"{_us(value)} vs {_us(one)} µs per delivered block (burst; "
+                        f"delivered {load.delivered:,}/{load.expected:,} vs "
+                        f"{base.delivered:,}/{base.expected:,}); redis-server "
+                        f"{_us(_redis_us(pair[kind]))} vs {_us(_redis_us(curve[1][kind]))} µs",
+                    }
+                )
+        most = max(curve)
+        kx, plain = (_redis_us(curve[most][kind]) for kind in ("kx", "plain"))
+        out.append(
+            {
+                "name": f"scale-out, {most} web processes: redis-server CPU per delivered "
+                "block, kernel_ext (info)",
+                "value": round(kx, 1) if kx is not None else None,
+                "unit": "µs",
+                "target": None,
+                "ok": None,
+                "detail": f"plain Redis manager {_us(plain)} µs (burst)",
+            }
+        )
+        return out
+
     # -- tables ------------------------------------------------------------------------
 
     def _load_rows(self, label: str, pair: dict[str, Point]) -> str:
@@ -806,13 +904,11 @@ class Curves:
             if kb and pb
             else "— | — | —"
         )
-        kc, pc = kb or kp, pb or pp  # the relay's CPU per block: saturated when measured
         return (
             f"| {label} | {burst} | {_ms(kp.p99)} | {_ms(pp.p99)} | "
             f"{_ratio(kp.p99, pp.p99) or 0:.2f}× | {kp.delivered:,}/{kp.expected:,} | "
             f"{pp.delivered:,}/{pp.expected:,} | "
-            f"{_us(_per_block_us(kc.relay_cpu, kc.delivered))} | "
-            f"{_us(_per_block_us(pc.relay_cpu, pc.delivered))} |"
+            f"{_us(_web_us(pair['kx']))} | {_us(_web_us(pair['plain']))} |"
         )
 
     _HEAD = (
@@ -868,27 +964,14 @@ class Curves:
         if self.scale_out:
             parts += [
                 f"#### Curve 3 — scale-out: {self._scale_rooms():,} conversations, one "
-                "browser each, one or two web processes",
+                "browser each, 1 to 4 web processes",
                 "",
                 self._HEAD.format(what="arrangement"),
             ]
             parts += [self._load_rows(label, p) for label, p in self.scale_out.items()]
-            parts += [
-                "",
-                "| arrangement | redis-server CPU µs per published block, kernel_ext | plain |",
-                "|---|---|---|",
-            ]
-            for label, pair in self.scale_out.items():
-                cells = [
-                    _us(
-                        _per_block_us(pair[k].loads["paced"].redis_cpu, pair[k].loads["paced"].sent)
-                    )
-                    if pair[k].setup.redis
-                    else "—"
-                    for k in ("kx", "plain")
-                ]
-                parts.append(f"| {label} | " + " | ".join(cells) + " |")
             parts += _plot_line(plots, "scaleout")
+            parts += self._web_process_table()
+            parts += _plot_line(plots, "processes")
         if self.workers:
             parts += [
                 "#### Curve 4 — workers: one worker, N concurrent tool calls × 10 blocks/s",
@@ -913,6 +996,39 @@ class Curves:
         if capacity:
             parts += ["#### Capacity (the figures docs/operations.md quotes)", "", *capacity]
         return "\n".join(parts)
+
+    def _web_process_table(self) -> list[str]:
+        """The web processes' summed CPU and redis-server's CPU per delivered block of every
+        arrangement behind Redis (burst), with the web-process curve's ratios to its own
+        one-process point."""
+        redis = {label: pair for label, pair in self.scale_out.items() if pair["kx"].setup.redis}
+        if not redis:
+            return []
+        curve = self.web_process_curve()
+        by_label = {WEB_PROCESSES[n]: n for n in curve}
+        rows = [
+            "Behind Redis: the sum of the web processes' CPU (`/proc`, user + system) and "
+            "redis-server's CPU per delivered block over the burst; × 1: against the same "
+            "contender with one web process.",
+            "",
+            "| arrangement | delivered (burst), kernel_ext | plain | web processes' CPU µs per "
+            "delivered block, kernel_ext | × 1 | plain | × 1 | redis-server CPU µs per "
+            "delivered block, kernel_ext | plain |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for label, pair in redis.items():
+            cells = []
+            for kind in ("kx", "plain"):
+                load = _cpu_load(pair[kind])
+                cells.append(f"{load.delivered:,}/{load.expected:,}")
+            for kind in ("kx", "plain"):
+                value = _web_us(pair[kind])
+                one = _web_us(curve[1][kind]) if label in by_label and 1 in curve else None
+                ratio = _ratio(value, one)
+                cells += [_us(value), "—" if ratio is None else f"{ratio:.2f}×"]
+            cells += [_us(_redis_us(pair[kind])) for kind in ("kx", "plain")]
+            rows.append(f"| {label} | " + " | ".join(cells) + " |")
+        return rows
 
     def _scale_rooms(self) -> int:
         first = next(iter(self.scale_out.values()))
@@ -970,31 +1086,32 @@ class Curves:
             f"{loaded.delivered / max(1, loaded.expected):.0%} |"
         )
         if self.scale_out:
-            redis_cpu = [
-                _per_block_us(p["kx"].loads["paced"].redis_cpu, p["kx"].loads["paced"].sent)
-                for p in self.scale_out.values()
-                if p["kx"].setup.redis
-            ]
-            plain_redis_cpu = [
-                _per_block_us(p["plain"].loads["paced"].redis_cpu, p["plain"].loads["paced"].sent)
-                for p in self.scale_out.values()
-                if p["plain"].setup.redis
-            ]
-            known = [c for c in redis_cpu if c is not None]
-            plain_known = [c for c in plain_redis_cpu if c is not None]
-            if known and plain_known:
+            spans = []
+            for kind in ("kx", "plain"):
+                known = [_redis_us(p[kind]) for p in self.scale_out.values()]
+                spans.append([c for c in known if c is not None])
+            if all(spans):
                 rows.append(
-                    "| redis-server CPU per published block (µs; the plain publisher's) | "
-                    f"{_span(known)} ({_span(plain_known)}) |"
+                    "| redis-server CPU per delivered block (µs; the plain manager's) | "
+                    f"{_span(spans[0])} ({_span(spans[1])}) |"
                 )
-            one, two = (self.scale_out.get(label) for label in (ONE_REDIS, TWO_REDIS))
-            if one and two:
-                # The same blocks and deliveries; the second process only receives and skips.
-                b1, b2 = one["kx"].loads["burst"], two["kx"].loads["burst"]
-                extra = _per_block_us(b2.relay_cpu - b1.relay_cpu, b2.sent)
+            curve = self.web_process_curve()
+            if 1 in curve and len(curve) > 1:
+                most = max(curve)
+                ratio = _ratio(_web_us(curve[most]["kx"]), _web_us(curve[1]["kx"]))
                 rows.append(
-                    "| web-process CPU per published block it has no browser for (µs, Redis) | "
-                    f"{_us(extra)} |"
+                    f"| web processes' summed CPU per delivered block, {most} behind Redis vs 1 "
+                    f"(room-routed) | {'—' if ratio is None else f'{ratio:.2f}×'} |"
+                )
+                # The same blocks and deliveries over more web processes: without routing
+                # (python-socketio's manager, or kernel_ext's beside an older web process)
+                # each added process decodes and skips every block of the others' rooms.
+                one, many = _web_us(curve[1]["plain"]), _web_us(curve[most]["plain"])
+                skip = None if one is None or many is None else (many - one) / (most - 1)
+                rows.append(
+                    "| web-process CPU per published block of a room it has no browser in, "
+                    f"without routing (µs; the plain Redis manager, 1 to {most} processes) | "
+                    f"{_us(skip)} |"
                 )
         if self.workers:
             most = max(self.workers)
@@ -1081,6 +1198,27 @@ class Curves:
             axis.legend()
             axis.grid(True, axis="y", alpha=0.3)
             save(fig, "scaleout")
+        curve = self.web_process_curve()
+        if curve:
+            xs = list(curve)
+            fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6))
+            for kind, label, style in (
+                ("kx", "kernel_ext (routed)", "o-"),
+                ("plain", "plain Redis manager", "s--"),
+            ):
+                left.plot(xs, [_web_us(p[kind]) or 0 for p in curve.values()], style, label=label)
+                right.plot(
+                    xs, [_redis_us(p[kind]) or 0 for p in curve.values()], style, label=label
+                )
+            left.set_ylabel("web processes' CPU µs per delivered block")
+            right.set_ylabel("redis-server CPU µs per delivered block")
+            for axis in (left, right):
+                axis.set_xticks(xs)
+                axis.set_xlabel("web processes behind one redis-server")
+                axis.set_ylim(bottom=0)
+                axis.grid(True, alpha=0.3)
+                axis.legend()
+            save(fig, "processes")
         return written
 
 
@@ -1101,13 +1239,33 @@ def _plot_line(plots: dict[str, str], name: str) -> list[str]:
 # ---------------------------------------------------------------------------------------
 
 
-async def _curves(quick: bool) -> Curves:
+def web_process_setup(processes: int, rooms: int, burst_n: int) -> Setup:
+    """A point of the web-process curve: ``processes`` web processes behind one
+    redis-server, the worker on the ``RedisEmitter`` path, one browser per conversation,
+    the conversations spread evenly over the web processes."""
+    return Setup(
+        rooms=rooms, web_processes=processes, redis=True, worker_path="redis", burst_n=burst_n
+    )
+
+
+def scale_out_setups(rooms: int, burst_n: int) -> dict[str, Setup]:
+    """The scale-out curve's arrangements by label: one web process without Redis, the
+    web-process curve (:data:`WEB_PROCESSES`), and a worker looping back into one of two
+    Redis-backed web processes."""
+    setups = {ONE_LOOPBACK: Setup(rooms=rooms, burst_n=burst_n)}
+    for processes, label in WEB_PROCESSES.items():
+        setups[label] = web_process_setup(processes, rooms, burst_n)
+    setups[TWO_LOOPBACK] = Setup(rooms=rooms, web_processes=2, redis=True, burst_n=burst_n)
+    return setups
+
+
+async def _curves(quick: bool, which: Sequence[str] = CURVES) -> Curves:
     curves = Curves()
 
     def arranged(setup: Setup) -> Setup:
         return setup if quick else setup.for_full_run()
 
-    for browsers in QUICK_FANOUT if quick else FANOUT:
+    for browsers in (QUICK_FANOUT if quick else FANOUT) if "fanout" in which else ():
         # about 40,000 deliveries per burst (10,000 quick), whatever the fan-out
         setup = Setup(
             rooms=1,
@@ -1116,28 +1274,14 @@ async def _curves(quick: bool) -> Curves:
             burst_n=max(400, (10_000 if quick else 40_000) // browsers),
         )
         curves.fanout[browsers] = await side_by_side(arranged(setup))
-    for rooms in QUICK_BREADTH if quick else BREADTH:
+    for rooms in (QUICK_BREADTH if quick else BREADTH) if "breadth" in which else ():
         setup = Setup(rooms=rooms, burst_n=5_000 if quick else 20_000)
         curves.breadth[rooms] = await side_by_side(arranged(setup))
-    rooms = QUICK_SCALE_OUT_ROOMS if quick else SCALE_OUT_ROOMS
-    for label, setup in (
-        (ONE_LOOPBACK, Setup(rooms=rooms)),
-        (
-            ONE_REDIS,
-            Setup(rooms=rooms, redis=True, worker_path="redis"),
-        ),
-        (
-            TWO_REDIS,
-            Setup(rooms=rooms, web_processes=2, redis=True, worker_path="redis"),
-        ),
-        (
-            TWO_LOOPBACK,
-            Setup(rooms=rooms, web_processes=2, redis=True),
-        ),
-    ):
-        setup.burst_n = 5_000 if quick else 20_000
-        curves.scale_out[label] = await side_by_side(arranged(setup))
-    for calls in QUICK_WORKER_CALLS if quick else WORKER_CALLS:
+    if "scaleout" in which:
+        rooms = QUICK_SCALE_OUT_ROOMS if quick else SCALE_OUT_ROOMS
+        for label, setup in scale_out_setups(rooms, 5_000 if quick else 20_000).items():
+            curves.scale_out[label] = await side_by_side(arranged(setup))
+    for calls in (QUICK_WORKER_CALLS if quick else WORKER_CALLS) if "workers" in which else ():
         setup = Setup(rooms=1, streams_per_room=calls)
         curves.workers[calls] = await side_by_side(arranged(setup), modes=("paced",))
         curves.hub_bytes[calls] = await hub_memory_per_call(calls)
@@ -1147,11 +1291,14 @@ async def _curves(quick: bool) -> Curves:
 _LAST: list[str] = []
 
 
-def run(quick: bool = False) -> list[dict[str, Any]]:
-    """Measure the four curves; the figures (each point's ratios), and the tables and plots
-    as :func:`sections` returns them."""
+def run(quick: bool = False, only: Sequence[str] = CURVES) -> list[dict[str, Any]]:
+    """Measure the four curves (or those of :data:`CURVES` named in ``only``); the figures
+    (each point's ratios), and the tables and plots as :func:`sections` returns them."""
     quick = quick or QUICK
-    curves = asyncio.run(_curves(quick))
+    unknown = set(only) - set(CURVES)
+    if unknown:
+        raise ValueError(f"no such curve: {', '.join(sorted(unknown))} (have: {', '.join(CURVES)})")
+    curves = asyncio.run(_curves(quick, only))
     plot_dir = Path(os.environ.get(PLOT_DIR_ENV) or tempfile.mkdtemp(prefix="kx-plots-"))
     _LAST[:] = [curves.sections(curves.plot(plot_dir))]
     return curves.figures()
@@ -1177,6 +1324,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=SECONDS)
     parser.add_argument("--n", type=int, default=20_000)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument(
+        "--curves", default=",".join(CURVES), help="the curves to measure, comma-separated"
+    )
     args = parser.parse_args(argv)
     if args.role == "relay":
         role_relay(args.kind, args.port, args.redis)
@@ -1202,7 +1352,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     print(f"kernel_ext scale benchmarks — Python {sys.version.split()[0]}")
-    for figure in run(quick=args.quick):
+    for figure in run(quick=args.quick, only=args.curves.split(",")):
         verdict = "info" if figure["ok"] is None else ("PASS" if figure["ok"] else "MISS")
         print(
             f"  {verdict:4}  {figure['name']:<70} {figure['value']}{figure['unit']}  "

@@ -51,16 +51,71 @@ def test_one_point_delivers_every_block_to_every_browser_for_both_contenders() -
 
 
 @pytest.mark.redis
-def test_two_web_processes_behind_a_real_redis_server() -> None:
+def test_the_web_process_curve_counts_every_block_and_sums_each_web_processs_cpu(
+    tmp_path: Path,
+) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (apt package redis-server)")
-    setup = Setup(
-        rooms=4, web_processes=2, redis=True, worker_path="redis", burst_n=200, seconds=0.5
-    )
-    pair = asyncio.run(asyncio.wait_for(side_by_side(setup, modes=("paced",)), 150))
-    _check_pair(pair, per_room=1)
-    for kind in ("plain", "kx"):
-        assert pair[kind].loads["paced"].redis_cpu >= 0
+    curves = Curves()
+
+    async def measure() -> None:
+        for processes in (1, 2):
+            setup = bench_scale.web_process_setup(processes, rooms=4, burst_n=200)
+            setup.seconds = 0.5
+            label = bench_scale.WEB_PROCESSES[processes]
+            curves.scale_out[label] = await side_by_side(setup)
+
+    asyncio.run(asyncio.wait_for(measure(), 150))
+    curve = curves.web_process_curve()
+    assert list(curve) == [1, 2]
+    for processes, pair in curve.items():
+        _check_pair(pair, per_room=1)
+        for kind in ("plain", "kx"):
+            point = pair[kind]
+            # the rooms' browsers spread evenly: each web process has its share
+            assert point.browsers_per_process == [4 // processes] * processes, (kind, point)
+            for mode, load in point.loads.items():
+                # in clock ticks: a tiny load's can round to none
+                assert load.redis_cpu >= 0, (kind, mode)
+    figures = {f["name"]: f for f in curves.figures()}
+    prefix = "scale-out, 2 web processes vs 1: sum of the web processes' CPU per delivered block"
+    kx = figures[f"{prefix}, kernel_ext"]
+    plain = figures[f"{prefix}, plain Redis manager (info)"]
+    for kind, figure in (("kx", kx), ("plain", plain)):
+        one, two = (curve[n][kind].loads["burst"] for n in (1, 2))
+        ratio = (two.relay_cpu / two.delivered) / (one.relay_cpu / one.delivered)
+        assert figure["value"] == round(ratio, 2) > 0, figure
+    assert kx["target"] == bench_scale.WEB_CPU_TARGET
+    assert kx["ok"] is (kx["value"] <= bench_scale.WEB_CPU_TARGET)
+    assert plain["target"] is None
+    assert plain["ok"] is None
+    redis = figures[
+        "scale-out, 2 web processes: redis-server CPU per delivered block, kernel_ext (info)"
+    ]
+    assert redis["value"] is not None
+    assert redis["value"] >= 0
+    # the capacity table's rows of the curve (it needs the other curves' points too)
+    curves.fanout[1] = curves.breadth[4] = curve[1]
+    rows = curves.capacity()
+    assert (
+        "| web processes' summed CPU per delivered block, 2 behind Redis vs 1 (room-routed) | "
+        f"{kx['value']:.2f}× |"
+    ) in rows
+    one, two = (curve[n]["plain"].loads["burst"] for n in (1, 2))
+    skip = (two.relay_cpu / two.delivered - one.relay_cpu / one.delivered) * 1e6
+    assert (
+        "| web-process CPU per published block of a room it has no browser in, without "
+        f"routing (µs; the plain Redis manager, 1 to 2 processes) | {skip:,.1f} |"
+    ) in rows
+    plots = curves.plot(tmp_path / "plots")
+    text = curves.sections(plots)
+    two = curve[2]["kx"].loads["burst"]
+    assert f"| {bench_scale.TWO_REDIS} | {two.delivered:,}/{two.expected:,} |" in text
+    assert f"| {kx['value']:.2f}× |" in text
+    if plots:  # matplotlib (the bench extra) is installed
+        assert {"scaleout", "processes"} <= set(plots)
+        assert (tmp_path / plots["processes"]).read_text().lstrip().startswith("<?xml")
+        assert f"]({plots['processes']})" in text
 
 
 def test_tables_plots_and_capacity_rows_come_from_the_points(tmp_path: Path) -> None:
@@ -127,3 +182,8 @@ def test_a_span_of_figures_that_round_alike_is_one_figure() -> None:
     assert bench_scale._span([2.9, 3.1]) == "3"
     assert bench_scale._span([29.4, 44.2]) == "29–44"
     assert bench_scale._span([1_014.9]) == "1,015"
+
+
+def test_an_unknown_curve_is_refused_before_anything_starts() -> None:
+    with pytest.raises(ValueError, match="no such curve: sideways"):
+        bench_scale.run(quick=True, only=("scaleout", "sideways"))
