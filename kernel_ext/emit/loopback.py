@@ -201,6 +201,7 @@ class LoopbackEmitter(Emitter):
         self._paced = False  # likewise
         self._window = asyncio.Event()  # set: a frame may go (the window has room)
         self._window.set()
+        self._holding_back = False
         self._hello_task: asyncio.Task[None] | None = None
         self._refusal: str | None = None  # the relay's reason, during one attempt
         self._reported: str | None = None  # the refusal logged last (None once connected)
@@ -224,6 +225,12 @@ class LoopbackEmitter(Emitter):
         """Whether every frame now awaits its acknowledgement within the window (the relay
         said its acknowledgements are paced)."""
         return self._paced
+
+    @property
+    def holding_back(self) -> bool:
+        """Whether the sender waits now for the window to have room (taking nothing from
+        the hub meanwhile)."""
+        return self._holding_back
 
     @property
     def inflight_frames(self) -> int:
@@ -524,7 +531,11 @@ class LoopbackEmitter(Emitter):
             ]
             if self._paced and not self._window.is_set():
                 self._count("window_full")
-                await self._window.wait()
+                self._holding_back = True
+                try:
+                    await self._window.wait()
+                finally:
+                    self._holding_back = False
             if not self._healthy:
                 self._lose(blocks, terminals)
                 continue
