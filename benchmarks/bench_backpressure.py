@@ -1,8 +1,9 @@
 """Back-pressure (issue 25): the relay's memory per stream when a worker publishes faster
 than the relay delivers, with back-pressure on and off, side by side in one run.
 
-Two processes on 127.0.0.1: a relay (``create_app`` under uvicorn, catch-up on, in a process
-of its own whose resident memory is read from ``/proc`` while the load runs), and this one
+Two processes on 127.0.0.1: a relay (``create_app`` under uvicorn, catch-up off so that its
+bounded memory, at most 1 MiB per stream, does not hide the queues; in a process of its
+own whose resident memory is read from ``/proc`` while the load runs), and this one
 as the worker (the real ``LoopbackEmitter`` and ``StreamHub``, throttle off, default queue
 bound) and the browsers (a real python-socketio client in each stream's room, 20 streams).
 First the relay's capacity is measured: blocks delivered per second to the browsers while
@@ -12,9 +13,9 @@ default) and off (``None``: the relay before back-pressure, to which the sender 
 before), and ends every stream. Per point: the relay's peak resident memory above its
 level before the load, per stream; blocks published, delivered and dropped (by reason,
 counted by the hub); the sender's waits on a full window; whether every terminal arrived,
-once. Memory per stream with back-pressure on is held against the same figure at 2× (it
-must not grow with the overload: ≤ 1.25×); it includes the catch-up memory the relay keeps
-by design (at most 1 MB per stream by its default bound).
+once. Memory per stream with back-pressure on is held against the same figure at 2×: it
+must not grow with the overload (≤ 1.25× it, or within 0.1 MB of it: the resident memory's
+noise over 20 streams).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ QUICK_SECONDS = 2.0
 TEXT = "y" * 400
 FACTORS = (2, 5)
 GROWTH_TARGET = 1.25
+NOISE_MB = 0.1
 _SCRIPT = os.path.abspath(__file__)
 
 
@@ -44,7 +46,9 @@ def role_relay(port: int, paced: bool) -> None:
 
     from kernel_ext.relay import allow_all, create_app
 
-    options: dict[str, Any] = {} if paced else {"browser_queue_max": None}
+    options: dict[str, Any] = {"catch_up": False}
+    if not paced:
+        options["browser_queue_max"] = None
     ready = create_app(SECRET, authorize_join=allow_all, **options)
     uvicorn.run(ready.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off")
 
@@ -189,12 +193,14 @@ async def _all(quick: bool) -> list[dict[str, Any]]:
             }
             if paced:
                 if on_at_2x is None:
-                    on_at_2x = max(row["mb_per_stream"], 0.01)
+                    on_at_2x = row["mb_per_stream"]
                     figure["ok"] = all_ended
                 else:
-                    limit = on_at_2x * GROWTH_TARGET
+                    limit = max(on_at_2x * GROWTH_TARGET, on_at_2x + NOISE_MB)
                     figure["target"] = round(limit, 2)
-                    figure["target_text"] = f"≤ {GROWTH_TARGET}× the 2× figure, every terminal"
+                    figure["target_text"] = (
+                        f"≤ {GROWTH_TARGET}× the 2× figure (or + {NOISE_MB} MB), every terminal"
+                    )
                     figure["ok"] = row["mb_per_stream"] <= limit and all_ended
             figures.append(figure)
     return figures

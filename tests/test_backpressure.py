@@ -198,7 +198,7 @@ async def test_one_stalled_browser_holds_up_no_other_conversation_and_its_queue_
     bound = 40
     async with (
         relay_server(browser_queue_max=bound, ack_pace_timeout=0.2) as (port, relay),
-        browsers(port, ROOM, OTHER) as (stalled, (other,)),
+        browsers(port, ROOM, OTHER, ROOM) as (stalled, (other, beside)),
     ):
         hub = StreamHub(max_running_per_second=None)
         emitter = emitter_for(port, hub, max_inflight_frames=2)
@@ -209,14 +209,17 @@ async def test_one_stalled_browser_holds_up_no_other_conversation_and_its_queue_
             end_streams(hub, stalled_call, ROOM)
             publish_running(hub, other_call, OTHER, 30)
             end_streams(hub, other_call, OTHER)
-            # The other conversation gets everything while the stalled browser reads
-            # nothing; the relay gave up waiting for it and skipped its running blocks.
+            # The other conversation, and the reading browser beside the stalled one, get
+            # everything while the stalled browser reads nothing: the relay gave up waiting
+            # for it and skipped running blocks for it alone.
             await other.wait_for(lambda b: once_each(b, 3) and len(b) == 33, timeout=30)
+            await beside.wait_for(lambda b: once_each(b, 3) and len(b) == 603, timeout=30)
             await wait_until(lambda: hub.queue_size == 0 and not emitter.inflight_frames, 30)
             stats = relay.stats()
             assert stats["ack_pace_timeouts"] >= 1
             assert stats["browser_queue_full"] >= 1
-            assert stats["browser_queue_longest"] <= bound + 3  # its 3 terminals at most
+            assert stats["browser_queue_longest"] <= bound + 3  # the bound, and its terminals
+            assert "queue_full" not in hub.stats().counts  # the relay delivered everything
             stalled.drain()
             await stalled.wait_for(lambda b: once_each(b, 3), "stalled browser's terminals")
             assert len(stalled.blocks) < 603  # running blocks were skipped for it
@@ -260,10 +263,20 @@ def test_a_window_below_one_frame_is_refused():
         emitter_for(1, StreamHub(), max_inflight_frames=0)
 
 
-@pytest.mark.parametrize("bound", [0, 3, -1])
-def test_a_browser_queue_bound_below_four_is_refused(bound: int):
+@pytest.mark.parametrize("bound", [0, 3, -1, 2.5, "40"])
+def test_a_browser_queue_bound_below_four_or_not_an_int_is_refused(bound: Any):
     with pytest.raises(ConfigError, match="browser_queue_max"):
         ChatRelay(SECRET, browser_queue_max=bound)
+
+
+def test_a_browser_queue_bound_of_four_is_taken():
+    assert ChatRelay(SECRET, browser_queue_max=4).browser_queue_max == 4
+
+
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan")])
+def test_an_ack_pace_timeout_that_is_not_positive_is_refused(timeout: float):
+    with pytest.raises(ConfigError, match="ack_pace_timeout"):
+        ChatRelay(SECRET, ack_pace_timeout=timeout)
 
 
 async def test_a_relay_without_paced_acks_gets_frames_as_before_from_a_new_sender():

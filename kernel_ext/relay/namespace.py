@@ -25,10 +25,10 @@ Guarantees:
   blocks, then the live ones; nothing twice within one join, nothing lost in between.
 * Back-pressure (``browser_queue_max``): a browser with that many packets queued on this
   process gets no running block until it has read some (each skip counted
-  ``browser_queue_full``; terminals and catch-up always go), and a frame's acknowledgement
-  waits until its rooms' browsers have room, so a sender that keeps a window of frames
-  awaiting acknowledgement slows down to what the relay delivers (:meth:`ChatRelay.
-  on_kx_blocks`).
+  ``browser_queue_full``; terminals always go; not with a pub/sub manager such as Redis),
+  and a frame's acknowledgement waits until its rooms' browsers have room, so a sender
+  that keeps a window of frames awaiting acknowledgement slows down to what the relay
+  delivers (:meth:`ChatRelay.on_kx_blocks`).
 * A worker gone for longer than ``worker_grace`` has its open streams ended with
   ``aborted`` (:mod:`kernel_ext.relay.workers`).
 * Works with ``AsyncRedisManager`` as the server's client manager: rooms then span every
@@ -228,6 +228,9 @@ class ChatRelay(GuardedNamespace):
         self.browser_queue_max = browser_queue_max
         self.ack_pace_timeout = float(ack_pace_timeout)
         self._lagging: set[str] = set()  # browsers (sids) an acknowledgement gave up on
+        # Running blocks on their way into a browser's queue (emits not yet returned): a
+        # frame's emits overlap (_emit_in_order), so the queue alone would undercount.
+        self._sending: dict[str, int] = {}
         check_positive_ints(
             max_block_bytes=max_block_bytes,
             max_frame_blocks=max_frame_blocks,
@@ -628,22 +631,32 @@ class ChatRelay(GuardedNamespace):
             await asyncio.sleep(_PACE_POLL)  # polling with a deadline (docstring of _PACE_POLL)
             behind = self._behind(rooms, level)
 
-    def _full(self, room: str) -> list[str] | None:
-        """The browsers of ``room`` on this process that get no running block now (at
-        ``browser_queue_max`` packets queued), counted ``browser_queue_full``; ``None``
-        when there is none."""
+    async def _emit_running(self, raw: Any, room: str) -> None:
+        """Emit a running block to the browsers of ``room`` on this process but those with
+        ``browser_queue_max`` packets queued or on their way (counted
+        ``browser_queue_full``, one per browser)."""
         bound = self.browser_queue_max
-        if bound is None or isinstance(self.server.manager, AsyncPubSubManager):
-            return None
-        full = [
-            sid
-            for sid, eio_sid in self.server.manager.get_participants(self.namespace, room)
-            if self._queued(eio_sid) >= bound
-        ]
-        if not full:
-            return None
-        self._count("browser_queue_full", len(full))
-        return full
+        assert bound is not None
+        sending = self._sending
+        full: list[str] = []
+        going: list[str] = []
+        for sid, eio_sid in self.server.manager.get_participants(self.namespace, room):
+            if self._queued(eio_sid) + sending.get(sid, 0) >= bound:
+                full.append(sid)
+            else:
+                going.append(sid)
+                sending[sid] = sending.get(sid, 0) + 1
+        if full:
+            self._count("browser_queue_full", len(full))
+        try:
+            await self.emit(TOOL_EVENT_STREAM, raw, room=room, skip_sid=full or None)
+        finally:
+            for sid in going:
+                left = sending[sid] - 1
+                if left:
+                    sending[sid] = left
+                else:
+                    del sending[sid]
 
     def browser_queues(self) -> dict[str, int]:
         """Packets queued now for this process's browsers: ``browser_queued`` in all and
@@ -735,8 +748,12 @@ class ChatRelay(GuardedNamespace):
         replay = self.replay
         if replay is not None and not isinstance(self.server.manager, RelayRedisManager):
             replay.add(room, raw, data)
-        if raw.get("state") == "running" and (full := self._full(room)) is not None:
-            await self.emit(TOOL_EVENT_STREAM, raw, room=room, skip_sid=full)
+        if (
+            self.browser_queue_max is not None
+            and raw.get("state") == "running"
+            and not isinstance(self.server.manager, AsyncPubSubManager)
+        ):
+            await self._emit_running(raw, room)
             return
         await self.emit(TOOL_EVENT_STREAM, raw, room=room)
 
