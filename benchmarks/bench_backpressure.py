@@ -1,5 +1,6 @@
 """Back-pressure (issue 25): the relay's memory per stream when a worker publishes faster
-than the relay delivers, with back-pressure on and off, side by side in one run.
+than the relay delivers, with back-pressure on and off, side by side in one run; and what
+back-pressure costs the live path.
 
 Two processes on 127.0.0.1: a relay (``create_app`` under uvicorn, catch-up off so that its
 bounded memory, at most 1 MiB per stream, does not hide the queues; in a process of its
@@ -16,6 +17,12 @@ counted by the hub); the sender's waits on a full window; whether every terminal
 once. Memory per stream with back-pressure on is held against the same figure at 2×: it
 must not grow with the overload (≤ 1.25× it, or within 0.1 MB of it: the resident memory's
 noise over 20 streams).
+
+The live path, back-pressure on vs off: ``bench_catchup.py``'s live-path rows (its
+processes, loads, rounds and targets: throughput, p99 latency at 100 streams × 10 blocks/s
+and the relay's CPU per block, each the median of the on / off ratios of runs with both
+relays fed the same load at once), with the relay's back-pressure as the setting (the
+worker's sender paces itself on the relay that says so).
 """
 
 from __future__ import annotations
@@ -27,9 +34,19 @@ import sys
 import time
 from typing import Any
 
-from bench_stream import _free_port, _spawn, _wait_port, rss_bytes
+from bench_catchup import (
+    LATENCY_SECONDS,
+    QUICK_LATENCY_SECONDS,
+    QUICK_ROUNDS,
+    QUICK_THROUGHPUT_N,
+    ROUNDS,
+    live_figures,
+    live_path,
+)
+from bench_stream import THROUGHPUT_N, _free_port, _spawn, _wait_port, rss_bytes
 
 SECRET = "bench-backpressure-secret"
+TIMEOUT = 900.0  # run.py: longer than the common limit (about 70 processes in a full run)
 STREAMS = 20
 SECONDS = 4.0
 QUICK_SECONDS = 2.0
@@ -206,8 +223,19 @@ async def _all(quick: bool) -> list[dict[str, Any]]:
     return figures
 
 
+async def _live(quick: bool) -> list[dict[str, Any]]:
+    n = QUICK_THROUGHPUT_N if quick else THROUGHPUT_N
+    seconds = QUICK_LATENCY_SECONDS if quick else LATENCY_SECONDS
+    runs = await live_path(n, seconds, QUICK_ROUNDS if quick else ROUNDS, "--back-pressure")
+    figures = live_figures(runs, n, "back-pressure")
+    for figure in figures:
+        figure["profile"] = False  # the path runs in other processes
+    return figures
+
+
 def run(quick: bool = False) -> list[dict[str, Any]]:
-    return asyncio.run(_all(quick))
+    figures = asyncio.run(_all(quick))
+    return figures + asyncio.run(_live(quick))
 
 
 if __name__ == "__main__":

@@ -354,3 +354,23 @@ async def test_a_sender_asking_no_acknowledgement_for_running_frames_is_served_b
         assert ack == {"ok": True, "accepted": 1, "rejected": 0}
         await reader.wait_for(lambda b: len(b) == 51, timeout=10)
         assert [b["envelope"]["seq"] for b in reader.blocks] == list(range(1, 52))
+
+
+async def test_aclose_sends_the_acknowledgements_that_wait_for_the_browsers():
+    call = "1a1a1a1a1a1a1a1a"
+    async with (
+        relay_server(browser_queue_max=40, ack_pace_timeout=60) as (port, relay),
+        browsers(port, ROOM) as (_, _readers),
+    ):
+        hub = StreamHub(max_running_per_second=None)
+        emitter = emitter_for(port, hub, max_inflight_frames=2)
+        await emitter.start()
+        try:
+            await wait_until(lambda: emitter.paced, 10, "the relay did not say paced")
+            await fill_window(hub, emitter, relay, call, ROOM)
+            acks = emitter.counts["acks"]
+            await relay.aclose()
+            await wait_until(lambda: emitter.counts["acks"] >= acks + 2, 10, "no acknowledgement")
+            assert emitter.counts["ack_timeouts"] == 0
+        finally:
+            await emitter.stop(1)

@@ -98,9 +98,10 @@ __all__ = ["ChatRelay"]
 
 _ROOM_MAX = 512
 _CATCH_UP_ROUNDS = 8
-_PACE_POLL = 0.002
-"""Seconds between two looks at the browsers' queues while an acknowledgement waits (the
-queues are python-engineio's ``asyncio.Queue``: nothing to wait on below a level)."""
+_PACE_POLL = 0.005
+"""Seconds between two looks at the browsers' queues while acknowledgements wait (the
+queues are python-engineio's ``asyncio.Queue``: nothing to wait on below a level); one
+task looks for every waiting acknowledgement."""
 """Rounds a catch-up takes at most to find nothing more to send before the browser enters
 the room (each sends what arrived during the one before)."""
 
@@ -231,6 +232,9 @@ class ChatRelay(GuardedNamespace):
         # Running blocks on their way into a browser's queue (emits not yet returned): a
         # frame's emits overlap (_emit_in_order), so the queue alone would undercount.
         self._sending: dict[str, int] = {}
+        # Acknowledgements waiting for their rooms' browsers: (rooms, waiter, deadline).
+        self._pacing: list[tuple[list[str], asyncio.Future[None], float]] = []
+        self._pacer: asyncio.Task[None] | None = None
         check_positive_ints(
             max_block_bytes=max_block_bytes,
             max_frame_blocks=max_frame_blocks,
@@ -609,27 +613,45 @@ class ChatRelay(GuardedNamespace):
     async def _pace(self, rooms: list[str]) -> None:
         """Return once the browsers of ``rooms`` have room (:meth:`on_kx_blocks`)."""
         assert self.browser_queue_max is not None
-        level = self.browser_queue_max // 4
-        behind = self._behind(rooms, level)
-        if not behind:
+        if not self._behind(rooms, self.browser_queue_max // 4):
             return
         self._count("acks_paced")
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.ack_pace_timeout
-        while behind:
-            if loop.time() >= deadline:
-                self._count("ack_pace_timeouts")
-                self._lagging.update(behind)
-                rare(
-                    "ack_pace_timeout",
-                    "relay: %d browser(s) read slower than blocks arrive; running blocks to "
-                    "them are skipped past %d queued packets",
-                    len(behind),
-                    self.browser_queue_max,
-                )
-                return
-            await asyncio.sleep(_PACE_POLL)  # polling with a deadline (docstring of _PACE_POLL)
-            behind = self._behind(rooms, level)
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._pacing.append((rooms, waiter, loop.time() + self.ack_pace_timeout))
+        if self._pacer is None or self._pacer.done():
+            self._pacer = loop.create_task(self._pace_all())
+        await waiter
+
+    async def _pace_all(self) -> None:
+        """Release each waiting acknowledgement once its rooms' browsers have room, or at its
+        deadline (counted ``ack_pace_timeouts``; the browsers behind are given up on)."""
+        assert self.browser_queue_max is not None
+        level = self.browser_queue_max // 4
+        loop = asyncio.get_running_loop()
+        while self._pacing:
+            await asyncio.sleep(_PACE_POLL)  # polling with deadlines (docstring of _PACE_POLL)
+            now = loop.time()
+            waiting = []
+            for rooms, waiter, deadline in self._pacing:
+                if waiter.done():  # its handler is gone
+                    continue
+                behind = self._behind(rooms, level)
+                if behind and now < deadline:
+                    waiting.append((rooms, waiter, deadline))
+                    continue
+                if behind:
+                    self._count("ack_pace_timeouts")
+                    self._lagging.update(behind)
+                    rare(
+                        "ack_pace_timeout",
+                        "relay: %d browser(s) read slower than blocks arrive; running blocks "
+                        "to them are skipped past %d queued packets",
+                        len(behind),
+                        self.browser_queue_max,
+                    )
+                waiter.set_result(None)
+            self._pacing = waiting
 
     async def _emit_running(self, raw: Any, room: str) -> None:
         """Emit a running block to the browsers of ``room`` on this process but those with
@@ -880,11 +902,19 @@ class ChatRelay(GuardedNamespace):
     async def aclose(self) -> None:
         """Stop ending gone workers' streams: cancel every grace timer and any emission of
         ``aborted`` blocks in progress (and the watch of
-        :class:`~kernel_ext.relay.RelayRedisManager`, if it is the server's manager). Call
+        :class:`~kernel_ext.relay.RelayRedisManager`, if it is the server's manager); send
+        the acknowledgements that wait for the browsers (back-pressure) now. Call
         it when the server stops — python-socketio gives a namespace no hook for that.
         Idempotent."""
         if self._grace is not None:
             await self._grace.aclose()
+        pacer, self._pacer = self._pacer, None
+        if pacer is not None:
+            pacer.cancel()
+        paced, self._pacing = self._pacing, []
+        for _, waiter, _ in paced:  # acknowledge them now
+            if not waiter.done():
+                waiter.set_result(None)
         manager = getattr(self.server, "manager", None)
         if isinstance(manager, RelayRedisManager):
             await manager.stop_watching()
