@@ -229,8 +229,8 @@ class ChatRelay(GuardedNamespace):
         self.browser_queue_max = browser_queue_max
         self.ack_pace_timeout = float(ack_pace_timeout)
         self._lagging: set[str] = set()  # browsers (sids) an acknowledgement gave up on
-        # Running blocks on their way into a browser's queue (emits not yet returned): a
-        # frame's emits overlap (_emit_in_order), so the queue alone would undercount.
+        # Running blocks on their way into a browser's queue (a frame's emits not yet
+        # returned; they overlap: _emit_in_order), so the queue alone would undercount.
         self._sending: dict[str, int] = {}
         # Acknowledgements waiting for their rooms' browsers: (rooms, waiter, deadline).
         self._pacing: list[tuple[list[str], asyncio.Future[None], float]] = []
@@ -653,32 +653,45 @@ class ChatRelay(GuardedNamespace):
                 waiter.set_result(None)
             self._pacing = waiting
 
-    async def _emit_running(self, raw: Any, room: str) -> None:
-        """Emit a running block to the browsers of ``room`` on this process but those with
-        ``browser_queue_max`` packets queued or on their way (counted
-        ``browser_queue_full``, one per browser)."""
+    def _reserve(
+        self, blocks: list[tuple[Any, bytes | None]], room: str
+    ) -> tuple[list[list[str] | None], dict[str, int]]:
+        """Which browsers of ``room`` on this process each of a frame's blocks skips: a
+        browser gets the section's running blocks only up to ``browser_queue_max`` packets
+        queued or on their way (the rest skip it, counted ``browser_queue_full``, one per
+        block and browser); terminals skip no one. Returns the skips per block and what was
+        reserved per browser (:meth:`_release` it once the emits returned)."""
         bound = self.browser_queue_max
         assert bound is not None
+        skips: list[list[str] | None] = [None] * len(blocks)
+        reserved: dict[str, int] = {}
+        running = [i for i, (raw, _) in enumerate(blocks) if raw.get("state") == "running"]
+        if not running:
+            return skips, reserved
         sending = self._sending
-        full: list[str] = []
-        going: list[str] = []
         for sid, eio_sid in self.server.manager.get_participants(self.namespace, room):
-            if self._queued(eio_sid) + sending.get(sid, 0) >= bound:
-                full.append(sid)
+            going = min(len(running), max(0, bound - self._queued(eio_sid) - sending.get(sid, 0)))
+            if going:
+                sending[sid] = sending.get(sid, 0) + going
+                reserved[sid] = going
+            if going < len(running):
+                self._count("browser_queue_full", len(running) - going)
+                for i in running[going:]:
+                    skip = skips[i]
+                    if skip is None:
+                        skips[i] = [sid]
+                    else:
+                        skip.append(sid)
+        return skips, reserved
+
+    def _release(self, reserved: dict[str, int]) -> None:
+        sending = self._sending
+        for sid, n in reserved.items():
+            left = sending.get(sid, 0) - n
+            if left > 0:
+                sending[sid] = left
             else:
-                going.append(sid)
-                sending[sid] = sending.get(sid, 0) + 1
-        if full:
-            self._count("browser_queue_full", len(full))
-        try:
-            await self.emit(TOOL_EVENT_STREAM, raw, room=room, skip_sid=full or None)
-        finally:
-            for sid in going:
-                left = sending[sid] - 1
-                if left:
-                    sending[sid] = left
-                else:
-                    del sending[sid]
+                sending.pop(sid, None)
 
     def browser_queues(self) -> dict[str, int]:
         """Packets queued now for this process's browsers: ``browser_queued`` in all and
@@ -750,34 +763,42 @@ class ChatRelay(GuardedNamespace):
         (Redis) publishes after an await, so there they go one after the other (collected
         into one pipeline per frame by :class:`RelayRedisManager`: :meth:`_run`).
         """
-        if len(blocks) > 1 and not isinstance(self.server.manager, AsyncPubSubManager):
-            loop = asyncio.get_running_loop()
-            tasks = [loop.create_task(self._emit_block(raw, room, data)) for raw, data in blocks]
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-            return
-        for raw, data in blocks:
-            await self._emit_block(raw, room, data)
+        pubsub = isinstance(self.server.manager, AsyncPubSubManager)
+        if self.browser_queue_max is None or pubsub:
+            skips: list[list[str] | None] = [None] * len(blocks)
+            reserved: dict[str, int] = {}
+        else:
+            skips, reserved = self._reserve(blocks, room)
+        try:
+            if len(blocks) > 1 and not pubsub:
+                loop = asyncio.get_running_loop()
+                tasks = [
+                    loop.create_task(self._emit_block(raw, room, data, skip))
+                    for (raw, data), skip in zip(blocks, skips, strict=True)
+                ]
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+                return
+            for (raw, data), skip in zip(blocks, skips, strict=True):
+                await self._emit_block(raw, room, data, skip)
+        finally:
+            self._release(reserved)
 
-    async def _emit_block(self, raw: Any, room: str, data: bytes | None = None) -> None:
+    async def _emit_block(
+        self, raw: Any, room: str, data: bytes | None = None, skip: list[str] | None = None
+    ) -> None:
         """Emit one block to its room; held for catch-up in the same step (before the emit
         picks the room's browsers, with nothing awaited in between) — unless the server's
         manager is a :class:`~kernel_ext.relay.RelayRedisManager`, which holds every block
         it emits to this process's browsers, wherever it came from. ``data``: the block's
-        compact JSON when the relay has it already."""
+        compact JSON when the relay has it already; ``skip``: the browsers it does not go to
+        (:meth:`_reserve`)."""
         replay = self.replay
         if replay is not None and not isinstance(self.server.manager, RelayRedisManager):
             replay.add(room, raw, data)
-        if (
-            self.browser_queue_max is not None
-            and raw.get("state") == "running"
-            and not isinstance(self.server.manager, AsyncPubSubManager)
-        ):
-            await self._emit_running(raw, room)
-            return
-        await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+        await self.emit(TOOL_EVENT_STREAM, raw, room=room, skip_sid=skip)
 
     async def _submit(self, conn: _Internal, kind: str, room: str, payload: Any) -> int:
         """Emit a job now when the connection is free, else queue it behind the others (in
