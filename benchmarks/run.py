@@ -97,6 +97,11 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
         "≤ 1.25× the 2× figure (or + 0.1 MB); every terminal",
         "backpressure",
     ),
+    (
+        "relay throughput, latency p99 and relay CPU per block, back-pressure on vs off",
+        "≥ 0.95×, ≤ 1.05×, ≤ 1.05×",
+        "backpressure",
+    ),
 )
 
 VERSIONED = (

@@ -173,7 +173,7 @@ async def test_a_relay_that_cannot_keep_up_slows_the_sender_and_the_hub_drops_ru
             publish_running(hub, call, ROOM, 200)
             end_streams(hub, call, ROOM)
             dropped = hub.stats().counts["queue_full"]
-            assert dropped >= 200 - 50 - 4  # the sender took one batch at most
+            assert dropped >= 200 - 50  # the hub's queue holds 50; the sender takes none now
             await wait_until(lambda: emitter.holding_back, 10, "the sender did not wait")
             assert emitter.inflight_frames == 2
             assert hub.queue_size >= 3  # the terminals wait in the hub
