@@ -274,16 +274,18 @@ def _order(round_: int) -> tuple[str, str]:
     return ("on", "off") if round_ % 2 == 0 else ("off", "on")
 
 
-async def live_path(n: int, seconds: float, rounds: int) -> dict[str, dict[str, list[Any]]]:
+async def live_path(
+    n: int, seconds: float, rounds: int, option: str = "--catch-up"
+) -> dict[str, dict[str, list[Any]]]:
     """Per mode and setting, the receivers' results of ``rounds`` runs, each with a relay
-    of either setting fed the same load at once."""
+    of either setting (of the relay role's ``option``) fed the same load at once."""
     runs: dict[str, dict[str, list[Any]]] = {
         mode: {"on": [], "off": []} for mode in ("burst", "paced")
     }
     for mode in ("burst", "paced"):
         for round_ in range(rounds):
             order = _order(round_)
-            relays = [("--catch-up", setting) for setting in order]
+            relays = [(option, setting) for setting in order]
             results = await side_by_side("kx", mode, n, seconds, relays)
             for setting, result in zip(order, results, strict=True):
                 runs[mode][setting].append(result)
@@ -299,8 +301,11 @@ def _per_run(runs: list[dict[str, Any]], figure: Callable[[dict[str, Any]], Any]
     return [figure(r) for r in runs]
 
 
-def live_figures(runs: dict[str, dict[str, list[Any]]], n: int) -> list[dict[str, Any]]:
-    """The ratios on / off: each the median over the runs of the two relays of one run."""
+def live_figures(
+    runs: dict[str, dict[str, list[Any]]], n: int, what: str = "catch-up"
+) -> list[dict[str, Any]]:
+    """The ratios on / off (of ``what``): each the median over the runs of the two relays of
+    one run."""
     burst, paced = runs["burst"], runs["paced"]
 
     def rate(r: dict[str, Any]) -> float | None:
@@ -332,7 +337,7 @@ def live_figures(runs: dict[str, dict[str, list[Any]]], n: int) -> list[dict[str
         found = value[key]
         floor = key == "rate"  # throughput: on / off at least the target; the rest at most
         return {
-            "name": f"live path, catch-up on vs off: {name}",
+            "name": f"live path, {what} on vs off: {name}",
             "value": _round(found),
             "unit": "×",
             "target": target,

@@ -244,9 +244,15 @@ def role_plain_relay(port: int) -> None:
 
 
 def role_kx_relay(
-    port: int, *, catch_up: bool = True, probe: bool = False, trace: bool = False
+    port: int,
+    *,
+    catch_up: bool = True,
+    back_pressure: bool = True,
+    probe: bool = False,
+    trace: bool = False,
 ) -> None:
-    """kernel_ext's relay as shipped (``create_app``), catch-up on (its default) or off.
+    """kernel_ext's relay as shipped (``create_app``), catch-up on (its default) or off, and
+    back-pressure on (its default) or off (``browser_queue_max=None``).
 
     With ``probe`` it also reads its standard input: a ``STATS`` line is answered with a
     ``STATS`` line holding the relay's :meth:`~kernel_ext.relay.ChatRelay.stats`, any other
@@ -259,7 +265,8 @@ def role_kx_relay(
 
     from kernel_ext.relay import allow_all, create_app
 
-    ready = create_app(SECRET, authorize_join=allow_all, catch_up=catch_up)
+    off: dict[str, Any] = {} if back_pressure else {"browser_queue_max": None}
+    ready = create_app(SECRET, authorize_join=allow_all, catch_up=catch_up, **off)
     config = uvicorn.Config(
         ready.app, host="127.0.0.1", port=port, log_level="error", lifespan="off"
     )
@@ -677,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=SECONDS)
     parser.add_argument("--timeout", type=float, default=PROCESS_TIMEOUT)
     parser.add_argument("--catch-up", choices=("on", "off"), default="on")
+    parser.add_argument("--back-pressure", choices=("on", "off"), default="on")
     parser.add_argument("--probe", action="store_true")
     parser.add_argument("--trace-memory", action="store_true")
     parser.add_argument("--quick", action="store_true")
@@ -686,7 +694,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.role == "kx-relay":
         role_kx_relay(
-            args.port, catch_up=args.catch_up == "on", probe=args.probe, trace=args.trace_memory
+            args.port,
+            catch_up=args.catch_up == "on",
+            back_pressure=args.back_pressure == "on",
+            probe=args.probe,
+            trace=args.trace_memory,
         )
         return 0
     if args.role == "receiver":

@@ -98,6 +98,16 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
     ("relay throughput, catch-up on vs off (issue 24)", "≥ 0.95× (within 5 %)", "catchup"),
     ("latency p99 at 100 streams × 10 blocks/s, catch-up on vs off", "≤ 1.05×", "catchup"),
     ("relay CPU per delivered block, catch-up on vs off", "≤ 1.05×", "catchup"),
+    (
+        "relay memory per stream at 5× its capacity, back-pressure on (issue 25)",
+        "≤ 1.25× the 2× figure (or + 0.1 MB); every terminal",
+        "backpressure",
+    ),
+    (
+        "relay throughput, latency p99 and relay CPU per block, back-pressure on vs off",
+        "≥ 0.95×, ≤ 1.05×, ≤ 1.05×",
+        "backpressure",
+    ),
 )
 
 VERSIONED = (

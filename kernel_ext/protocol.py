@@ -67,6 +67,7 @@ from kernel_ext._lazy import module_getattr
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 
 __all__ = [
+    "ACKS_PACED",
     "CHAT_EVENT",
     "DEFAULT_MAX_BLOCK_BYTES",
     "FRAME_ROOMS",
@@ -121,6 +122,10 @@ KX_HELLO = "kx_hello"
 # A relay that answers ``kx_hello`` with this in ``frames`` takes blocks of several rooms in
 # one ``kx_blocks`` frame: {"v": 1, "rooms": [{"room", "blocks"}, ...]}.
 FRAME_ROOMS = "rooms"
+# A relay that answers ``kx_hello`` with ``"acks": ACKS_PACED`` acknowledges every
+# ``kx_blocks`` frame that asks for it, and only once its browsers' queues have room (or a
+# bounded wait passed): a sender may then keep a window of frames awaiting acknowledgement.
+ACKS_PACED = "paced"
 # Why the relay refuses a connection: the ``message`` of its CONNECT error.
 REFUSED_UNAUTHORIZED = "unauthorized"
 REFUSED_BAD_WORKER = "bad worker id"

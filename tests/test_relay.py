@@ -345,6 +345,7 @@ async def test_a_frame_of_several_rooms_goes_to_each_room_in_order() -> None:
         "frames": ["rooms"],
         "maxFrameBlocks": 1000,
         "maxBlockBytes": 4096,
+        "acks": "paced",
     }
     # the refused block's index counts the blocks of the whole frame, in order
     assert ack == {

@@ -41,6 +41,7 @@ from kernel_ext.emit.base import (
 from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import (
+    ACKS_PACED,
     FRAME_ROOMS,
     KX_BLOCKS,
     KX_CHAT_EVENT,
@@ -97,8 +98,17 @@ class LoopbackEmitter(Emitter):
       ``terminal_max_attempts`` times and for ``terminal_max_age`` seconds, at most
       ``max_pending_terminals`` at once (beyond: dropped, counted, logged at ERROR). No
       acknowledgement within ``ack_timeout`` seconds (a frozen server) forces a reconnect.
-    * Running blocks are fire-and-forget: while disconnected they are dropped and counted
-      (``disconnected``); nothing is kept (T3).
+    * Back-pressure: when the relay says its acknowledgements are paced by its browsers
+      (its answer to ``kx_hello``; :attr:`paced`), every frame asks for an acknowledgement
+      and at most ``max_inflight_frames`` frames await one at a time. With the window full
+      the sender takes nothing more from the hub (counted ``window_full`` once per wait), so
+      the hub's bounded queue fills and its rules decide what is dropped (running blocks,
+      ``queue_full``; terminals are kept): a relay that cannot keep up slows the sender
+      instead of holding what it cannot deliver. A relay that does not say so (an older
+      one) gets running blocks without acknowledgement requests, as before.
+    * Running blocks are otherwise fire-and-forget: while disconnected they are dropped and
+      counted (``disconnected``, also those of frames awaiting an acknowledgement when the
+      connection drops); nothing is kept (T3).
     * Reconnects with jittered exponential backoff from ``reconnect_delay`` to
       ``reconnect_delay_max`` seconds (a connection that lasted under a second counts as a
       failed attempt). The relay keeps nothing per connection that a new connection (new
@@ -113,7 +123,7 @@ class LoopbackEmitter(Emitter):
       be rotated to this one.
     * :attr:`counts`: ``connects``, ``disconnects``, ``connect_failures``,
       ``connect_refused``, ``ack_timeouts``, ``acks``, ``nacks``, ``terminal_resends``,
-      ``terminals_degraded``.
+      ``terminals_degraded``, ``window_full``.
 
     Raises:
         ConfigError: a bad argument (a ``reconnect_delay_max`` below ``reconnect_delay``, a
@@ -143,6 +153,7 @@ class LoopbackEmitter(Emitter):
         terminal_max_attempts: int = 10,
         terminal_max_age: float = 300.0,
         max_pending_terminals: int = 10_000,
+        max_inflight_frames: int = 4,
         reconnect_delay: float = 0.1,
         reconnect_delay_max: float = 5.0,
         connect_timeout: float = 5.0,
@@ -153,7 +164,11 @@ class LoopbackEmitter(Emitter):
         if not isinstance(url, str) or not url:
             raise ConfigError("url must be the relay's http(s) URL")
         check_secret(secret)  # the relay's rule: at least 16 bytes
-        check_positive_ints(frame_max_blocks=frame_max_blocks, frame_max_chars=frame_max_chars)
+        check_positive_ints(
+            frame_max_blocks=frame_max_blocks,
+            frame_max_chars=frame_max_chars,
+            max_inflight_frames=max_inflight_frames,
+        )
         check_positive_numbers(ack_timeout=ack_timeout, connect_timeout=connect_timeout)
         self.url = url
         self._secret = secret
@@ -163,6 +178,7 @@ class LoopbackEmitter(Emitter):
         self.transports = transports if transports is not None else ["websocket"]
         self.frame_max_blocks = frame_max_blocks
         self.frame_max_chars = frame_max_chars
+        self.max_inflight_frames = max_inflight_frames
         self.ack_timeout = float(ack_timeout)
         self._backoff = backoff(
             reconnect_delay=reconnect_delay, reconnect_delay_max=reconnect_delay_max
@@ -182,6 +198,10 @@ class LoopbackEmitter(Emitter):
         self._healthy = False
         self._first_attempt = asyncio.Event()
         self._rooms_per_frame = False  # the relay's answer to kx_hello, per connection
+        self._paced = False  # likewise
+        self._window = asyncio.Event()  # set: a frame may go (the window has room)
+        self._window.set()
+        self._holding_back = False
         self._hello_task: asyncio.Task[None] | None = None
         self._refusal: str | None = None  # the relay's reason, during one attempt
         self._reported: str | None = None  # the refusal logged last (None once connected)
@@ -200,6 +220,31 @@ class LoopbackEmitter(Emitter):
         sid: str | None = client.get_sid(self.namespace)
         return sid
 
+    @property
+    def paced(self) -> bool:
+        """Whether every frame now awaits its acknowledgement within the window (the relay
+        said its acknowledgements are paced)."""
+        return self._paced
+
+    @property
+    def holding_back(self) -> bool:
+        """Whether the sender waits now for the window to have room (taking nothing from
+        the hub meanwhile)."""
+        return self._holding_back
+
+    @property
+    def inflight_frames(self) -> int:
+        """Frames sent and not yet acknowledged, now."""
+        return len(self._inflight)
+
+    def _window_changed(self) -> None:
+        """Open the window when a frame may go: it has room, or the connection is down (the
+        frame then goes nowhere and is lost or held)."""
+        if len(self._inflight) < self.max_inflight_frames or not self._healthy:
+            self._window.set()
+        else:
+            self._window.clear()
+
     def _pending(self) -> int:
         return len(self._terminals) + sum(len(f.terminals) for f in self._inflight.values())
 
@@ -207,6 +252,7 @@ class LoopbackEmitter(Emitter):
         pending = self._pending()
         self._terminals.abandon()
         self._inflight = {}
+        self._window.set()
         return pending
 
     def _health_message(self, healthy: bool, why: object) -> tuple[int, str, tuple[object, ...]]:
@@ -254,6 +300,7 @@ class LoopbackEmitter(Emitter):
     async def _on_connect(self) -> None:
         self._reported = None  # a later refusal is news again
         self._rooms_per_frame = False
+        self._paced = False
         self._set_healthy(True)
         self._cancel_hello()
         # Not awaited here: the client reads the answer on the loop this handler runs in.
@@ -282,15 +329,13 @@ class LoopbackEmitter(Emitter):
             return
         if not isinstance(answer, Mapping) or answer.get("ok") is not True:
             return
+        if client is not self._client or not self._healthy or self.counts["connects"] != connection:
+            return
         frames = answer.get("frames")
-        if (
-            client is self._client
-            and self._healthy
-            and self.counts["connects"] == connection
-            and isinstance(frames, list)
-            and FRAME_ROOMS in frames
-        ):
+        if isinstance(frames, list) and FRAME_ROOMS in frames:
             self._rooms_per_frame = True
+        if answer.get("acks") == ACKS_PACED:
+            self._paced = True
 
     def _on_connect_error(self, data: Any = None) -> None:
         """The relay answered the namespace CONNECT with an error: ``{"message": reason}``
@@ -330,13 +375,15 @@ class LoopbackEmitter(Emitter):
     async def _on_disconnect(self, reason: Any = None) -> None:
         # Frames without an acknowledgement may or may not have arrived: hold their
         # terminals again (the relay drops a terminal it emitted already).
+        # Their running blocks are lost like any sent while disconnected.
         inflight, self._inflight = self._inflight, {}
         for frame in inflight.values():
-            for entry in frame.terminals:
-                self._terminals.hold(entry)
+            self._lose(frame.blocks, frame.terminals)
         self._rooms_per_frame = False
+        self._paced = False
         self._cancel_hello()
         self._set_healthy(False, reason)
+        self._window.set()
         self._wakeup.set()
 
     async def _connect_loop(self) -> None:
@@ -482,6 +529,13 @@ class LoopbackEmitter(Emitter):
             terminals = [
                 held_by_item.get(id(b)) or self._terminals.new(b) for b in blocks if b.terminal
             ]
+            if self._paced and not self._window.is_set():
+                self._count("window_full")
+                self._holding_back = True
+                try:
+                    await self._window.wait()
+                finally:
+                    self._holding_back = False
             if not self._healthy:
                 self._lose(blocks, terminals)
                 continue
@@ -498,12 +552,13 @@ class LoopbackEmitter(Emitter):
                 }
             frame_id = 0
             try:
-                if terminals:
+                if terminals or self._paced:
                     self._frame_ids += 1
                     frame_id = self._frame_ids
                     for entry in terminals:
                         entry.attempts += 1
                     self._inflight[frame_id] = _Inflight(terminals, _now(), blocks)
+                    self._window_changed()
                     await self._client.emit(
                         KX_BLOCKS,
                         payload,
@@ -515,8 +570,9 @@ class LoopbackEmitter(Emitter):
                     hub.record_delivered(len(blocks))
             except Exception as exc:
                 _rare("emit_failed", "loopback emitter: emit failed: %s", exc)
-                if terminals and self._inflight.pop(frame_id, None) is None:
-                    terminals = []  # the disconnect handler holds them already
+                if frame_id and self._inflight.pop(frame_id, None) is None:
+                    continue  # the disconnect handler lost or held them already
+                self._window_changed()
                 self._lose(blocks, terminals)
 
     def _lose(self, blocks: list[OutgoingBlock], terminals: list[HeldTerminal]) -> None:
@@ -538,6 +594,7 @@ class LoopbackEmitter(Emitter):
         frame = self._inflight.pop(frame_id, None)
         if frame is None:
             return
+        self._window_changed()
         held, blocks = frame.terminals, frame.blocks
         bound: Any = None
         if isinstance(ack, Mapping) and ack.get("ok") is True:

@@ -23,6 +23,12 @@ Guarantees:
   it first receives the blocks it lacks of the conversation's held streams (the relay's
   memory of them, :mod:`kernel_ext.relay.replay`), as ordinary ``tool_event_stream``
   blocks, then the live ones; nothing twice within one join, nothing lost in between.
+* Back-pressure (``browser_queue_max``): a browser with that many packets queued on this
+  process gets no running block until it has read some (each skip counted
+  ``browser_queue_full``; terminals always go; not with a pub/sub manager such as Redis),
+  and a frame's acknowledgement waits until its rooms' browsers have room, so a sender
+  that keeps a window of frames awaiting acknowledgement slows down to what the relay
+  delivers (:meth:`ChatRelay.on_kx_blocks`).
 * A worker gone for longer than ``worker_grace`` has its open streams ended with
   ``aborted`` (:mod:`kernel_ext.relay.workers`).
 * Works with ``AsyncRedisManager`` as the server's client manager: rooms then span every
@@ -40,8 +46,15 @@ from typing import Any
 import socketio
 from socketio.async_pubsub_manager import AsyncPubSubManager
 
-from kernel_ext.errors import BlockTooLargeError, DecodeError, check_positive_ints
+from kernel_ext.errors import (
+    BlockTooLargeError,
+    ConfigError,
+    DecodeError,
+    check_positive_ints,
+    check_positive_numbers,
+)
 from kernel_ext.protocol import (
+    ACKS_PACED,
     CHAT_EVENT,
     DEFAULT_MAX_BLOCK_BYTES,
     FRAME_ROOMS,
@@ -85,6 +98,10 @@ __all__ = ["ChatRelay"]
 
 _ROOM_MAX = 512
 _CATCH_UP_ROUNDS = 8
+_PACE_POLL = 0.005
+"""Seconds between two looks at the browsers' queues while acknowledgements wait (the
+queues are python-engineio's ``asyncio.Queue``: nothing to wait on below a level); one
+task looks for every waiting acknowledgement."""
 """Rounds a catch-up takes at most to find nothing more to send before the browser enters
 the room (each sends what arrived during the one before)."""
 
@@ -146,6 +163,13 @@ class ChatRelay(GuardedNamespace):
             replay_max_streams, replay_hold, replay_idle: the bounds of that memory
             (:class:`~kernel_ext.relay.replay.ReplayMemory`).
         max_cursors: entries of a join's ``have`` list read at most.
+        browser_queue_max: packets queued for one browser of this process at which it gets
+            no more running blocks until it reads (``None``: no bound, and acknowledgements
+            are not paced — the relay's behaviour before back-pressure). A frame's
+            acknowledgement waits until every browser of its rooms has fewer than a quarter
+            of that queued, at most ``ack_pace_timeout`` seconds; a browser that made it
+            wait that long is not waited for again until it has caught up to that quarter.
+        ack_pace_timeout: seconds an acknowledgement waits for the browsers at most.
         worker_grace: seconds a worker may stay disconnected before the relay ends its open
             streams with ``aborted`` (``None`` disables; see "Gone workers" below).
         max_workers: workers with open streams tracked at once.
@@ -193,8 +217,24 @@ class ChatRelay(GuardedNamespace):
         replay_hold: float = 30.0,
         replay_idle: float = REPLAY_IDLE,
         max_cursors: int = 1_000,
+        browser_queue_max: int | None = 2_000,
+        ack_pace_timeout: float = 1.0,
     ) -> None:
         self._secret = InternalSecret(secret)
+        if browser_queue_max is not None:
+            check_positive_ints(browser_queue_max=browser_queue_max)
+            if browser_queue_max < 4:
+                raise ConfigError(f"browser_queue_max must be at least 4, got {browser_queue_max}")
+        check_positive_numbers(ack_pace_timeout=ack_pace_timeout)
+        self.browser_queue_max = browser_queue_max
+        self.ack_pace_timeout = float(ack_pace_timeout)
+        self._lagging: set[str] = set()  # browsers (sids) an acknowledgement gave up on
+        # Running blocks on their way into a browser's queue (a frame's emits not yet
+        # returned; they overlap: _emit_in_order), so the queue alone would undercount.
+        self._sending: dict[str, int] = {}
+        # Acknowledgements waiting for their rooms' browsers: (rooms, waiter, deadline).
+        self._pacing: list[tuple[list[str], asyncio.Future[None], float]] = []
+        self._pacer: asyncio.Task[None] | None = None
         check_positive_ints(
             max_block_bytes=max_block_bytes,
             max_frame_blocks=max_frame_blocks,
@@ -281,6 +321,7 @@ class ChatRelay(GuardedNamespace):
             counts.update(manager.worker_sizes())
         if self.replay is not None:
             counts.update(self.replay.sizes())
+        counts.update(self.browser_queues())
         return counts
 
     def readiness(self) -> Readiness:
@@ -345,6 +386,7 @@ class ChatRelay(GuardedNamespace):
     async def on_disconnect(self, sid: str, reason: Any = None) -> None:
         """Forget the connection; an internal sender's queued frames are still emitted."""
         self._browsers.pop(sid, None)
+        self._lagging.discard(sid)
         conn = self._internal.pop(sid, None)
         if conn is not None:
             conn.queue.put_nowait(None)
@@ -474,17 +516,22 @@ class ChatRelay(GuardedNamespace):
         """What this relay takes from an internal sender, asked once per connection:
         ``{"ok": true, "v": 1, "frames": ["rooms"], "maxFrameBlocks", "maxBlockBytes"}``
         (``"rooms"``: a frame may carry blocks of several rooms). A sender that gets no such
-        answer (a relay older than this one) sends one room per frame."""
+        answer (a relay older than this one) sends one room per frame. ``"acks": "paced"``
+        (unless ``browser_queue_max`` is ``None``): every frame's acknowledgement is paced
+        by the browsers (:meth:`on_kx_blocks`); a sender not told so sends as before."""
         if sid not in self._internal:
             self._reject(sid, "not_internal", KX_HELLO)
             return {"ok": False, "error": "forbidden"}
-        return {
+        answer: dict[str, Any] = {
             "ok": True,
             "v": 1,
             "frames": [FRAME_ROOMS],
             "maxFrameBlocks": self.max_frame_blocks,
             "maxBlockBytes": self.max_block_bytes,
         }
+        if self.browser_queue_max is not None:
+            answer["acks"] = ACKS_PACED
+        return answer
 
     async def on_kx_blocks(self, sid: str, data: Any = None) -> dict[str, Any]:
         """A frame from an internal sender: ``{"v": 1, "room", "blocks": [...]}`` (one
@@ -496,7 +543,10 @@ class ChatRelay(GuardedNamespace):
         emitted, plus, when ``m > 0``, ``"refused": [{"index": i, "reason": "too_large" |
         "invalid"}, ...]`` (``i`` counts the blocks of the whole frame, in order) and
         ``"maxBlockBytes"`` (the relay's bound), so a sender can degrade a refused terminal
-        and send it again."""
+        and send it again. With ``browser_queue_max`` the acknowledgement is paced: it comes
+        once every browser of the frame's rooms on this process has fewer than a quarter of
+        that queued (a browser this relay gave up waiting for is not waited for again until
+        it has), or after ``ack_pace_timeout`` seconds (counted ``ack_pace_timeouts``)."""
         conn = self._internal.get(sid)
         if conn is None:
             self._reject(sid, "not_internal", KX_BLOCKS)
@@ -530,6 +580,8 @@ class ChatRelay(GuardedNamespace):
         self._count("frames")
         count_frame("accepted")
         await self._submit(conn, "blocks", "", valid)
+        if self.browser_queue_max is not None:
+            await self._pace([room for room, _ in valid])
         ack: dict[str, Any] = {
             "ok": True,
             "accepted": index - len(refused),
@@ -539,6 +591,118 @@ class ChatRelay(GuardedNamespace):
             ack["refused"] = refused
             ack["maxBlockBytes"] = self.max_block_bytes
         return ack
+
+    def _queued(self, eio_sid: str) -> int:
+        """Packets python-engineio holds for one browser's connection, not yet written."""
+        socket = self.server.eio.sockets.get(eio_sid)
+        return socket.queue.qsize() if socket is not None else 0
+
+    def _behind(self, rooms: list[str], level: int) -> list[str]:
+        """The browsers of ``rooms`` on this process with ``level`` or more packets queued,
+        but for those given up on (forgotten here once below ``level``)."""
+        behind = []
+        lagging = self._lagging
+        for room in dict.fromkeys(rooms):
+            for sid, eio_sid in self.server.manager.get_participants(self.namespace, room):
+                if self._queued(eio_sid) < level:
+                    lagging.discard(sid)
+                elif sid not in lagging:
+                    behind.append(sid)
+        return behind
+
+    async def _pace(self, rooms: list[str]) -> None:
+        """Return once the browsers of ``rooms`` have room (:meth:`on_kx_blocks`)."""
+        assert self.browser_queue_max is not None
+        if not self._behind(rooms, self.browser_queue_max // 4):
+            return
+        self._count("acks_paced")
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._pacing.append((rooms, waiter, loop.time() + self.ack_pace_timeout))
+        if self._pacer is None or self._pacer.done():
+            self._pacer = loop.create_task(self._pace_all())
+        await waiter
+
+    async def _pace_all(self) -> None:
+        """Release each waiting acknowledgement once its rooms' browsers have room, or at its
+        deadline (counted ``ack_pace_timeouts``; the browsers behind are given up on)."""
+        assert self.browser_queue_max is not None
+        level = self.browser_queue_max // 4
+        loop = asyncio.get_running_loop()
+        while self._pacing:
+            await asyncio.sleep(_PACE_POLL)  # polling with deadlines (docstring of _PACE_POLL)
+            now = loop.time()
+            waiting = []
+            for rooms, waiter, deadline in self._pacing:
+                if waiter.done():  # its handler is gone
+                    continue
+                behind = self._behind(rooms, level)
+                if behind and now < deadline:
+                    waiting.append((rooms, waiter, deadline))
+                    continue
+                if behind:
+                    self._count("ack_pace_timeouts")
+                    self._lagging.update(behind)
+                    rare(
+                        "ack_pace_timeout",
+                        "relay: %d browser(s) read slower than blocks arrive; running blocks "
+                        "to them are skipped past %d queued packets",
+                        len(behind),
+                        self.browser_queue_max,
+                    )
+                waiter.set_result(None)
+            self._pacing = waiting
+
+    def _reserve(
+        self, blocks: list[tuple[Any, bytes | None]], room: str
+    ) -> tuple[list[list[str] | None], dict[str, int]]:
+        """Which browsers of ``room`` on this process each of a frame's blocks skips: a
+        browser gets the section's running blocks only up to ``browser_queue_max`` packets
+        queued or on their way (the rest skip it, counted ``browser_queue_full``, one per
+        block and browser); terminals skip no one. Returns the skips per block and what was
+        reserved per browser (:meth:`_release` it once the emits returned)."""
+        bound = self.browser_queue_max
+        assert bound is not None
+        skips: list[list[str] | None] = [None] * len(blocks)
+        reserved: dict[str, int] = {}
+        running = [i for i, (raw, _) in enumerate(blocks) if raw.get("state") == "running"]
+        if not running:
+            return skips, reserved
+        sending = self._sending
+        for sid, eio_sid in self.server.manager.get_participants(self.namespace, room):
+            going = min(len(running), max(0, bound - self._queued(eio_sid) - sending.get(sid, 0)))
+            if going:
+                sending[sid] = sending.get(sid, 0) + going
+                reserved[sid] = going
+            if going < len(running):
+                self._count("browser_queue_full", len(running) - going)
+                for i in running[going:]:
+                    skip = skips[i]
+                    if skip is None:
+                        skips[i] = [sid]
+                    else:
+                        skip.append(sid)
+        return skips, reserved
+
+    def _release(self, reserved: dict[str, int]) -> None:
+        sending = self._sending
+        for sid, n in reserved.items():
+            left = sending.get(sid, 0) - n
+            if left > 0:
+                sending[sid] = left
+            else:
+                sending.pop(sid, None)
+
+    def browser_queues(self) -> dict[str, int]:
+        """Packets queued now for this process's browsers: ``browser_queued`` in all and
+        ``browser_queue_longest`` (the most for one browser)."""
+        manager = self.server.manager
+        sizes = [
+            self._queued(eio_sid)
+            for sid in self._browsers
+            if (eio_sid := manager.eio_sid_from_sid(sid, self.namespace)) is not None
+        ]
+        return {"browser_queued": sum(sizes), "browser_queue_longest": max(sizes, default=0)}
 
     def _sections(self, data: Any) -> list[tuple[str, list[Any]]] | str:
         """A frame's (room, blocks) sections in order, or what is wrong with it."""
@@ -599,27 +763,42 @@ class ChatRelay(GuardedNamespace):
         (Redis) publishes after an await, so there they go one after the other (collected
         into one pipeline per frame by :class:`RelayRedisManager`: :meth:`_run`).
         """
-        if len(blocks) > 1 and not isinstance(self.server.manager, AsyncPubSubManager):
-            loop = asyncio.get_running_loop()
-            tasks = [loop.create_task(self._emit_block(raw, room, data)) for raw, data in blocks]
-            results = await asyncio.gather(*tasks, return_exceptions=True)
-            for result in results:
-                if isinstance(result, BaseException):
-                    raise result
-            return
-        for raw, data in blocks:
-            await self._emit_block(raw, room, data)
+        pubsub = isinstance(self.server.manager, AsyncPubSubManager)
+        if self.browser_queue_max is None or pubsub:
+            skips: list[list[str] | None] = [None] * len(blocks)
+            reserved: dict[str, int] = {}
+        else:
+            skips, reserved = self._reserve(blocks, room)
+        try:
+            if len(blocks) > 1 and not pubsub:
+                loop = asyncio.get_running_loop()
+                tasks = [
+                    loop.create_task(self._emit_block(raw, room, data, skip))
+                    for (raw, data), skip in zip(blocks, skips, strict=True)
+                ]
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+                for result in results:
+                    if isinstance(result, BaseException):
+                        raise result
+                return
+            for (raw, data), skip in zip(blocks, skips, strict=True):
+                await self._emit_block(raw, room, data, skip)
+        finally:
+            self._release(reserved)
 
-    async def _emit_block(self, raw: Any, room: str, data: bytes | None = None) -> None:
+    async def _emit_block(
+        self, raw: Any, room: str, data: bytes | None = None, skip: list[str] | None = None
+    ) -> None:
         """Emit one block to its room; held for catch-up in the same step (before the emit
         picks the room's browsers, with nothing awaited in between) — unless the server's
         manager is a :class:`~kernel_ext.relay.RelayRedisManager`, which holds every block
         it emits to this process's browsers, wherever it came from. ``data``: the block's
-        compact JSON when the relay has it already."""
+        compact JSON when the relay has it already; ``skip``: the browsers it does not go to
+        (:meth:`_reserve`)."""
         replay = self.replay
         if replay is not None and not isinstance(self.server.manager, RelayRedisManager):
             replay.add(room, raw, data)
-        await self.emit(TOOL_EVENT_STREAM, raw, room=room)
+        await self.emit(TOOL_EVENT_STREAM, raw, room=room, skip_sid=skip)
 
     async def _submit(self, conn: _Internal, kind: str, room: str, payload: Any) -> int:
         """Emit a job now when the connection is free, else queue it behind the others (in
@@ -744,11 +923,19 @@ class ChatRelay(GuardedNamespace):
     async def aclose(self) -> None:
         """Stop ending gone workers' streams: cancel every grace timer and any emission of
         ``aborted`` blocks in progress (and the watch of
-        :class:`~kernel_ext.relay.RelayRedisManager`, if it is the server's manager). Call
+        :class:`~kernel_ext.relay.RelayRedisManager`, if it is the server's manager); send
+        the acknowledgements that wait for the browsers (back-pressure) now. Call
         it when the server stops — python-socketio gives a namespace no hook for that.
         Idempotent."""
         if self._grace is not None:
             await self._grace.aclose()
+        pacer, self._pacer = self._pacer, None
+        if pacer is not None:
+            pacer.cancel()
+        paced, self._pacing = self._pacing, []
+        for _, waiter, _ in paced:  # acknowledge them now
+            if not waiter.done():
+                waiter.set_result(None)
         manager = getattr(self.server, "manager", None)
         if isinstance(manager, RelayRedisManager):
             await manager.stop_watching()
