@@ -192,35 +192,26 @@ class RoutedPublish(PublishResult):
                     manager.channel,
                 )
 
-    def _route(self, message: Any) -> tuple[str, dict[bytes, bytes] | None] | None:
-        """The room channel and log entry of ``message``, or ``None`` (the manager's channel,
-        no log)."""
+    def _route(self, message: Any) -> str | None:
+        """The room channel of ``message``, or ``None`` (the manager's channel, no log)."""
         if not self.route_all or not isinstance(message, dict):
             return None
         room = routed_room(message)
         if room is None:
             return None
         manager: Any = self
-        namespace = message.get("namespace") or "/"
-        return room_channel(manager.channel, namespace, room), log_entry(message)
-
-    def _log_key(self, message: Mapping[str, Any]) -> str:
-        manager: Any = self
-        return room_log(manager.channel, message.get("namespace") or "/", message["room"])
+        return room_channel(manager.channel, message.get("namespace") or "/", room)
 
     def _queue(self, pipe: Any, message: Any, dumps: Any, after: dict[str, Any]) -> int:
         """Queue ``message``'s commands on ``pipe`` (the log's expiry once per pipeline, in
         ``after``); how many replies they give (the first is the publish's)."""
         manager: Any = self
-        route = self._route(message)
-        if route is None:
-            pipe.publish(manager.channel, dumps(message))
-            return 1
-        channel, entry = route
-        pipe.publish(channel, dumps(message))
+        channel = self._route(message)
+        pipe.publish(channel or manager.channel, dumps(message))
+        entry = log_entry(message) if channel is not None else None
         if entry is None:
             return 1
-        key = self._log_key(message)
+        key = room_log(manager.channel, message.get("namespace") or "/", message["room"])
         pipe.xadd(key, entry, maxlen=LOG_MAX_BLOCKS, approximate=True)
         after[key] = ("PEXPIRE", key, _LOG_TTL_MS)
         return 2
