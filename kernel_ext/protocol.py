@@ -19,6 +19,9 @@ Rules pinned here (spec ``tool-event-stream.zh.md``, design.md §2, §4):
   a string in ``envelope.payload.text``, an ``aborted`` block a string in
   ``envelope.payload.message``.
 * ``callId`` is the 16 lower-case hex digit span id of the tool call, or ``null`` (T2).
+* ``traceId`` (optional, added after v1 without a version change): the 32 lower-case hex
+  digit trace id of that span, never all zeros; absent (or ``null``) when unknown, and
+  never beside a ``null`` callId.
 * Envelope kinds ``thinking``, ``tool_call``, ``text``, ``tool_output_append`` and
   ``progress`` are known; any other kind is kept as it is (forward compatible). Unknown
   envelope fields are kept too; unknown block fields are rejected (the block is ours).
@@ -59,6 +62,8 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -86,6 +91,7 @@ __all__ = [
     "TERMINAL_KEYS",
     "TERMINAL_STATES",
     "TOOL_EVENT_STREAM",
+    "TRACE_ID_PATTERN",
     "TRUNCATION_MARKER",
     "WORKER_HEARTBEAT",
     "WORKER_ID_PATTERN",
@@ -106,6 +112,7 @@ __all__ = [
     "terminal_envelope",
     "text_block",
     "text_block_fast_limit",
+    "trace_id_hex",
 ]
 
 PROTOCOL_VERSION = 1
@@ -141,6 +148,8 @@ DEFAULT_MAX_BLOCK_BYTES = 64 * 1024
 MAX_PAYLOAD_DEPTH = 32
 TRUNCATION_MARKER = "…[truncated {n} chars]"
 CALL_ID_PATTERN = r"^[0-9a-f]{16}$"
+TRACE_ID_PATTERN = r"^[0-9a-f]{32}$"
+_NO_TRACE_ID = "0" * 32  # W3C: all zeros is the invalid trace id
 # A sender's worker id (connect auth ``worker``; the Redis liveness signal), matched whole
 # (``re.fullmatch``); on the Socket.IO Redis channel, the ``method`` of the heartbeat and the
 # key that tags a write-only sender's emits with its id (docs/contracts.md).
@@ -272,6 +281,14 @@ class Block(_Wire):
     )
     ts: StrictInt = Field(ge=0, description="emit time at the caller, epoch milliseconds")
     envelope: Envelope = Field(description="the peer's envelope, passed through unchanged")
+    trace_id: Annotated[StrictStr, Field(pattern=TRACE_ID_PATTERN)] | None = Field(
+        default=None,
+        exclude_if=lambda value: value is None,  # absent from the wire when unknown
+        json_schema_extra={"not": {"const": _NO_TRACE_ID}},
+        description="optional: the trace id of the tool call's execute_tool span, 32 "
+        "lower-case hex digits, not all zeros; absent or null when unknown, and never "
+        "beside a null callId",
+    )
 
     @model_validator(mode="after")
     def _terminal_payload(self) -> Block:
@@ -280,10 +297,28 @@ class Block(_Wire):
             raise ValueError(f"a {self.state} block must carry a string envelope.payload.{key}")
         return self
 
+    @field_validator("trace_id")
+    @classmethod
+    def _trace_of_a_call(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None:
+            if value == _NO_TRACE_ID:
+                raise ValueError("traceId must not be all zeros (the invalid trace id)")
+            if info.data.get("call_id", "") is None:
+                raise ValueError("a block without a callId carries no traceId")
+        return value
+
     @property
     def is_terminal(self) -> bool:
         """Whether this block closes its stream (``done`` or ``aborted``)."""
         return self.state in TERMINAL_STATES
+
+
+def trace_id_hex(trace_id: int) -> str | None:
+    """The ``traceId`` of a span's trace id: its 32 lower-case hex digits, zero-padded;
+    ``None`` for 0 (the invalid trace id), a negative one or one over 128 bits."""
+    if trace_id <= 0 or trace_id >> 128:
+        return None
+    return trace_id.to_bytes(16, "big").hex()
 
 
 def pseudo_envelope(task_id: str, seq: int, text: str, *, status: str = "running") -> Envelope:
@@ -580,25 +615,33 @@ def fallback_terminal(
     seq: int,
     *,
     too_large: bool,
+    trace_id: str | None = None,
 ) -> dict[str, Any]:
     """The short terminal a terminal is degraded to when it cannot be sent as it is: the
     same stream and state, a text saying why (:data:`FALLBACK_TOO_LARGE` or
     :data:`FALLBACK_INVALID`). A valid block for any string ``task_id`` of 1–512
-    characters (a longer or empty one is replaced by its first 512 characters or ``-``)."""
+    characters (a longer or empty one is replaced by its first 512 characters or ``-``),
+    with ``trace_id`` as :func:`text_block` takes it."""
     task_id = task_id[:512] or "-"
-    return text_block(
-        call_id, task_id, state, ts, seq, FALLBACK_TOO_LARGE if too_large else FALLBACK_INVALID
-    )
+    text = FALLBACK_TOO_LARGE if too_large else FALLBACK_INVALID
+    return text_block(call_id, task_id, state, ts, seq, text, trace_id)
 
 
 def text_block(
-    call_id: str | None, task_id: str, state: str, ts: int, seq: int, text: str
+    call_id: str | None,
+    task_id: str,
+    state: str,
+    ts: int,
+    seq: int,
+    text: str,
+    trace_id: str | None = None,
 ) -> dict[str, Any]:
     """The wire form of a block whose envelope is the caller's own text envelope: a running
     block's pseudo-envelope (``payload.text``) or a terminal (``payload.text`` for ``done``,
-    ``payload.message`` for ``aborted``). Built as is, not validated: the caller passes a
-    valid call id, a task id of 1–512 characters and a non-negative seq."""
-    return {
+    ``payload.message`` for ``aborted``); ``traceId`` last, when ``trace_id`` is given and
+    ``call_id`` is not ``None``. Built as is, not validated: the caller passes a valid call
+    id, trace id, a task id of 1–512 characters and a non-negative seq."""
+    wire: dict[str, Any] = {
         "v": PROTOCOL_VERSION,
         "callId": call_id,
         "taskId": task_id,
@@ -613,6 +656,9 @@ def text_block(
             "payload": {TERMINAL_KEYS.get(state, "text"): text},
         },
     }
+    if trace_id is not None and call_id is not None:
+        wire["traceId"] = trace_id
+    return wire
 
 
 # Names that moved out of this module, and their homes. The schema's home is

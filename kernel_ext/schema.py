@@ -4,7 +4,8 @@ the known kinds.
 * :func:`block_json_schema` is the JSON Schema (draft 2020-12) of a block, generated from
   :class:`~kernel_ext.protocol.Block` and written in standard keywords only (no pydantic
   keyword, nothing a standard validator would ignore), with the terminals' payload rule
-  (:data:`~kernel_ext.protocol.TERMINAL_KEYS`) as ``if``/``then``. A block
+  (:data:`~kernel_ext.protocol.TERMINAL_KEYS`) and "no traceId without a callId" as
+  ``if``/``then``. A block
   :func:`~kernel_ext.protocol.decode` accepts is valid against it and a block it refuses is
   not, except for what JSON Schema cannot express (:data:`NOT_EXPRESSIBLE`).
 * :data:`KIND_PAYLOADS` declares what producers put in ``envelope.payload`` for each of
@@ -115,6 +116,13 @@ def _terminal_rule(state: str, key: str) -> dict[str, Any]:
     }
 
 
+# A block whose callId is null carries no traceId (protocol.Block).
+_NO_TRACE_WITHOUT_CALL: dict[str, Any] = {
+    "if": {"properties": {"callId": {"type": "null"}}, "required": ["callId"]},
+    "then": {"properties": {"traceId": {"type": "null"}}},
+}
+
+
 def block_json_schema() -> dict[str, Any]:
     """The JSON Schema (draft 2020-12) of a block on the wire (module docstring)."""
     generated = Block.model_json_schema(by_alias=True)
@@ -136,5 +144,8 @@ def block_json_schema() -> dict[str, Any]:
         "block a summary in envelope.payload.message. Not expressed here, checked by the "
         f"protocol's decoder: {limits}.",
         **generated,
-        "allOf": [_terminal_rule(state, key) for state, key in TERMINAL_KEYS.items()],
+        "allOf": [
+            *(_terminal_rule(state, key) for state, key in TERMINAL_KEYS.items()),
+            _NO_TRACE_WITHOUT_CALL,
+        ],
     }

@@ -29,6 +29,9 @@ Semantics (spec "生命周期" and "渲染语义", design.md §2 and §4):
   :meth:`PaneStore.end_replay`, in mode ``"replay"``; the acknowledgement (or a failed
   join) puts them back to ``"live"``, and its ``replay.missing`` tells tasks how many
   blocks they will never get.
+* A pane keeps the ``traceId`` of the first block applied to it that carries a valid one
+  (32 lower-case hex digits, not all zeros); any other ``traceId`` reads as none.
+  :func:`trace_url` makes the address of its span from a backend's URL template.
 * Bad input never raises: it is dropped and counted.
 
 Nothing here builds markup; every string is kept as the peer sent it.
@@ -38,10 +41,12 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
@@ -59,6 +64,7 @@ __all__ = [
     "Task",
     "labels_for",
     "missing_text",
+    "trace_url",
 ]
 
 DEFAULT_TIMEOUT_MS = 15_000
@@ -265,6 +271,9 @@ class Pane:
     last_final: Final | None = None
     mode: PaneMode = "live"
     """``"replay"`` while a join catches up (:meth:`PaneStore.begin_replay`), else ``"live"``."""
+    trace_id: str | None = None
+    """The call's trace id: that of the first block applied to the pane that carries a valid
+    ``traceId`` (32 lower-case hex digits, not all zeros), else ``None``."""
 
     @property
     def status(self) -> PaneStatus:
@@ -293,6 +302,7 @@ class Pane:
         final = self.final
         return {
             "callId": self.call_id,
+            "traceId": self.trace_id,
             "mode": self.mode,
             "tool": self.tool,
             "status": self.status,
@@ -327,6 +337,39 @@ class _Parsed:
     kind: str
     seq: int
     payload: Mapping[str, Any]
+    trace_id: str | None
+
+
+_SPAN_ID = re.compile(r"[0-9a-f]{16}")
+_TRACE_ID = re.compile(r"[0-9a-f]{32}")
+_NO_TRACE_ID = "0" * 32
+
+
+def _trace_id_of(value: object) -> str | None:
+    if isinstance(value, str) and _TRACE_ID.fullmatch(value) and value != _NO_TRACE_ID:
+        return value
+    return None
+
+
+def trace_url(template: object, trace_id: object, span_id: object) -> str | None:
+    """The address of a call's span in a trace backend: ``template`` with ``{traceId}`` and
+    ``{spanId}`` replaced by the ids, or ``None`` — when the template is not a string, the
+    trace id is not 32 lower-case hex digits (all zeros is none), the span id (the callId)
+    not 16, or the result is not an absolute ``http:`` or ``https:`` URL with a host. The
+    rule of the browser renderer's ``traceUrl``."""
+    if not isinstance(template, str) or _trace_id_of(trace_id) is None:
+        return None
+    if not (isinstance(span_id, str) and _SPAN_ID.fullmatch(span_id)):
+        return None
+    assert isinstance(trace_id, str)
+    url = template.replace("{traceId}", trace_id).replace("{spanId}", span_id)
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:
+        return None
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        return None
+    return url.strip()
 
 
 def _seq_of(value: object) -> int | None:
@@ -372,7 +415,8 @@ def _parse(block: object) -> _Parsed | None:
     if not (isinstance(kind, str) and kind) or seq is None:
         return None
     payload = _as_mapping(envelope.get("payload")) or {}
-    return _Parsed(call_id, task_id, str(state), kind, seq, payload)
+    trace_id = None if call_id is None else _trace_id_of(data.get("traceId"))
+    return _Parsed(call_id, task_id, str(state), kind, seq, payload, trace_id)
 
 
 def _str_or_none(value: object) -> str | None:
@@ -562,6 +606,8 @@ class PaneStore:
         elif task.ended:
             return self._drop("afterEnd", parsed.call_id, parsed.task_id)
         if terminal:
+            if pane.trace_id is None:
+                pane.trace_id = parsed.trace_id
             task.outcome = "done" if parsed.state == "done" else "aborted"
             task.final_text = _terminal_text(parsed)
             task.terminal_seq = parsed.seq
@@ -577,6 +623,8 @@ class PaneStore:
         item = _item_of(parsed)
         if not task.insert(item):
             return self._drop("duplicate", parsed.call_id, parsed.task_id)
+        if pane.trace_id is None:
+            pane.trace_id = parsed.trace_id
         return Applied(
             "item", parsed.call_id, parsed.task_id, item=item, new_pane=new_pane, new_task=new_task
         )

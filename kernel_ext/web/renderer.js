@@ -121,6 +121,38 @@ function countOf(value) {
   return Number.isSafeInteger(value) && value > 0 ? value : null;
 }
 
+// The W3C forms of the ids a span link is built from (protocol: callId, traceId).
+const SPAN_ID = /^[0-9a-f]{16}$/;
+const TRACE_ID = /^[0-9a-f]{32}$/;
+const NO_TRACE_ID = "0".repeat(32);
+
+function traceIdOf(value) {
+  return typeof value === "string" && TRACE_ID.test(value) && value !== NO_TRACE_ID ? value : null;
+}
+
+/**
+ * The address of a call's span in a trace backend: `template` with `{traceId}` and
+ * `{spanId}` replaced by the ids (URI-encoded), or null — when the template is not a
+ * string, the trace id is not 32 lower-case hex digits (all zeros is none), the span id
+ * (the callId) not 16, or the result is not an absolute http: or https: URL.
+ */
+export function traceUrl(template, traceId, spanId) {
+  if (typeof template !== "string" || traceIdOf(traceId) === null) return null;
+  if (typeof spanId !== "string" || !SPAN_ID.test(spanId)) return null;
+  const filled = template
+    .split("{traceId}")
+    .join(encodeURIComponent(traceId))
+    .split("{spanId}")
+    .join(encodeURIComponent(spanId));
+  let url;
+  try {
+    url = new URL(filled);
+  } catch {
+    return null;
+  }
+  return url.protocol === "http:" || url.protocol === "https:" ? url.href : null;
+}
+
 // One key per stream; "" stands for callId null (a callId is never empty).
 function streamKey(callId, taskId) {
   return `${callId === null ? "" : callId}\n${taskId}`;
@@ -145,7 +177,8 @@ function parseBlock(block) {
   const seq = seqOf(get(envelope, "seq"));
   if (typeof kind !== "string" || kind === "" || seq === null) return null;
   const payload = isObject(get(envelope, "payload")) ? envelope.payload : {};
-  return { callId, taskId, state, kind, seq, payload };
+  const traceId = callId === null ? null : traceIdOf(get(block, "traceId"));
+  return { callId, taskId, state, kind, seq, payload, traceId };
 }
 
 function itemOf(parsed) {
@@ -271,6 +304,7 @@ export class Task {
 export class Pane {
   constructor(callId, openedAt) {
     this.callId = callId;
+    this.traceId = null; // from the first block applied to the pane that carries one
     this.openedAt = openedAt;
     this.mode = "live"; // "replay" while a join catches up (PaneStore.beginReplay)
     this.tool = null;
@@ -279,6 +313,11 @@ export class Pane {
     this.timedOut = false;
     this.tasks = new Map();
     this.lastFinal = null;
+  }
+
+  /** Keep `traceId` (valid or null) when the pane has none yet: the first one stays. */
+  takeTraceId(traceId) {
+    if (this.traceId === null) this.traceId = traceId;
   }
 
   /** "streaming" | "ended" | "no_details" | "calling" (see tests/vectors/README.md). */
@@ -301,6 +340,7 @@ export class Pane {
     const final = this.final;
     return {
       callId: this.callId,
+      traceId: this.traceId,
       mode: this.mode,
       tool: this.tool,
       status: this.status,
@@ -437,6 +477,7 @@ export class PaneStore {
       return this._drop("afterEnd", { callId, taskId });
     }
     if (terminal) {
+      pane.takeTraceId(parsed.traceId);
       task.outcome = parsed.state;
       task.final = terminalText(parsed);
       task.terminalSeq = parsed.seq;
@@ -445,6 +486,7 @@ export class PaneStore {
     }
     const item = itemOf(parsed);
     if (!task.insert(item)) return this._drop("duplicate", { callId, taskId });
+    pane.takeTraceId(parsed.traceId);
     return this._result("item", { callId, taskId, item, newPane, newTask });
   }
 
@@ -780,6 +822,8 @@ class PaneView {
     const head = el(doc, "header", "kx-head");
     this.toolNode = el(doc, "span", "kx-tool");
     this.callIdNode = el(doc, "span", "kx-call-id", callId);
+    this.traceUrl = options.traceUrl;
+    this.traceHref = null;
     this.modeNode = el(doc, "span", "kx-mode", this.labels.replay);
     this.statusNode = el(doc, "span", "kx-status");
     head.append(this.toolNode, this.callIdNode, this.modeNode, this.statusNode);
@@ -826,6 +870,7 @@ class PaneView {
     root.dataset.mode = pane ? pane.mode : "live";
     this.modeNode.hidden = root.dataset.mode !== "replay";
     this.toolNode.textContent = (pane && pane.tool) || "";
+    this.renderTraceLink(pane ? traceUrl(this.traceUrl, pane.traceId, this.callId) : null);
     this.statusNode.textContent = statusLabel(labels, status);
     const final = pane ? pane.final : null;
     this.finalNode.hidden = final === null;
@@ -842,6 +887,23 @@ class PaneView {
     this.endNode.hidden = status !== "ended";
     this.streamNode.classList.toggle("kx-ended", status === "ended");
     if (follow) this.streamNode.scrollTop = this.streamNode.scrollHeight;
+  }
+
+  // The callId, as a link to its span when the page gave a `traceUrl` and the pane has a
+  // trace id (built with DOM calls: the address only ever goes into an href attribute).
+  renderTraceLink(href) {
+    if (href === this.traceHref) return;
+    this.traceHref = href;
+    const node = this.callIdNode;
+    if (href === null) {
+      node.textContent = this.callId;
+      return;
+    }
+    const link = el(this.doc, "a", "kx-trace", this.callId);
+    link.setAttribute("href", href);
+    link.setAttribute("target", "_blank");
+    link.setAttribute("rel", "noopener noreferrer");
+    node.replaceChildren(link);
   }
 
   renderTask(task, showHead) {
@@ -966,7 +1028,9 @@ class PaneView {
 /**
  * Render the pane of `callId` into `container` (appended) and keep it up to date.
  * Options: locale ("zh" default, "en"), labels (overrides), document, injectStyles (default
- * true). Returns {element, update(), destroy()}.
+ * true), traceUrl (a template such as "https://jaeger.example/trace/{traceId}?uiFind={spanId}":
+ * the callId links to traceUrl(template, pane.traceId, callId) when that is not null).
+ * Returns {element, update(), destroy()}.
  */
 export function mountPane(container, store, callId, options = {}) {
   const view = new PaneView(container, store, callId, options);

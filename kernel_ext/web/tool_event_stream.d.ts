@@ -56,6 +56,11 @@ export interface Block {
   ts: number;
   /** the peer's envelope, passed through unchanged */
   envelope: Envelope;
+  /**
+   * optional: the trace id of the tool call's execute_tool span, 32 lower-case hex digits, not all
+   * zeros; absent or null when unknown, and never beside a null callId (pattern /^[0-9a-f]{32}$/)
+   */
+  traceId?: string | null;
 }
 
 /** A block's state: progress, or the stream's one terminal. */
