@@ -11,8 +11,9 @@ shows up in one place:
   of the processor's 2 µs budget per tool span (``benchmarks/bench_attribution.py``). The
   processor reads them inline (the one use outside this module, for speed, and only where
   this module's probe passed).
-* **``SpanContext`` as a tuple** (:data:`SPAN_CONTEXT_INDEXED`): its span id is item 1 of the
-  tuple it is; indexing saves the ``span_id`` property's Python call.
+* **``SpanContext`` as a tuple** (:data:`SPAN_CONTEXT_INDEXED`): its trace id, span id and
+  trace flags are items 0, 1 and 3 of the tuple it is; indexing saves the properties'
+  Python calls (:func:`sampled_trace_id` too).
 * **OpenTelemetry's suppression keys** (:data:`SUPPRESS_KEYS`): the two context keys
   ``suppress_instrumentation()`` sets and ``is_instrumentation_enabled()`` reads
   (``opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY`` and the plain
@@ -48,7 +49,7 @@ import inspect
 import logging
 from collections.abc import AsyncIterator, Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 __all__ = [
     "ACTIVE",
@@ -58,6 +59,7 @@ __all__ = [
     "PublishResult",
     "publish_pipeline_supported",
     "publish_result_supported",
+    "sampled_trace_id",
 ]
 
 _log = logging.getLogger("kernel_ext.compat")
@@ -94,11 +96,13 @@ def _probe_span_fields() -> bool:
 
 
 def _probe_span_context_indexed() -> bool:
-    """Whether a ``SpanContext``'s span id is item 1 of the tuple it is."""
+    """Whether a ``SpanContext``'s trace id, span id and trace flags are items 0, 1 and 3
+    of the tuple it is."""
     try:
-        from opentelemetry.trace import SpanContext
+        from opentelemetry.trace import SpanContext, TraceFlags
 
-        return bool(SpanContext(1, 2, False)[1] == 2)
+        context = SpanContext(1, 2, False, TraceFlags(1))
+        return bool(context[0] == 1 and context[1] == 2 and context[3] == 1)
     except Exception:
         return False
 
@@ -348,6 +352,34 @@ only when this is true; else it takes the public properties."""
 
 SPAN_CONTEXT_INDEXED: bool = _probe_span_context_indexed()
 """Whether ``span_context[1]`` is the span id."""
+
+
+def _indexed_context_class() -> type:
+    """``SpanContext`` when :data:`SPAN_CONTEXT_INDEXED`, else a class no context is."""
+    if SPAN_CONTEXT_INDEXED:
+        from opentelemetry.trace import SpanContext
+
+        return SpanContext
+    return type("_NoContext", (), {})
+
+
+_SPAN_CONTEXT = _indexed_context_class()
+
+
+def sampled_trace_id(context: Any) -> int:
+    """The trace id of a span's ``context`` (a ``SpanContext``) when the span is sampled —
+    exported to the trace backend — else ``0`` (also for no context or a malformed one)."""
+    if context.__class__ is _SPAN_CONTEXT:
+        fields = cast("tuple[int, int, bool, int]", context)  # the tuple it is (the probe's)
+        return fields[0] if fields[3] & 1 else 0
+    try:
+        if not context.trace_flags.sampled:
+            return 0
+        trace_id = context.trace_id
+    except Exception:
+        return 0
+    return trace_id if trace_id.__class__ is int and trace_id > 0 else 0
+
 
 SUPPRESS_KEYS: tuple[str, str] | None = _probe_suppress_keys()
 """The context keys of OpenTelemetry's ``suppress_instrumentation()``, or ``None`` (then the

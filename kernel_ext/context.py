@@ -78,6 +78,7 @@ class _ToolCallFields(NamedTuple):
     llm_call_id: str | None = None
     parent: ToolCall | None = None
     life: CallLife = cast("CallLife", None)  # always set by ToolCall.__new__
+    trace_id: int = 0
 
 
 _tuple_new = tuple.__new__
@@ -90,7 +91,9 @@ class ToolCall(_ToolCallFields):
     digits (the callId of its blocks); ``llm_call_id`` is the model's tool-call id
     (``gen_ai.tool.call.id``), a different thing; ``parent`` is the enclosing call when
     tools nest. ``life`` tells whether the call has ended (:attr:`ended`); a new one is made
-    when none is given, and it is not part of the call's equality or repr.
+    when none is given, and it is not part of the call's equality or repr. ``trace_id`` is
+    the span's trace id (an int, as OpenTelemetry keeps it) when the span is sampled, else
+    ``0``: the ``traceId`` of the call's blocks.
     """
 
     __slots__ = ()
@@ -103,6 +106,7 @@ class ToolCall(_ToolCallFields):
         llm_call_id: str | None = None,
         parent: ToolCall | None = None,
         life: CallLife | None = None,
+        trace_id: int = 0,
     ) -> ToolCall:
         return _tuple_new(
             cls,
@@ -113,6 +117,7 @@ class ToolCall(_ToolCallFields):
                 llm_call_id,
                 parent,
                 life if life is not None else CallLife(),
+                trace_id,
             ),
         )
 

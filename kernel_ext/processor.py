@@ -220,6 +220,7 @@ class ToolSpanProcessor(SpanProcessor):
                     llm_call_id,
                     parent.call_id if parent is not None else None,
                     start_time or 0,
+                    _compat.sampled_trace_id(context),
                 ),
             )
             if not tap.add(call):

@@ -409,7 +409,7 @@ def fits(wire: Mapping[str, Any], max_bytes: int) -> bool:
     return block_size(wire) <= max_bytes
 
 
-# The fixed parts of a text block (keys, v, state, ts, seq, callId, punctuation) take
+# The fixed parts of a text block (keys, v, state, ts, seq, callId, traceId, punctuation) take
 # fewer bytes than this; a character of its text or task id takes at most 6 (``\u0001``).
 _TEXT_BLOCK_FIXED = 256
 _MAX_BYTES_PER_CHAR = 6

@@ -51,6 +51,9 @@ class LiveCall(NamedTuple):
     llm_call_id: str | None = None
     parent_call_id: str | None = None
     started_ns: int = 0
+    trace_id: int = 0
+    """The span's trace id when the span is sampled, else ``0`` (:attr:`ToolCall.trace_id
+    <kernel_ext.context.ToolCall.trace_id>`)."""
 
 
 class CallSink(Protocol):

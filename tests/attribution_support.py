@@ -97,6 +97,12 @@ def hex_id(span: ReadableSpan) -> str:
     return format(span.context.span_id, "016x")
 
 
+def trace_of(span: ReadableSpan) -> int:
+    """The span's trace id as a call record keeps it: the id when sampled, else 0."""
+    assert span.context is not None
+    return span.context.trace_id if span.context.trace_flags.sampled else 0
+
+
 def describe_runtime(
     instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> ToolDescription:

@@ -93,7 +93,8 @@ def test_a_sync_call_runs_in_an_execute_tool_span_with_its_call_active(
         "gen_ai.conversation.id": "conv-1",
         "kernel_ext.blocks.sent": 3,
     }
-    assert seen == ToolCall(hex_id(span), "ask_colleague", "conv-1", "llm-1", None)
+    trace_id = span.context.trace_id  # a sampled span: its trace id is the call's
+    assert seen == ToolCall(hex_id(span), "ask_colleague", "conv-1", "llm-1", None, None, trace_id)
     assert current_tool_call() is None
 
 
@@ -256,7 +257,8 @@ def test_the_runtimes_own_execute_tool_span_is_reused(
     with tracer.start_as_current_span("execute_tool ask_colleague", attributes=attributes):
         seen = instrumented.Runtime().invoke("ask_colleague", tool_call_id="llm-7")
     [span] = tracing.tool_spans()
-    assert seen == ToolCall(hex_id(span), "ask_colleague", "conv-1", "llm-7", None)
+    trace_id = span.context.trace_id
+    assert seen == ToolCall(hex_id(span), "ask_colleague", "conv-1", "llm-7", None, None, trace_id)
     assert span.attributes is not None
     assert span.attributes["kernel_ext.blocks.sent"] == 3
 

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
-from attribution_support import hex_id
+from attribution_support import hex_id, trace_of
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langchain_core.tools import BaseTool, tool
@@ -187,7 +187,9 @@ async def test_two_concurrent_calls_of_one_tool_in_one_toolnode_step_each_get_th
     for question, llm_call_id in (("a", "llm-a"), ("b", "llm-b")):
         span = spans[llm_call_id]
         call_id = hex_id(span)
-        assert seen[question] == ToolCall(call_id, "ask_colleague", THREAD, llm_call_id, None)
+        assert seen[question] == ToolCall(
+            call_id, "ask_colleague", THREAD, llm_call_id, None, trace_id=trace_of(span)
+        )
         assert worker.blocks_of(call_id) == [
             (THREAD, "running", {"text": f"working on {question}"}),
             (THREAD, "done", {"text": f"answer {question}"}),
@@ -223,9 +225,15 @@ async def test_plain_tools_sync_and_async_invoke_and_ainvoke_each_see_their_call
         "execute_tool lookup",
         "execute_tool fetch",
     ]
-    assert invoked == ToolCall(hex_id(spans[0]), "lookup", "t-1", None, None)
-    assert in_thread == ToolCall(hex_id(spans[1]), "lookup", "t-2", None, None)
-    assert awaited == ToolCall(hex_id(spans[2]), "fetch", "t-3", None, None)
+    assert invoked == ToolCall(
+        hex_id(spans[0]), "lookup", "t-1", None, None, trace_id=trace_of(spans[0])
+    )
+    assert in_thread == ToolCall(
+        hex_id(spans[1]), "lookup", "t-2", None, None, trace_id=trace_of(spans[1])
+    )
+    assert awaited == ToolCall(
+        hex_id(spans[2]), "fetch", "t-3", None, None, trace_id=trace_of(spans[2])
+    )
     assert current_tool_call() is None
 
 
@@ -258,7 +266,9 @@ async def test_a_tool_invoked_with_a_tool_call_has_the_models_call_id(
         message = await message
     assert isinstance(message, ToolMessage)
     [span] = worker.tool_spans()
-    assert message.artifact == ToolCall(hex_id(span), the_tool.name, None, "llm-7", None)
+    assert message.artifact == ToolCall(
+        hex_id(span), the_tool.name, None, "llm-7", None, trace_id=trace_of(span)
+    )
     assert (span.attributes or {})["gen_ai.tool.call.id"] == "llm-7"
 
 
@@ -300,7 +310,9 @@ async def test_the_execute_tool_span_another_instrumentation_opened_for_the_call
     [span] = worker.tool_spans()
     assert span.instrumentation_scope is not None
     assert span.instrumentation_scope.name == "another-instrumentation"
-    assert seen == [ToolCall(hex_id(span), "ask_colleague", THREAD, "llm-r", None)]
+    assert seen == [
+        ToolCall(hex_id(span), "ask_colleague", THREAD, "llm-r", None, trace_id=trace_of(span))
+    ]
     assert worker.blocks_of(hex_id(span)) == [(THREAD, "done", {"text": "Friday."})]
     assert (span.attributes or {})["kernel_ext.stream.blocks_admitted"] == 1
 
@@ -406,9 +418,21 @@ async def test_a_tool_that_invokes_a_tool_is_the_parent_of_that_call(worker: Wor
 
     outer, inner = await ask_colleague.ainvoke({"question": "q"}, RUN)
     spans = {s.name: s for s in worker.tool_spans()}
-    assert outer == ToolCall(hex_id(spans["execute_tool ask_colleague"]), "ask_colleague", THREAD)
+    assert outer == ToolCall(
+        hex_id(spans["execute_tool ask_colleague"]),
+        "ask_colleague",
+        THREAD,
+        trace_id=trace_of(spans["execute_tool ask_colleague"]),
+    )
     # search.ainvoke got no config: its own run inherits the thread from the outer tool's.
-    assert inner == ToolCall(hex_id(spans["execute_tool search"]), "search", THREAD, None, outer)
+    assert inner == ToolCall(
+        hex_id(spans["execute_tool search"]),
+        "search",
+        THREAD,
+        None,
+        outer,
+        trace_id=trace_of(spans["execute_tool search"]),
+    )
 
 
 def researcher(kind: str, fail: bool) -> BaseTool:

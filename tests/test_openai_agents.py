@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from attribution_support import RecordingSink, Tracing, hex_id, make_tracing, pane_reads
+from attribution_support import RecordingSink, Tracing, hex_id, make_tracing, pane_reads, trace_of
 from network import need_module
 
 need_module("agents", "pip install openai-agents")
@@ -204,8 +204,9 @@ async def test_two_concurrent_calls_of_one_tool_each_see_their_own_span(tracing:
     assert set(spans) == {"llm-a", "llm-b"}
     for question, llm_call_id in (("a", "llm-a"), ("b", "llm-b")):
         tool_call, by_context, by_near_match = seen[question]
+        span = spans[llm_call_id]
         assert tool_call == ToolCall(
-            hex_id(spans[llm_call_id]), "ask_colleague", "conv-1", llm_call_id, None
+            hex_id(span), "ask_colleague", "conv-1", llm_call_id, None, trace_id=trace_of(span)
         )
         assert by_context.call_id == tool_call.call_id
         assert by_near_match == Resolution(None, ResolutionPath.AMBIGUOUS, "conv-1")
@@ -261,7 +262,9 @@ async def test_a_sync_tool_runs_in_a_worker_thread_and_sees_its_call(tracing: Tr
     await asyncio.wait_for(Runner.run(agent, "go", run_config=NO_SDK_TRACING), 30)
     [span] = tracing.tool_spans()
     [(tool_call, thread)] = seen
-    assert tool_call == ToolCall(hex_id(span), "lookup", "conv-1", "llm-s", None)
+    assert tool_call == ToolCall(
+        hex_id(span), "lookup", "conv-1", "llm-s", None, trace_id=trace_of(span)
+    )
     assert thread != threading.get_ident()  # not the event loop's thread
 
 
@@ -492,7 +495,10 @@ async def test_attributing_twice_wraps_once_and_a_plain_tool_stays_unattributed(
         )
         await asyncio.wait_for(Runner.run(agent, "go", run_config=NO_SDK_TRACING), 30)
     [span] = tracing.tool_spans()  # one span, from the second attribution's provider
-    assert seen == [ToolCall(hex_id(span), "search", "conv-1", "llm-1", None), None]
+    assert seen == [
+        ToolCall(hex_id(span), "search", "conv-1", "llm-1", None, trace_id=trace_of(span)),
+        None,
+    ]
 
 
 async def test_a_custom_function_tool_taking_a_run_context_wrapper_is_named_after_the_tool(
@@ -522,7 +528,9 @@ async def test_a_custom_function_tool_taking_a_run_context_wrapper_is_named_afte
     # model's call id nor the run config (its group) reaches the describe hook.
     assert context_type is RunContextWrapper
     assert not issubclass(context_type, ToolContext)
-    assert tool_call == ToolCall(hex_id(span), "raw_tool", None, None, None)
+    assert tool_call == ToolCall(
+        hex_id(span), "raw_tool", None, None, None, trace_id=trace_of(span)
+    )
 
 
 async def test_an_agent_as_tool_is_the_parent_of_its_agents_tool_calls(tracing: Tracing) -> None:
@@ -644,7 +652,9 @@ async def test_a_copy_of_an_attributed_tool_is_attributed_and_reads_through_to_t
     )
     await asyncio.wait_for(Runner.run(agent, "go", run_config=NO_SDK_TRACING), 30)
     [span] = tracing.tool_spans()
-    assert seen == [ToolCall(hex_id(span), "search", "conv-1", "llm-1", None)]
+    assert seen == [
+        ToolCall(hex_id(span), "search", "conv-1", "llm-1", None, trace_id=trace_of(span))
+    ]
 
 
 async def test_a_stream_a_failing_tool_left_open_ends_aborted_with_its_error() -> None:
@@ -688,7 +698,9 @@ async def test_with_openinferences_agents_instrumentation_its_tool_span_is_the_c
         if (span.attributes or {}).get("openinference.span.kind") == "TOOL"
     ]
     assert tool_span.name == "search"
-    assert seen == ToolCall(hex_id(tool_span), "search", "g-1", "llm-1", None)
+    assert seen == ToolCall(
+        hex_id(tool_span), "search", "g-1", "llm-1", None, trace_id=trace_of(tool_span)
+    )
     assert tracing.tool_spans() == []  # no execute_tool span of its own
     assert tracing.sink.started == []
     assert {call.call_id for call, _ in tracing.sink.ended} == {hex_id(tool_span)}

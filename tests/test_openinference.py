@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from attribution_support import RecordingSink, Tracing, hex_id, make_tracing
+from attribution_support import RecordingSink, Tracing, hex_id, make_tracing, trace_of
 from network import need_module
 
 need_module("openinference.instrumentation", "pip install openinference-instrumentation")
@@ -125,7 +125,9 @@ def test_a_smolagents_tool_span_is_live_with_its_session_as_conversation(
     tracer = oi_tracer(tracing.provider)
     with using_session("sess-1"), smolagents_tool_span(tracer, "search", {"q": "x"}) as span:
         live = live_call(tracing, span)
-        assert live == LiveCall(hex_id(span), "search", "sess-1", None, None, live.started_ns)  # type: ignore[arg-type,union-attr]
+        assert live == LiveCall(
+            hex_id(span), "search", "sess-1", None, None, live.started_ns, trace_of(span)
+        )  # type: ignore[arg-type,union-attr]
         assert resolve_call_id("sess-1", "search", tap=tracing.tap) == Resolution(
             hex_id(span),  # type: ignore[arg-type]
             ResolutionPath.NEAR_MATCH,
@@ -354,7 +356,9 @@ def test_a_tool_call_scope_inside_this_calls_openinference_span_reuses_it(
             ToolDescription("search"), tracer_provider=tracing.provider, sink=tracing.sink
         ) as call,
     ):
-        assert call == ToolCall(hex_id(span), "search", "sess-1", "c1", None)  # type: ignore[arg-type]
+        assert call == ToolCall(
+            hex_id(span), "search", "sess-1", "c1", None, trace_id=trace_of(span)
+        )  # type: ignore[arg-type]
     assert [s.name for s in tracing.spans()] == ["SearchTool"]  # no span of its own
     assert tracing.sink.started == []
 
@@ -370,7 +374,9 @@ def test_an_openinference_span_named_after_its_tool_is_reused_without_tool_name(
             ToolDescription("search", "conv-1", "c1"), tracer_provider=tracing.provider
         ) as call,
     ):
-        assert call == ToolCall(hex_id(span), "search", "conv-1", "c1", None)  # type: ignore[arg-type]
+        assert call == ToolCall(
+            hex_id(span), "search", "conv-1", "c1", None, trace_id=trace_of(span)
+        )  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

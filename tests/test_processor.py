@@ -38,8 +38,10 @@ def test_a_tool_span_is_live_in_the_tap_while_it_runs(tracing: Tracing) -> None:
     with tracer.start_as_current_span("execute_tool ask_colleague", attributes=TOOL) as span:
         call_id = format(span.get_span_context().span_id, "016x")
         live = tracing.tap.get(call_id)
+        started = live.started_ns if live else 0
+        trace_id = span.get_span_context().trace_id  # sampled: the trace id of its blocks
         assert live == LiveCall(
-            call_id, "ask_colleague", "conv-1", "llm-1", None, live.started_ns if live else 0
+            call_id, "ask_colleague", "conv-1", "llm-1", None, started, trace_id
         )
         assert live is not None
         assert live.started_ns > 0
@@ -315,11 +317,17 @@ def test_tool_spans_from_many_threads_at_once_all_start_and_end(tracing: Tracing
     assert tracing.processor.faults == {}
 
 
-def _readable(span_id: int, attributes: Any, name: str = "execute_tool ask_colleague") -> Any:
-    """A span that is not the SDK's live span: its attributes are whatever was passed."""
+def _readable(
+    span_id: int,
+    attributes: Any,
+    name: str = "execute_tool ask_colleague",
+    context: SpanContext | None = None,
+) -> Any:
+    """A span that is not the SDK's live span: its attributes are whatever was passed (its
+    context too, else trace 1, not sampled)."""
     return ReadableSpan(
         name=name,
-        context=SpanContext(trace_id=1, span_id=span_id, is_remote=False),
+        context=context or SpanContext(trace_id=1, span_id=span_id, is_remote=False),
         attributes=attributes,
         start_time=5,
     )
@@ -366,7 +374,8 @@ def test_the_sdk_span_and_the_public_mapping_give_the_same_call(tracing: Tracing
     fast = tracing.tap.get(hex_id(span))  # type: ignore[arg-type]
     other = ToolSpanProcessor(tap=Tap(), sink=None)
 
-    public = _readable(span.get_span_context().span_id, MappingProxyType(TOOL))
+    context = span.get_span_context()
+    public = _readable(context.span_id, MappingProxyType(TOOL), context=context)
     public._start_time = fast.started_ns if fast else 0
     other.on_start(public)
     assert fast is not None

@@ -10,7 +10,7 @@ import asyncio
 import contextvars
 from collections.abc import Iterator
 
-from attribution_support import RecordingSink, Tracing, hex_id, make_tracing
+from attribution_support import RecordingSink, Tracing, hex_id, make_tracing, trace_of
 from opentelemetry.sdk.trace import TracerProvider
 from pydantic_ai import Agent
 from pydantic_ai.capabilities import AbstractCapability, Instrumentation
@@ -95,8 +95,9 @@ async def test_two_concurrent_calls_of_one_tool_each_see_their_own_span(
     assert set(spans) == {"llm-a", "llm-b"}
     for question, llm_call_id in (("a", "llm-a"), ("b", "llm-b")):
         call, by_context, by_near_match = seen[question]
+        span = spans[llm_call_id]
         assert call == ToolCall(
-            hex_id(spans[llm_call_id]), "ask_colleague", "conv-1", llm_call_id, None
+            hex_id(span), "ask_colleague", "conv-1", llm_call_id, None, trace_id=trace_of(span)
         )
         assert by_context.call_id == call.call_id
         assert by_near_match == Resolution(None, ResolutionPath.AMBIGUOUS, "conv-1")
@@ -119,7 +120,9 @@ async def test_a_sync_tool_in_a_worker_thread_sees_its_call(tracing: Tracing) ->
 
     await asyncio.wait_for(agent.run("go", conversation_id="conv-1"), 30)
     [span] = tracing.tool_spans()
-    assert seen == [ToolCall(hex_id(span), "lookup", "conv-1", "llm-s", None)]
+    assert seen == [
+        ToolCall(hex_id(span), "lookup", "conv-1", "llm-s", None, trace_id=trace_of(span))
+    ]
 
 
 async def test_a_tool_that_runs_an_agent_is_the_parent_of_that_agents_tool_calls(

@@ -706,6 +706,10 @@ _STREAMS = [
 ]
 
 
+# The traceId the hub queues with a call's items: the call's own (one with, one without).
+_TRACES = {CALL: "4bf92f3577b34da6a3ce929d0e0e4736", CALL2: None}
+
+
 @st.composite
 def _queued(draw: st.DrawFn) -> tuple[Any, ...]:
     """One queue item as the hub queues it: running or terminal, text or not, on one of a
@@ -723,13 +727,17 @@ def _queued(draw: st.DrawFn) -> tuple[Any, ...]:
         | st.sampled_from([ToolCallItem("search", CALL2), 42])
     )
     ts_ns = draw(st.integers(0, 2**62))
-    return (CONV, call_id, task_id, state, ts_ns, item, draw(st.integers(0, 2**31)))
+    seq = draw(st.integers(0, 2**31))
+    return (CONV, call_id, task_id, state, ts_ns, item, seq, _TRACES[call_id])
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_queued(), max_size=40), st.integers(1, 50))
-@example(  # one task id on two calls, one after the other
-    [(CONV, CALL, "t", "running", 10**18, "a", 1), (CONV, CALL2, "t", "running", 10**18, "a", 1)],
+@example(  # one task id on two calls, one after the other (one with a traceId)
+    [
+        (CONV, CALL, "t", "running", 10**18, "a", 1, _TRACES[CALL]),
+        (CONV, CALL2, "t", "running", 10**18, "a", 1, _TRACES[CALL2]),
+    ],
     10,
 )
 def test_the_consumers_batches_are_the_general_build_of_each_item_in_order(

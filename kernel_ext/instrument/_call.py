@@ -44,6 +44,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
+from kernel_ext._compat import sampled_trace_id
 from kernel_ext._conventions import (
     OI_KIND,
     OI_SESSION,
@@ -299,6 +300,7 @@ class ActiveCall:
                                 call.llm_call_id,
                                 call.parent.call_id if call.parent is not None else None,
                                 0,
+                                call.trace_id,
                             ),
                         )
                         # The sink's optional tool_call_returned (tap.CallSink).
@@ -399,6 +401,7 @@ def begin(
                 llm_call_id,
                 parent,
                 CallLife(),
+                sampled_trace_id(span_context),
             ),
         )
     else:

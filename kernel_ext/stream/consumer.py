@@ -73,11 +73,13 @@ CHAT_EVENT_STATE = "chat_event"
 """The ``state`` of a queued ``chat_event`` snapshot (not a block)."""
 
 
-QueueItem = tuple[str, "str | None", str, str, int, Any, int]
+QueueItem = tuple[str, "str | None", str, str, int, Any, int, "str | None"]
 """One thing published and not yet taken by the sender: ``(room, call_id, task_id, state,
-ts_ns, item, seq)`` — ``state`` is ``running | done | aborted | chat_event``; ``item`` a str,
-an Envelope, an envelope mapping, a :class:`ToolCallItem`, a :class:`Progress` or a chat
-event; ``seq`` the stream's seq for a caller-made envelope (0 for the peer's own). A plain
+ts_ns, item, seq, trace_id)`` — ``state`` is ``running | done | aborted | chat_event``;
+``item`` a str, an Envelope, an envelope mapping, a :class:`ToolCallItem`, a
+:class:`Progress` or a chat event; ``seq`` the stream's seq for a caller-made envelope (0
+for the peer's own); ``trace_id`` the block's ``traceId`` or ``None`` (the call's: the same
+for every item of a ``call_id``, so fixed per stream). A plain
 tuple, always unpacked by these names: a named tuple costs the publishing path about a sixth
 more (instruction counts under callgrind)."""
 
@@ -170,14 +172,14 @@ def take(
     try:
         for _ in range(max_items):
             raw = pop()
-            room, call_id, task_id, state, ts_ns, item, seq = raw
+            room, call_id, task_id, state, ts_ns, item, seq, trace_id = raw
             # The common block — small running text — built inline: what build() makes of
             # it (text_block), without its calls, from what is fixed per stream (this runs
             # for every block; tests/test_stream.py holds the two to the same output).
             if state == "running" and item.__class__ is str:
                 if task_id is not last_task or call_id is not last_call:
                     last_call, last_task = call_id, task_id
-                    fixed = _fixed_parts(streams, call_id, task_id)
+                    fixed = _fixed_parts(streams, call_id, task_id, trace_id)
                     if fixed is None:  # not for the inline build: no text fits
                         task_chars = fast_chars + 1
                     else:
@@ -207,11 +209,14 @@ def take(
 
 
 def _fixed_parts(
-    streams: dict[tuple[str | None, str], _Fixed | None], call_id: str | None, task_id: str
+    streams: dict[tuple[str | None, str], _Fixed | None],
+    call_id: str | None,
+    task_id: str,
+    trace_id: str | None,
 ) -> _Fixed | None:
-    """What is fixed in the running text blocks of the stream ``(call_id, task_id)``, made
-    once per ``streams``; ``None`` when its task id is not a ``str`` of 1–512 characters
-    (the general path's to judge)."""
+    """What is fixed in the running text blocks of the stream ``(call_id, task_id)`` (its
+    ``trace_id`` included: the call's), made once per ``streams``; ``None`` when its task id
+    is not a ``str`` of 1–512 characters (the general path's to judge)."""
     if task_id.__class__ is not str:  # a subclass too: its code must not run here
         return None
     key = (call_id, task_id)
@@ -219,7 +224,7 @@ def _fixed_parts(
         return streams[key]
     found: _Fixed | None = None
     if 0 < len(task_id) <= MAX_TASK_ID:
-        template = text_block(call_id, task_id, "running", 0, 0, "")
+        template = text_block(call_id, task_id, "running", 0, 0, "", trace_id)
         envelope = template["envelope"]
         (payload_key,) = envelope["payload"]
         found = template, envelope, payload_key, len(task_id) * 2
@@ -232,12 +237,13 @@ def build(
 ) -> Outgoing | None:
     """The :class:`Outgoing` of a queue item, or ``None`` when a running block cannot be
     built (counted through ``drop(reason, call_id=…)``). Never raises."""
-    room, call_id, task_id, state, ts_ns, item, seq = raw
+    room, call_id, task_id, state, ts_ns, item, seq, trace_id = raw
     if state == CHAT_EVENT_STATE:
         return OutgoingChatEvent(room, item)
     terminal = state != "running"
     try:
-        block, size = _wire(call_id, task_id, state, ts_ns // 1_000_000, item, seq, max_block_bytes)
+        ts = ts_ns // 1_000_000
+        block, size = _wire(call_id, task_id, state, ts, item, seq, max_block_bytes, trace_id)
     except (DecodeError, ValueError, TypeError) as exc:
         if not terminal:
             reason = TOO_LARGE if isinstance(exc, BlockTooLargeError) else INVALID
@@ -254,6 +260,7 @@ def build(
                 ts_ns // 1_000_000,
                 seq,
                 too_large=isinstance(exc, BlockTooLargeError),
+                trace_id=trace_id,
             )
             Block.model_validate(block)
         except Exception:
@@ -276,12 +283,13 @@ def _wire(
     item: Any,
     seq: int,
     max_block_bytes: int,
+    trace_id: str | None = None,
 ) -> tuple[dict[str, Any], int]:
     """The wire dict of one block within the size bound (payload strings cut with the
     marker when needed) and an estimate of its encoded size in characters. Validated, but
     for a text block that is small by :func:`~kernel_ext.protocol.text_block_fast_limit`."""
     if item.__class__ is str and 0 < len(task_id) <= MAX_TASK_ID:
-        wire = text_block(call_id, task_id, state, ts, seq, item)
+        wire = text_block(call_id, task_id, state, ts, seq, item, trace_id)
         if fits(wire, max_block_bytes):
             return wire, len(item) + len(task_id) * 2 + _TEXT_BLOCK_CHARS
         Block.model_validate(wire)
@@ -322,6 +330,8 @@ def _wire(
         "ts": ts,
         "envelope": envelope,
     }
+    if trace_id is not None and call_id is not None:
+        wire["traceId"] = trace_id
     Block.model_validate(wire)
     if fits(wire, max_block_bytes):
         return wire, len(repr(wire))

@@ -20,9 +20,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kernel_ext import _fork
 from kernel_ext._telemetry import RareLog
-from kernel_ext.context import _CURRENT_CALL, CallLife
+from kernel_ext.context import _CURRENT_CALL, CallLife, ToolCall
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
-from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, Envelope, text_block_fast_limit
+from kernel_ext.protocol import (
+    DEFAULT_MAX_BLOCK_BYTES,
+    Envelope,
+    text_block_fast_limit,
+    trace_id_hex,
+)
 from kernel_ext.resolve import CONTEXT, _count_context, attribute
 from kernel_ext.stream.consumer import (
     CHAT_EVENT_STATE,
@@ -51,7 +56,7 @@ from kernel_ext.stream.counts import (
     Counts,
 )
 from kernel_ext.stream.state import CallState, HubStats, StreamState
-from kernel_ext.tap import LiveCall
+from kernel_ext.tap import LiveCall, default_tap
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
@@ -218,7 +223,7 @@ class StreamHub:
                 path = CONTEXT
                 life: CallLife | None = call.life
             else:
-                call_id, room, path, _ = attribute(conversation_id, tool_name, self._tap)
+                call_id, room, path, call = attribute(conversation_id, tool_name, self._tap)
                 life = None
             if state == "running":
                 if call_id is None:
@@ -248,7 +253,8 @@ class StreamHub:
                     if stream is None or stream.closed:  # else it is still the stream of key
                         stream = self._streams.get(key)
                         if stream is None:
-                            stream = self._open(key, room, path, life)
+                            trace = self._trace_of(call, call_id)
+                            stream = self._open(key, room, path, life, trace)
                             if stream is None:
                                 return
                     if not self._admit(stream, now):
@@ -261,7 +267,16 @@ class StreamHub:
                     else:
                         seq = 0
                     self._queue.append(
-                        (stream.room, call_id, task_id, state, _time_ns(), item, seq)
+                        (
+                            stream.room,
+                            call_id,
+                            task_id,
+                            state,
+                            _time_ns(),
+                            item,
+                            seq,
+                            stream.trace_id,
+                        )
                     )
                 finally:
                     lock.release()
@@ -270,7 +285,8 @@ class StreamHub:
                     consumer._wake()
                 return
             if state == "done" or state == "aborted":
-                self._terminal(item, call_id, task_id, state, room, path, life, provisional)
+                trace = None if call_id is None else self._trace_of(call, call_id)
+                self._terminal(item, call_id, task_id, state, room, path, life, provisional, trace)
                 return
             self._counts.add(INVALID)
             _rare(INVALID, "publish: unknown state %r; block dropped", state)
@@ -297,7 +313,7 @@ class StreamHub:
                 if len(self._queue) >= self.max_queue:
                     self._counts.add_locked(QUEUE_FULL)
                     return
-                self._queue.append((room, None, "", CHAT_EVENT_STATE, 0, dict(event), 0))
+                self._queue.append((room, None, "", CHAT_EVENT_STATE, 0, dict(event), 0, None))
             self._poke()
         except Exception:
             self._counts.add(ERROR)
@@ -322,7 +338,8 @@ class StreamHub:
             with self._lock:
                 stream = self._streams.get(key)
                 if stream is None:
-                    stream = self._open(key, parent.conversation_id, "context")
+                    trace = trace_id_hex(parent.trace_id)
+                    stream = self._open(key, parent.conversation_id, "context", None, trace)
                     if stream is None:
                         return
                     stream.ours = True
@@ -330,7 +347,9 @@ class StreamHub:
                     return
                 stream.seq += 1
                 item = ToolCallItem(child.tool_name, child.call_id)
-                self._queue.append((stream.room, *key, "running", _time_ns(), item, stream.seq))
+                self._queue.append(
+                    (stream.room, *key, "running", _time_ns(), item, stream.seq, stream.trace_id)
+                )
             self._poke()
         except Exception:
             self._counts.add(ERROR)
@@ -485,7 +504,7 @@ class StreamHub:
             self._queue.clear()
             if lost:
                 self._counts.add_locked(reason, len(lost))
-        terminals = sum(1 for _, _, _, state, _, _, _ in lost if state in ("done", "aborted"))
+        terminals = sum(1 for queued in lost if queued[3] in ("done", "aborted"))
         if terminals:
             logger.error(
                 "stream hub: sender detached; %d queued terminal(s) lost (%s)", terminals, reason
@@ -532,10 +551,25 @@ class StreamHub:
         if stats is not None:
             stats.dropped += 1
 
+    def _trace_of(self, call: ToolCall | None, call_id: str) -> str | None:
+        """The ``traceId`` of the blocks of ``call_id``: the active call's (``call``), else
+        that of the tap's live call of that id; ``None`` when unknown or not sampled. Asked
+        when a stream opens (and for a terminal), never per block."""
+        if call is not None:
+            return trace_id_hex(call.trace_id)
+        live = (self._tap if self._tap is not None else default_tap()).get(call_id)
+        return None if live is None else trace_id_hex(live.trace_id)
+
     def _open(
-        self, key: tuple[str, str], room: str, path: str, life: CallLife | None = None
+        self,
+        key: tuple[str, str],
+        room: str,
+        path: str,
+        life: CallLife | None = None,
+        trace_id: str | None = None,
     ) -> StreamState | None:
-        """Open a stream; ``None`` (counted) when it or its call was closed, or over bounds."""
+        """Open a stream; ``None`` (counted) when it or its call was closed, or over bounds.
+        ``trace_id``: the call's traceId, if the call has none yet (the first one stays)."""
         call_id, task_id = key
         stats = self._calls.get(call_id)
         if (life is not None and life.ended) or (stats is not None and task_id in stats.closed):
@@ -550,6 +584,8 @@ class StreamHub:
             stats = self._new_call(call_id, path, now)
         if life is not None:
             stats.life = life
+        if stats.trace_id is None:
+            stats.trace_id = trace_id
         stream = StreamState(room, stats, self._ring, now)
         self._streams[key] = stream
         stats.open[task_id] = stream
@@ -584,9 +620,11 @@ class StreamHub:
         path: str,
         life: CallLife | None = None,
         provisional: bool = False,
+        trace_id: str | None = None,
     ) -> None:
         """The one terminal of a stream (takes the lock): queued once, or dropped
-        (``duplicate_terminal``, ``closed``, …); kept aside when ``provisional``."""
+        (``duplicate_terminal``, ``closed``, …); kept aside when ``provisional``. It carries
+        the call's traceId (``trace_id`` when the hub holds none for the call)."""
         if task_id is None:
             task_id = call_id
         if task_id is None:
@@ -613,7 +651,7 @@ class StreamHub:
             stream = self._streams.get(key)
             if provisional:
                 if stream is None:
-                    stream = self._open(key, room, path, life)  # type: ignore[arg-type]
+                    stream = self._open(key, room, path, life, trace_id)  # type: ignore[arg-type]
                     if stream is None:
                         return
                 stream.provisional = (state, item)
@@ -632,6 +670,9 @@ class StreamHub:
             if stats is not None:
                 if life is not None:
                     stats.life = life
+                if stats.trace_id is None and call_id is not None:
+                    stats.trace_id = trace_id
+                trace_id = stats.trace_id
                 closed = stats.closed
                 closed[task_id] = None
                 if len(closed) > self.max_closed_per_call:
@@ -640,7 +681,7 @@ class StreamHub:
                 self._drop_locked(NO_SENDER, stats)
                 return
             # Terminals bypass the queue bound: their number is bounded by the streams.
-            self._queue.append((room, call_id, task_id, state, _time_ns(), item, seq))
+            self._queue.append((room, call_id, task_id, state, _time_ns(), item, seq, trace_id))
             if stats is not None:
                 stats.admitted += 1
             self._counts.admitted += 1

@@ -15,7 +15,7 @@ class CallState:
     """What the hub holds for one live call: counters, open streams, closed stream keys
     (an insertion-ordered set, oldest first) and the call's life when it was seen."""
 
-    __slots__ = ("admitted", "closed", "dropped", "life", "open", "path", "touched")
+    __slots__ = ("admitted", "closed", "dropped", "life", "open", "path", "touched", "trace_id")
 
     def __init__(self, path: str, now: float) -> None:
         self.admitted = 0
@@ -25,6 +25,7 @@ class CallState:
         self.closed: dict[str, None] = {}
         self.life: CallLife | None = None
         self.touched = now
+        self.trace_id: str | None = None  # the traceId of the call's blocks, when known
 
 
 class StreamState:
@@ -38,6 +39,7 @@ class StreamState:
         "room",
         "seq",
         "touched",
+        "trace_id",
     )
 
     def __init__(self, room: str, call: CallState, ring_size: int, now: float) -> None:
@@ -50,6 +52,7 @@ class StreamState:
         self.cursor = 0
         self.seq = 0
         self.touched = now
+        self.trace_id = call.trace_id  # queued with each block (the call's; fixed)
         # (state, item) of the terminal to send if the call ends with the stream open.
         self.provisional: tuple[str, Any] | None = None
         # Opened by the hub for the call's nested tool calls (their tool_call lines), and

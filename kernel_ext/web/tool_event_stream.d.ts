@@ -289,6 +289,8 @@ export interface PaneTask {
 /** The detail pane of one tool call. */
 export interface PaneState {
   callId: string;
+  /** the call's trace id, from the first block that carried a valid one */
+  traceId: string | null;
   mode: PaneMode;
   tool: string | null;
   status: PaneStatus;

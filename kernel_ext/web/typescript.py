@@ -323,6 +323,8 @@ def _pane_state_declarations() -> list[str]:
         "/** The detail pane of one tool call. */",
         "export interface PaneState {",
         "  callId: string;",
+        "  /** the call's trace id, from the first block that carried a valid one */",
+        "  traceId: string | null;",
         "  mode: PaneMode;",
         "  tool: string | null;",
         "  status: PaneStatus;",
