@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
@@ -343,6 +343,11 @@ class _Parsed:
 _SPAN_ID = re.compile(r"[0-9a-f]{16}")
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
 _NO_TRACE_ID = "0" * 32
+_CONTROLS_AND_SPACE = "".join(map(chr, range(0x21)))
+_TAB_AND_BREAKS = str.maketrans("", "", "\t\n\r")
+# What stays as it is in an address trace_url returns; anything else (spaces, quotes, angle
+# brackets, backquotes, braces, non-ASCII) is percent-encoded.
+_URL_SAFE = "!#$%&'()*+,-./:;=?@[]_~"
 
 
 def _trace_id_of(value: object) -> str | None:
@@ -356,20 +361,25 @@ def trace_url(template: object, trace_id: object, span_id: object) -> str | None
     ``{spanId}`` replaced by the ids, or ``None`` — when the template is not a string, the
     trace id is not 32 lower-case hex digits (all zeros is none), the span id (the callId)
     not 16, or the result is not an absolute ``http:`` or ``https:`` URL with a host. The
-    rule of the browser renderer's ``traceUrl``."""
+    rule of the browser renderer's ``traceUrl``; characters that do not belong in an
+    address (spaces, quotes, angle brackets, …) come back percent-encoded."""
     if not isinstance(template, str) or _trace_id_of(trace_id) is None:
         return None
     if not (isinstance(span_id, str) and _SPAN_ID.fullmatch(span_id)):
         return None
     assert isinstance(trace_id, str)
     url = template.replace("{traceId}", trace_id).replace("{spanId}", span_id)
+    # As a browser reads an address: without the controls and spaces around it, and
+    # without tabs and line breaks anywhere.
+    url = url.strip(_CONTROLS_AND_SPACE).translate(_TAB_AND_BREAKS)
     try:
-        parts = urlsplit(url.strip())
+        parts = urlsplit(url)
+        host = parts.hostname
     except ValueError:
         return None
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+    if parts.scheme.lower() not in ("http", "https") or not host:
         return None
-    return url.strip()
+    return quote(url, safe=_URL_SAFE)
 
 
 def _seq_of(value: object) -> int | None:

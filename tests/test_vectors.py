@@ -12,12 +12,20 @@ from typing import Any
 import pytest
 from test_relay import block as text_block
 
-from kernel_ext.view import LABELS, MAX_JOIN_STREAMS, PaneStore, labels_for, missing_text
+from kernel_ext.view import (
+    LABELS,
+    MAX_JOIN_STREAMS,
+    PaneStore,
+    labels_for,
+    missing_text,
+    trace_url,
+)
 
 VECTORS = Path(__file__).parent / "vectors"
 VECTOR_FILES = sorted(VECTORS.glob("*.json"))
 REQUIRED = {
     "in_order",
+    "trace_id",
     "out_of_order",
     "duplicate_seq",
     "blocks_before_snapshot",
@@ -246,3 +254,14 @@ def test_the_missing_notice_words_singular_and_plural() -> None:
     assert missing_text(LABELS["en"], 1) == "1 earlier block is no longer available"
     assert missing_text(LABELS["en"], 12) == "12 earlier blocks are no longer available"
     assert missing_text(LABELS["zh"], 12) == "12 条较早的内容已不可用"
+
+
+TRACE_URL_CASES = json.loads(
+    (Path(__file__).parent / "js" / "trace_urls.json").read_text(encoding="utf-8")
+)["cases"]
+
+
+@pytest.mark.parametrize("case", TRACE_URL_CASES, ids=[c["name"] for c in TRACE_URL_CASES])
+def test_trace_url_links_as_the_browser_renderer_does(case: dict[str, Any]) -> None:
+    # The same cases as renderer.js's traceUrl (tests/js/renderer.test.mjs).
+    assert trace_url(case["template"], case["traceId"], case["spanId"]) == case["href"]

@@ -14,6 +14,7 @@ import {
   DEFAULT_TIMEOUT_MS,
   DEFAULT_JOIN_TIMEOUT_MS,
   MAX_JOIN_STREAMS,
+  traceUrl,
 } from "../../kernel_ext/web/renderer.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
@@ -331,3 +332,11 @@ test("attachSocket: a join superseded by a reconnect's is forgotten; detaching e
   socket.acks[2]({ ok: true });
   assert.deepStrictEqual(acks, [{ ok: true }]); // nothing reported after detaching
 });
+
+// The span link's address: tests/js/trace_urls.json, shared with kernel_ext.view.trace_url.
+const traceUrlCases = JSON.parse(readFileSync(join(here, "trace_urls.json"), "utf8")).cases;
+for (const { name, template, traceId, spanId, href } of traceUrlCases) {
+  test(`traceUrl: ${name}`, () => {
+    assert.equal(traceUrl(template ?? undefined, traceId ?? undefined, spanId), href);
+  });
+}
