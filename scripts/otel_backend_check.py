@@ -15,21 +15,35 @@ script
 4. checks that each tool span arrived with its stream attributes: ``gen_ai.*`` names and
    ids, ``kernel_ext.call_id.path = context``, ``kernel_ext.stream.blocks_admitted`` equal to
    the running and terminal blocks the browser received for that callId (= the span id),
-   ``kernel_ext.stream.blocks_dropped = 0``; then prints what a user sees in the backend.
+   ``kernel_ext.stream.blocks_dropped = 0``, every one of those blocks carrying the span's
+   trace id as ``traceId``; then prints what a user sees in the backend;
+5. opens the reference renderer in headless Chromium (Debian's ``chromium`` through
+   Playwright), fed those blocks, with Phoenix's span URL template as ``traceUrl``
+   (``<phoenix>/redirects/spans/{spanId}``), clicks each pane's link and checks that the tab
+   it opens lands on that span in Phoenix's UI: the trace of the span's trace id with the
+   span selected (``selectedSpanNodeId``, read back through Phoenix's GraphQL API), and the
+   span's name shown (``--no-browser`` skips this step).
 
 Exit status 0 when every check passed, 1 otherwise. Run it with ``tox -e otel-backend``
 (not part of the default run), or in an environment with ``kernel-ext[demo]``,
 ``arize-phoenix`` and ``opentelemetry-exporter-otlp-proto-http``::
 
     python scripts/otel_backend_check.py [--phoenix-url http://127.0.0.1:6006] [--keep-open S]
+        [--no-browser] [--chromium /usr/bin/chromium]
+
+Step 5 needs ``playwright`` (its Python package only: it drives the installed Chromium).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
+import functools
+import http.server
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -37,6 +51,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -52,9 +67,10 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import kernel_ext
 from kernel_ext.a2a_peer import ScriptedPeer
-from kernel_ext.demo.script import COLLEAGUES, FIRST_QUESTION
+from kernel_ext.demo.script import COLLEAGUES, wording
 from kernel_ext.demo.worker import Colleague, DemoAgent
 from kernel_ext.relay import create_app
+from kernel_ext.web import web_root
 
 SERVICE_NAME = "kernel-ext-demo"
 TOOL_SPAN = "execute_tool ask_colleague"
@@ -66,6 +82,23 @@ STREAM_ATTRIBUTES = (
 )
 STARTUP_LIMIT = 120.0
 INGEST_LIMIT = 60.0
+# Phoenix's span redirect (its UI route /redirects/spans/:span_otel_id): the renderer's
+# traceUrl template for Phoenix, as docs/detail-pane.md gives it.
+PHOENIX_SPAN_URL = "{base}/redirects/spans/{spanId}"
+# Launch flags for Debian's chromium under Playwright, as root (tests/network.py's too).
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+BROWSER_WAIT_MS = 60_000
+# The demo's first question: it asks both colleagues at once (two concurrent tool calls).
+FIRST_QUESTION = wording("en").questions[0]
 
 
 def free_port() -> int:
@@ -284,6 +317,12 @@ def check(spans: list[dict[str, Any]], received: dict[str, list[dict[str, Any]]]
         terminals = [b for b in blocks if b["state"] != "running"]
         if len(terminals) != 1 or terminals[0]["state"] != "done":
             problems.append(f"span {call_id}: the browser got terminals {terminals!r}")
+        trace_ids = {b.get("traceId") for b in blocks}
+        if trace_ids != {span["context"]["trace_id"]}:
+            problems.append(
+                f"span {call_id} of trace {span['context']['trace_id']}: "
+                f"its blocks carry traceId {sorted(map(str, trace_ids))}"
+            )
     unknown = set(received) - {span["context"]["span_id"] for span in spans}
     if unknown:
         problems.append(f"blocks with callIds that match no tool span: {sorted(map(str, unknown))}")
@@ -336,6 +375,109 @@ def show(spans: list[dict[str, Any]], base_url: str) -> None:
             print(f"    {name} = {attribute(attributes, name)!r}")
 
 
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def web_files() -> Iterator[str]:
+    """The installed package's web directory (renderer and example page) on 127.0.0.1."""
+    handler = functools.partial(_QuietHandler, directory=str(web_root()))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+MOUNT_AND_FEED = """async ([template, blocks]) => {
+  const { mountRoom } = await import("./renderer.js");
+  const node = document.createElement("div");
+  node.id = "traced";
+  document.body.prepend(node);
+  mountRoom(node, window.kx.store, { locale: "en", traceUrl: template });
+  for (const block of blocks) window.kx.store.applyBlock(block);
+}"""
+
+
+def span_node(base_url: str, node_id: str) -> dict[str, Any]:
+    """What Phoenix's GraphQL API says of the span node ``node_id`` (its UI's selection)."""
+    query = "query ($id: ID!) { node(id: $id) { ... on Span { name spanId trace { traceId } } } }"
+    response = httpx.post(
+        f"{base_url}/graphql", json={"query": query, "variables": {"id": node_id}}, timeout=10
+    )
+    response.raise_for_status()
+    node: dict[str, Any] = response.json()["data"]["node"] or {}
+    return node
+
+
+def open_links(
+    base_url: str,
+    spans: list[dict[str, Any]],
+    received: dict[str, list[dict[str, Any]]],
+    chromium: str,
+    template: str,
+) -> list[str]:
+    """Click each tool span's pane link (``template`` as the renderer's ``traceUrl``) in
+    Chromium; every problem found (empty: all good)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import sync_playwright
+
+    problems: list[str] = []
+    blocks = [block for call_blocks in received.values() for block in call_blocks]
+    with web_files() as files, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        try:
+            page = browser.new_page(viewport={"width": 1200, "height": 900})
+            page.set_default_timeout(BROWSER_WAIT_MS)
+            page.goto(f"{files}/example.html?play=0&lang=en")
+            page.wait_for_selector("body[data-ready='1']")
+            page.evaluate(MOUNT_AND_FEED, [template, blocks])
+            for span in spans:
+                call_id = span["context"]["span_id"]
+                trace_id = span["context"]["trace_id"]
+                link = page.locator(f"#traced section[data-call-id='{call_id}'] a.kx-trace")
+                href = link.get_attribute("href")
+                want = template.replace("{spanId}", call_id).replace("{traceId}", trace_id)
+                if href != want:
+                    problems.append(f"span {call_id}: the pane links to {href!r}")
+                    continue
+                with page.context.expect_page() as opened:
+                    link.click()
+                tab = opened.value
+                tab.set_default_timeout(BROWSER_WAIT_MS)
+                landed = re.compile(rf"/projects/[^/]+/spans/{trace_id}\?(.*&)?selectedSpanNodeId=")
+                try:
+                    tab.wait_for_url(landed)
+                    tab.get_by_text(TOOL_SPAN).first.wait_for()
+                except PlaywrightTimeout:
+                    problems.append(f"span {call_id}: the link opened {tab.url}, not the span")
+                    tab.close()
+                    continue
+                node_id = httpx.URL(tab.url).params.get("selectedSpanNodeId", "")
+                node = span_node(base_url, node_id)
+                shown = {
+                    "spanId": node.get("spanId"),
+                    "traceId": (node.get("trace") or {}).get("traceId"),
+                    "name": node.get("name"),
+                }
+                wanted = {"spanId": call_id, "traceId": trace_id, "name": TOOL_SPAN}
+                if shown != wanted:
+                    problems.append(f"span {call_id}: the link opened {tab.url}, showing {shown}")
+                else:
+                    decoded = base64.b64decode(node_id + "==").decode(errors="replace")
+                    print(f"  pane {call_id} -> {tab.url}  (span node {decoded}: {shown['name']})")
+                tab.close()
+        finally:
+            browser.close()
+    return problems
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the check; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -349,6 +491,18 @@ def main(argv: list[str] | None = None) -> int:
         metavar="S",
         help="keep the started Phoenix up S seconds after the check, to look at its UI",
     )
+    parser.add_argument(
+        "--no-browser", action="store_true", help="skip step 5 (the pane's link in Chromium)"
+    )
+    parser.add_argument(
+        "--chromium", default="/usr/bin/chromium", help="the Chromium Playwright drives"
+    )
+    parser.add_argument(
+        "--span-url",
+        default=PHOENIX_SPAN_URL,
+        metavar="TEMPLATE",
+        help="the pane's traceUrl; {base} is Phoenix's base URL (default: %(default)s)",
+    )
     args = parser.parse_args(argv)
     conversation_id = f"otel-{uuid.uuid4().hex[:12]}"
     with tempfile.TemporaryDirectory(prefix="kx-otel-") as tmp, contextlib.ExitStack() as stack:
@@ -359,6 +513,10 @@ def main(argv: list[str] | None = None) -> int:
         spans = tool_spans(base_url, conversation_id)
         show(spans, base_url)
         problems = check(spans, received)
+        if not args.no_browser and spans:
+            print("\nthe panes' links to their spans, clicked in Chromium:")
+            template = args.span_url.replace("{base}", base_url)
+            problems += open_links(base_url, spans, received, args.chromium, template)
         if args.keep_open > 0 and not args.phoenix_url:
             print(f"\nPhoenix stays up for {args.keep_open:g} s: {base_url}")
             time.sleep(args.keep_open)
@@ -367,7 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         for problem in problems:
             print(f"  - {problem}")
         return 1
-    print("\nOK: every tool span arrived with its stream attributes")
+    print("\nOK: every tool span arrived with its stream attributes and trace id", end="")
+    print("" if args.no_browser else "; each pane's link opened its span in Phoenix")
     return 0
 
 
