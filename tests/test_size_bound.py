@@ -31,7 +31,7 @@ from test_redis import wait_subscribed
 from timing import wait_until
 
 from kernel_ext.emit import RedisEmitter
-from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, FALLBACK_INVALID
+from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, FALLBACK_INVALID, trace_id_hex
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import StreamHub
 
@@ -154,12 +154,13 @@ async def test_long_answers_reach_the_browser_once_over_redis(redis_server: Redi
     )
 
 
-def at_bound_text(worker: Worker, extra: int) -> Callable[[str, str], str]:
-    """A function of (call id, task id) giving an ASCII answer whose done block measures
-    exactly the bound plus ``extra`` bytes."""
+def at_bound_text(worker: Worker, extra: int) -> Callable[[str, str, int], str]:
+    """A function of (call id, task id, trace id) giving an ASCII answer whose done block
+    measures exactly the bound plus ``extra`` bytes (its traceId counted: a sampled call's
+    blocks carry one)."""
 
-    def text_for(call_id: str, task_id: str) -> str:
-        empty = {
+    def text_for(call_id: str, task_id: str, trace_id: int) -> str:
+        empty: dict[str, Any] = {
             "v": 1,
             "callId": call_id,
             "taskId": task_id,
@@ -174,6 +175,8 @@ def at_bound_text(worker: Worker, extra: int) -> Callable[[str, str], str]:
                 "payload": {"text": ""},
             },
         }
+        if trace_id_hex(trace_id) is not None:
+            empty["traceId"] = trace_id_hex(trace_id)
         return "y" * (DEFAULT_MAX_BLOCK_BYTES - compact_size(empty) + extra)
 
     return text_for
@@ -187,7 +190,7 @@ async def test_a_terminal_exactly_at_the_bound_passes_unchanged_and_one_byte_mor
             for extra in (0, 1):
                 with worker.call("conv-edge") as call:
                     worker.hub.publish("one running block first", task_id="t")
-                    text = at_bound_text(worker, extra)(call.call_id, "t")
+                    text = at_bound_text(worker, extra)(call.call_id, "t", call.trace_id)
                     worker.hub.publish(text, task_id="t", state="done")
                 sent[call.call_id] = text
             await browser.wait_for(
