@@ -40,8 +40,6 @@ import argparse
 import asyncio
 import base64
 import contextlib
-import functools
-import http.server
 import os
 import re
 import secrets
@@ -51,7 +49,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -70,6 +67,7 @@ from kernel_ext.a2a_peer import ScriptedPeer
 from kernel_ext.demo.script import COLLEAGUES, wording
 from kernel_ext.demo.worker import Colleague, DemoAgent
 from kernel_ext.relay import create_app
+from kernel_ext.testing.browser import CHROMIUM_ARGS, serve_directory
 from kernel_ext.web import web_root
 
 SERVICE_NAME = "kernel-ext-demo"
@@ -85,17 +83,6 @@ INGEST_LIMIT = 60.0
 # Phoenix's span redirect (its UI route /redirects/spans/:span_otel_id): the renderer's
 # traceUrl template for Phoenix, as docs/detail-pane.md gives it.
 PHOENIX_SPAN_URL = "{base}/redirects/spans/{spanId}"
-# Launch flags for Debian's chromium under Playwright, as root (tests/network.py's too).
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 BROWSER_WAIT_MS = 60_000
 # The demo's first question: it asks both colleagues at once (two concurrent tool calls).
 FIRST_QUESTION = wording("en").questions[0]
@@ -375,26 +362,6 @@ def show(spans: list[dict[str, Any]], base_url: str) -> None:
             print(f"    {name} = {attribute(attributes, name)!r}")
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def web_files() -> Iterator[str]:
-    """The installed package's web directory (renderer and example page) on 127.0.0.1."""
-    handler = functools.partial(_QuietHandler, directory=str(web_root()))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-
-
 MOUNT_AND_FEED = """async ([template, blocks]) => {
   const { mountRoom } = await import("./renderer.js");
   const node = document.createElement("div");
@@ -430,8 +397,8 @@ def open_links(
 
     problems: list[str] = []
     blocks = [block for call_blocks in received.values() for block in call_blocks]
-    with web_files() as files, sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+    with serve_directory(web_root()) as files, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1200, "height": 900})
             page.set_default_timeout(BROWSER_WAIT_MS)

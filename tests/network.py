@@ -35,6 +35,8 @@ from typing import Any
 import pytest
 from timing import wait_until, wait_until_sync
 
+from kernel_ext.testing.browser import CHROMIUM_ARGS
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 HOST = "127.0.0.1"
 
@@ -442,17 +444,7 @@ def no_websocket_proxy(target_port: int) -> Iterator[NoWebSocketProxy]:
 
 # -- a browser ----------------------------------------------------------------------------
 
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-"""Launch flags for Debian's chromium under Playwright (``executable_path``), as root in CI."""
+# CHROMIUM_ARGS: the launch flags, from kernel_ext.testing.browser (imported above).
 
 
 @contextlib.contextmanager

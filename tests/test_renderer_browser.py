@@ -6,10 +6,7 @@ on 127.0.0.1, with ``?play=0`` so each test feeds ``window.kx.store`` itself.
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ import pytest
 from network import chromium, started
 from test_vectors import VECTOR_FILES, load
 
+from kernel_ext.testing.browser import serve_directory
 from kernel_ext.web import web_root
 
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(120)]
@@ -35,25 +33,12 @@ FEED = """(steps) => {
 }"""
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def base_url() -> Iterator[str]:
     """The installed package's web directory, served on 127.0.0.1."""
     started("network")
-    handler = functools.partial(_QuietHandler, directory=str(web_root()))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_directory(web_root()) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

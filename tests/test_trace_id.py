@@ -21,6 +21,12 @@ from kernel_ext.protocol import decode
 from kernel_ext.stream import Progress
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+# A tool span another instrumentation opened (not the instrumentor's: no active call).
+TOOL_SPAN = {
+    "gen_ai.operation.name": "execute_tool",
+    "gen_ai.tool.name": "ask_colleague",
+    "gen_ai.conversation.id": CONV,
+}
 
 
 def trace_hex() -> str:
@@ -64,12 +70,7 @@ async def test_every_block_of_a_sampled_call_carries_its_spans_trace_id() -> Non
 async def test_near_match_blocks_carry_the_trace_id_of_the_span_they_were_matched_to() -> None:
     async with setup(ALWAYS_ON) as s:
         tracer = s.provider.get_tracer("kernel")
-        attributes = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "ask_colleague",
-            "gen_ai.conversation.id": CONV,
-        }
-        with tracer.start_as_current_span("execute_tool ask_colleague", attributes=attributes):
+        with tracer.start_as_current_span("execute_tool ask_colleague", attributes=TOOL_SPAN):
             expected = trace_hex()
             s.hub.publish("matched, not active", conversation_id=CONV)
         await s.emitter.flush(5)
@@ -109,15 +110,10 @@ async def test_a_call_whose_span_is_not_sampled_carries_no_trace_id(name: str) -
 async def test_a_block_without_a_call_id_carries_no_trace_id() -> None:
     async with setup(ALWAYS_ON) as s:
         tracer = s.provider.get_tracer("kernel")
-        attributes = {
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": "ask_colleague",
-            "gen_ai.conversation.id": CONV,
-        }
         # Two live candidates (siblings): near-match gives no callId (T2), only a terminal
         # goes out.
-        first = tracer.start_span("execute_tool ask_colleague", attributes=attributes)
-        second = tracer.start_span("execute_tool ask_colleague", attributes=attributes)
+        first = tracer.start_span("execute_tool ask_colleague", attributes=TOOL_SPAN)
+        second = tracer.start_span("execute_tool ask_colleague", attributes=TOOL_SPAN)
         s.hub.publish("the answer", task_id="t9", state="done", conversation_id=CONV)
         second.end()
         first.end()

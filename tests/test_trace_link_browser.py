@@ -40,6 +40,14 @@ def mount(tab: Any, template: str | None) -> Any:
     return tab.locator("#traced")
 
 
+def assert_no_link(room: Any) -> None:
+    """The pane's head shows its callId as plain text, and the room holds no link."""
+    head = room.locator(".kx-call-id")
+    head.wait_for()
+    assert room.locator("a").count() == 0
+    assert head.text_content() == CALL
+
+
 def test_the_call_id_links_to_its_span_and_opens_it_in_a_new_tab(page: Any, base_url: str) -> None:  # noqa: F811
     template = f"{base_url}/example.html?play=0&trace={{traceId}}&span={{spanId}}"
     room = mount(page, template)
@@ -62,19 +70,13 @@ def test_the_call_id_links_to_its_span_and_opens_it_in_a_new_tab(page: Any, base
 def test_no_link_without_a_template(page: Any) -> None:  # noqa: F811
     room = mount(page, None)
     feed(page, traced(1))
-    head = room.locator(".kx-call-id")
-    head.wait_for()
-    assert room.locator("a").count() == 0
-    assert head.text_content() == CALL
+    assert_no_link(room)
 
 
 def test_no_link_until_a_block_brings_the_trace_id(page: Any) -> None:  # noqa: F811
     room = mount(page, "https://jaeger.example/trace/{traceId}?uiFind={spanId}")
     feed(page, traced(1, ...), traced(2, None), traced(3, "0" * 32), traced(4, TRACE.upper()))
-    head = room.locator(".kx-call-id")
-    head.wait_for()
-    assert room.locator("a").count() == 0
-    assert head.text_content() == CALL
+    assert_no_link(room)
     feed(page, traced(5))
     link = room.locator(".kx-call-id a.kx-trace")
     assert link.get_attribute("href") == f"https://jaeger.example/trace/{TRACE}?uiFind={CALL}"
@@ -96,10 +98,7 @@ def test_no_link_until_a_block_brings_the_trace_id(page: Any) -> None:  # noqa: 
 def test_a_template_that_is_no_web_address_gives_no_link(page: Any, template: str) -> None:  # noqa: F811
     room = mount(page, template)
     feed(page, traced(1))
-    head = room.locator(".kx-call-id")
-    head.wait_for()
-    assert room.locator("a").count() == 0
-    assert head.text_content() == CALL
+    assert_no_link(room)
     assert page.evaluate("window.__kxPwned") is None
 
 
