@@ -351,7 +351,7 @@ SDK_SPAN_FIELDS: bool = _probe_span_fields()
 only when this is true; else it takes the public properties."""
 
 SPAN_CONTEXT_INDEXED: bool = _probe_span_context_indexed()
-"""Whether ``span_context[1]`` is the span id."""
+"""Whether ``span_context[0]``, ``[1]`` and ``[3]`` are the trace id, span id and flags."""
 
 
 def _indexed_context_class() -> type:

@@ -13,11 +13,13 @@ from typing import Any
 import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import SpanContext, TraceFlags
 from relay_helpers import NS, barrier
 from test_relay import block, browsers, frame, relay_server, worker
 from test_sampling import CONV, SAMPLERS, Kernel, setup
 
-from kernel_ext.protocol import decode
+from kernel_ext._compat import sampled_trace_id
+from kernel_ext.protocol import decode, trace_id_hex
 from kernel_ext.stream import Progress
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -149,3 +151,59 @@ async def test_the_relay_passes_a_trace_id_on_and_refuses_one_that_is_not() -> N
         await barrier(b, port)
         assert b.blocks == good  # passed on as they came
         assert relay.stats()["rejected_invalid"] == 6
+
+
+class _PublicContext:
+    """A span context that is not the SDK's tuple: read through its properties."""
+
+    def __init__(self, trace_id: object, flags: int) -> None:
+        self.trace_id = trace_id
+        self.trace_flags = TraceFlags(flags)
+
+
+@pytest.mark.parametrize(
+    ("context", "expected"),
+    [
+        (SpanContext(0xABC, 0x1, False, TraceFlags(1)), 0xABC),
+        (SpanContext(0xABC, 0x1, False, TraceFlags(0)), 0),  # not sampled
+        (SpanContext(0xABC, 0x1, False, TraceFlags(3)), 0xABC),  # other flags set too
+        (_PublicContext(0xABC, 1), 0xABC),
+        (_PublicContext(0xABC, 0), 0),
+        (_PublicContext("0xabc", 1), 0),  # not an int
+        (_PublicContext(0, 1), 0),
+        (None, 0),
+        (object(), 0),
+    ],
+    ids=[
+        "sdk-sampled",
+        "sdk-unsampled",
+        "sdk-flags",
+        "public-sampled",
+        "public-unsampled",
+        "public-str",
+        "public-zero",
+        "none",
+        "no-context",
+    ],
+)
+def test_the_trace_id_of_a_span_context_is_its_id_when_sampled_else_0(
+    context: object, expected: int
+) -> None:
+    assert sampled_trace_id(context) == expected
+
+
+@pytest.mark.parametrize(
+    ("trace_id", "expected"),
+    [
+        (1, "0" * 31 + "1"),
+        (2**128 - 1, "f" * 32),
+        (int(TRACE, 16), TRACE),
+        (0, None),
+        (-1, None),
+        (2**128, None),
+    ],
+)
+def test_trace_id_hex_is_32_lower_case_digits_of_a_valid_trace_id(
+    trace_id: int, expected: str | None
+) -> None:
+    assert trace_id_hex(trace_id) == expected
