@@ -194,7 +194,6 @@ class StreamHub:
     def publish(
         self,
         item: PublishItem,
-        *,
         task_id: str | None = None,
         state: PublishState = "running",
         conversation_id: str | None = None,
