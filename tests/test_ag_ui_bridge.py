@@ -70,6 +70,16 @@ def publish(bridge: AGUIBridge, text: str, *, call: str = CALL, **kwargs: object
         bridge.hub.publish(text, **kwargs)  # type: ignore[arg-type]
 
 
+async def finish_after(
+    run: Run, got: list[BaseEvent], n: int, task: asyncio.Task[None]
+) -> list[str]:
+    """Finish ``run`` once it has sent ``n`` events; the types of all it sent."""
+    await wait_until(lambda: len(got) >= n, 5, f"fewer than {n} events sent")
+    run.finish()
+    await asyncio.wait_for(task, 5)
+    return types(got)
+
+
 def types(events: list[BaseEvent]) -> list[str]:
     return [str(event.type.value) for event in events]
 
@@ -87,10 +97,7 @@ async def test_pane_events_wait_for_run_started_and_an_open_colleague_is_ended_o
     publish(bridge, "thinking about it", task_id=TASK)
     await wait_until(delivered(bridge, 1), 5, "block not taken")
     run.start()
-    await wait_until(lambda: len(got) >= 3, 5, "pane not sent")
-    run.finish()
-    await asyncio.wait_for(task, 5)
-    assert types(got) == [
+    assert await finish_after(run, got, 3, task) == [
         "RUN_STARTED",
         "SUBAGENT_STARTED",
         "ACTIVITY_SNAPSHOT",
@@ -118,10 +125,7 @@ async def test_a_colleague_that_ends_is_finished_once_after_the_delta_that_shows
     await wait_until(lambda: len(got) >= 3, 5, "pane not sent")
     publish(bridge, "the answer", task_id=TASK, state="done")
     publish(bridge, "again", task_id=TASK, state="done")  # dropped by the hub
-    await wait_until(lambda: len(got) >= 5, 5, "end not sent")
-    run.finish()
-    await asyncio.wait_for(task, 5)
-    assert types(got) == [
+    assert await finish_after(run, got, 5, task) == [
         "RUN_STARTED",
         "SUBAGENT_STARTED",
         "ACTIVITY_SNAPSHOT",
@@ -155,9 +159,7 @@ async def test_a_call_that_left_the_tap_gets_a_pane_without_tool_call_id_counted
     run.start()
     await wait_until(lambda: bridge.runs == 1 and got, 5, "run not started")
     publish(bridge, "late", call="00000000000000b2", task_id=TASK)
-    await wait_until(lambda: len(got) >= 3, 5, "pane not sent")
-    run.finish()
-    await asyncio.wait_for(task, 5)
+    await finish_after(run, got, 3, task)
     assert got[1].parent_tool_call_id is None  # type: ignore[attr-defined]
     assert got[2].content["toolCallId"] is None  # type: ignore[attr-defined]
     assert bridge.counts[NO_TOOL_CALL_ID] == 1
