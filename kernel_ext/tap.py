@@ -9,7 +9,7 @@ Guarantees:
 * Bounded: at most ``max_per_conversation`` live calls per conversation and ``max_calls``
   overall. Adding to a full tap evicts the oldest call (of that conversation, or overall),
   counts it on ``kernel_ext.tap.evictions`` and logs it. Nothing else grows: a conversation
-  with no live call takes no memory.
+  with no live call takes no memory (ended calls' tool-call ids are bounded below).
 * Never a wrong near-match after an eviction: an evicted call may still be live, so until
   its span's end is seen (:meth:`Tap.discard`) or ``evicted_ttl`` seconds have passed,
   :meth:`Tap.near_match` for its conversation and tool name answers "ambiguous" (no call),
@@ -18,9 +18,9 @@ Guarantees:
 * The model's tool-call id outlives the call a while: :meth:`Tap.llm_call_id` answers for a
   live call and, for ``ended_ttl`` seconds after its end was seen (:meth:`Tap.discard`),
   for an ended one; at most ``max_calls`` ended calls are remembered (the oldest is
-  forgotten first), only those that had an id, and each discard forgets those whose time
-  is up. Attribution never sees an ended call: :meth:`Tap.get`, :meth:`Tap.live` and
-  :meth:`Tap.near_match` answer for live calls only.
+  forgotten first), only those that had an id; the end of each such call forgets those
+  whose time is up. Attribution never sees an ended call: :meth:`Tap.get`,
+  :meth:`Tap.live` and :meth:`Tap.near_match` answer for live calls only.
 * Thread-safe: every operation holds one lock for O(1) work, except the queries by tool
   name (:meth:`Tap.live`, :meth:`Tap.near_match`), which scan one conversation's live
   calls (at most ``max_per_conversation``).

@@ -280,7 +280,7 @@ def test_an_ended_calls_tool_call_id_is_known_but_attribution_never_sees_the_cal
 
 def test_an_ended_calls_tool_call_id_is_forgotten_ended_ttl_seconds_after_its_end() -> None:
     clock = FakeClock()
-    tap = Tap(ended_ttl=60, clock=clock)
+    tap = Tap(clock=clock)  # the default ended_ttl: 60 s
     tap.add(with_id(1))
     clock.advance(30)  # time spent live does not count
     tap.discard(with_id(1).call_id)
@@ -291,16 +291,24 @@ def test_an_ended_calls_tool_call_id_is_forgotten_ended_ttl_seconds_after_its_en
     assert tap.ended == 0
 
 
-def test_at_most_max_calls_ended_calls_are_remembered_the_oldest_forgotten_first() -> None:
-    tap = Tap(max_calls=2)
-    for n in (1, 2):
+@pytest.mark.parametrize("max_calls", [2, None], ids=["max_calls=2", "default-10000"])
+def test_at_most_max_calls_ended_calls_are_remembered_the_oldest_forgotten_first(
+    max_calls: int | None,
+) -> None:
+    tap = Tap(max_calls=max_calls) if max_calls is not None else Tap()
+    bound = tap.max_calls
+    assert bound == (max_calls or 10_000)  # docs/ag-ui.md: the last 10,000 ended calls
+    for n in range(1, bound + 1):
         tap.add(with_id(n))
         tap.discard(with_id(n).call_id)
-    assert [tap.llm_call_id(with_id(n).call_id) for n in (1, 2)] == ["llm-1", "llm-2"]
-    tap.add(with_id(3))
-    tap.discard(with_id(3).call_id)
-    assert [tap.llm_call_id(with_id(n).call_id) for n in (1, 2, 3)] == [None, "llm-2", "llm-3"]
-    assert tap.ended == 2
+    assert tap.ended == bound
+    assert tap.llm_call_id(with_id(1).call_id) == "llm-1"  # exactly at the bound: kept
+    tap.add(with_id(bound + 1))
+    tap.discard(with_id(bound + 1).call_id)
+    assert tap.llm_call_id(with_id(1).call_id) is None
+    assert tap.llm_call_id(with_id(2).call_id) == "llm-2"
+    assert tap.llm_call_id(with_id(bound + 1).call_id) == f"llm-{bound + 1}"
+    assert tap.ended == bound
 
 
 def test_ended_calls_are_forgotten_as_calls_end_and_idless_ones_never_held() -> None:
