@@ -11,9 +11,11 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 
 from ag_ui.core import BaseEvent, EventType, RunErrorEvent, RunFinishedEvent, RunStartedEvent
-from timing import wait_until
+from opentelemetry.sdk.trace import TracerProvider
+from timing import FakeClock, wait_until
 
-from kernel_ext import ToolCall, use_tool_call
+from kernel_ext import ToolCall, ToolDescription, use_tool_call
+from kernel_ext.instrument import tool_call_scope
 from kernel_ext.integrations.ag_ui import (
     NO_TOOL_CALL_ID,
     RUN_ENDED_OPEN,
@@ -22,6 +24,7 @@ from kernel_ext.integrations.ag_ui import (
     message_id_of,
     subagent_run_id_of,
 )
+from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.stream import StreamHub
 from kernel_ext.tap import LiveCall, Tap
 
@@ -151,7 +154,7 @@ async def test_blocks_of_a_thread_with_no_run_reach_no_run_and_are_counted(
     assert types(got) == ["RUN_STARTED", "RUN_FINISHED"]
 
 
-async def test_a_call_that_left_the_tap_gets_a_pane_without_tool_call_id_counted(
+async def test_a_call_unknown_to_the_tap_gets_a_pane_without_tool_call_id_counted(
     bridge: AGUIBridge,
 ) -> None:
     run, got = Run(), []
@@ -163,6 +166,56 @@ async def test_a_call_that_left_the_tap_gets_a_pane_without_tool_call_id_counted
     assert got[1].parent_tool_call_id is None  # type: ignore[attr-defined]
     assert got[2].content["toolCallId"] is None  # type: ignore[attr-defined]
     assert bridge.counts[NO_TOOL_CALL_ID] == 1
+
+
+ENDED_TTL = 60.0
+
+
+@pytest.mark.parametrize(
+    ("since_end", "tool_call_id"),
+    [(0.0, "llm-quick"), (ENDED_TTL - 0.001, "llm-quick"), (ENDED_TTL, None)],
+    ids=["at-once", "just-within-ended-ttl", "at-ended-ttl"],
+)
+async def test_a_quick_call_that_ended_before_the_bridge_took_its_blocks_keeps_its_tool_call_id(
+    since_end: float, tool_call_id: str | None
+) -> None:
+    """A tool that publishes and returns without giving the event loop a turn: its call has
+    ended (left the tap's live calls) when the bridge takes its first block. Its pane and
+    its colleague still carry the model's tool-call id, until ``ended_ttl`` seconds after
+    its end; from then on ``null``, counted."""
+    clock = FakeClock()
+    tap = Tap(ended_ttl=ENDED_TTL, clock=clock)
+    hub = StreamHub(tap=tap)
+    provider = TracerProvider()
+    provider.add_span_processor(ToolSpanProcessor(tap=tap, sink=hub))
+    bridge = AGUIBridge(hub=hub, tap=tap, run_end_timeout=1.0)
+    await bridge.start()
+    try:
+        run, got = Run(), []
+        task = asyncio.create_task(collect(bridge, run, got))
+        run.start()
+        await wait_until(lambda: bridge.runs == 1 and got, 5, "run not started")
+        # The quick tool, with no await: the bridge gets no turn until it has returned.
+        description = ToolDescription("ask_colleague", "t1", "llm-quick")
+        with tool_call_scope(description, tracer_provider=provider, sink=hub) as call:
+            assert call is not None
+            hub.publish("the answer at once", task_id=TASK, state="done")
+        assert tap.get(call.call_id) is None  # ended: not live any more
+        clock.advance(since_end)
+        assert await finish_after(run, got, 4, task) == [
+            "RUN_STARTED",
+            "SUBAGENT_STARTED",
+            "ACTIVITY_SNAPSHOT",
+            "SUBAGENT_FINISHED",
+            "RUN_FINISHED",
+        ]
+        assert got[1].parent_tool_call_id == tool_call_id  # type: ignore[attr-defined]
+        assert got[2].message_id == message_id_of(call.call_id)  # type: ignore[attr-defined]
+        assert got[2].content["toolCallId"] == tool_call_id  # type: ignore[attr-defined]
+        assert bridge.counts[NO_TOOL_CALL_ID] == (1 if tool_call_id is None else 0)
+    finally:
+        await bridge.stop()
+        provider.shutdown()
 
 
 async def test_a_run_past_max_runs_gets_no_panes_and_is_counted() -> None:

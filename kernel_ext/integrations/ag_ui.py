@@ -12,7 +12,11 @@ Guarantees (docs/ag-ui.md):
 * A pane is one activity message (``ACTIVITY_SNAPSHOT`` once, then ``ACTIVITY_DELTA``: JSON
   Patches from the content last sent to the new one), activity type
   :data:`ACTIVITY_TYPE`, message id ``kernel_ext:<callId>``. Its content is
-  :class:`kernel_ext.view.Pane`'s JSON plus ``toolCallId``, the model's tool-call id.
+  :class:`kernel_ext.view.Pane`'s JSON plus ``toolCallId``, the model's tool-call id,
+  read from the tap (:meth:`kernel_ext.tap.Tap.llm_call_id`) when the bridge takes the
+  pane's first block: known while the call runs and for the tap's ``ended_ttl`` seconds
+  (default 60) after its end, so a call that published and returned before the bridge
+  had a turn keeps it.
 * A stream of an A2A colleague (taskId ≠ callId) is a subagent: ``SUBAGENT_STARTED``
   (``parentToolCallId`` = the tool-call id) before the first activity that shows it, and
   exactly one ``SUBAGENT_FINISHED`` (``done``) or ``SUBAGENT_ERROR`` (``aborted``) after
@@ -74,8 +78,9 @@ ACTIVITY_TYPE = "kernel_ext.pane"
 
 # Counted in AGUIBridge.counts (and kernel_ext.sender.events, sender "ag_ui").
 NO_TOOL_CALL_ID = "no_tool_call_id"
-"""A pane whose call had ended (left the tap) before the bridge took its first block: its
-``toolCallId`` is ``null`` and its colleagues have no parent tool call."""
+"""A pane whose call has no tool-call id when the bridge takes its first block (its span
+carried none, it ended ``ended_ttl`` seconds or more before, or it was evicted from a full
+tap): its ``toolCallId`` is ``null`` and its colleagues have no parent tool call."""
 RUN_ENDED_OPEN = "run_ended_open"
 """A colleague still open when its run closed: ended with ``SUBAGENT_ERROR``."""
 RUN_LIMIT = "run_limit"
@@ -192,7 +197,8 @@ class AGUIBridge(Emitter):
 
     Args:
         hub: the hub to consume (default: the process-wide one, as every sender).
-        tap: where the model's tool-call id of a call is read (``LiveCall.llm_call_id``)
+        tap: where the model's tool-call id of a call is read (:meth:`Tap.llm_call_id`:
+            of a live call, or of one ended less than the tap's ``ended_ttl`` seconds ago)
             when its pane's first block is taken (default: the tap of the enabled plugin's
             span processor, else the process-wide tap).
         max_runs: runs fed at once; a run registered beyond gets no panes (``run_limit``).
@@ -232,7 +238,7 @@ class AGUIBridge(Emitter):
         """The runs being fed now."""
         return self._run_count
 
-    def _live_tap(self) -> Tap:
+    def _the_tap(self) -> Tap:
         if self._tap is None:
             from kernel_ext.plugin import enabled
 
@@ -265,10 +271,9 @@ class AGUIBridge(Emitter):
 
     def _touch(self, run: _Run, call_id: str) -> None:
         """Mark ``call_id``'s pane changed in ``run``; on its first change, read its
-        tool-call id from the tap."""
+        tool-call id from the tap (the call may have ended since)."""
         if call_id not in run.tool_call_ids:
-            live = self._live_tap().get(call_id)
-            tool_call_id = live.llm_call_id if live is not None else None
+            tool_call_id = self._the_tap().llm_call_id(call_id)
             if tool_call_id is None:
                 self._count(NO_TOOL_CALL_ID)
             run.tool_call_ids[call_id] = tool_call_id
