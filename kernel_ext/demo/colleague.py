@@ -40,6 +40,7 @@ __all__ = [
     "DemoColleague",
     "Script",
     "Step",
+    "Topic",
     "demo_peer",
     "main",
     "serve",
@@ -58,12 +59,32 @@ class Step:
 
 
 @dataclass(frozen=True)
+class Topic:
+    """What a colleague says to a question containing one of ``words`` (case-insensitive):
+    its steps, then its final answer."""
+
+    words: tuple[str, ...]
+    steps: tuple[Step, ...]
+    answer: str
+
+
+@dataclass(frozen=True)
 class Script:
     """What a colleague says, in order, then its final answer. ``{question}`` in a text
-    is the question asked."""
+    is the question asked. A question of one of its ``topics`` gets that topic's steps and
+    answer instead (the first that matches)."""
 
     steps: tuple[Step, ...]
     answer: str
+    topics: tuple[Topic, ...] = ()
+
+    def reply(self, question: str) -> tuple[tuple[Step, ...], str]:
+        """The steps and the final answer for ``question``."""
+        lowered = question.lower()
+        for topic in self.topics:
+            if any(word in lowered for word in topic.words):
+                return topic.steps, topic.answer
+        return self.steps, self.answer
 
 
 ORDERS_DESK: dict[str, Script] = {
@@ -135,6 +156,54 @@ ORDERS_DESK: dict[str, Script] = {
         ),
         answer="Order 42 left our warehouse on Tuesday and is with the carrier (tracking "
         "1Z84F29A), last scanned at the Leipzig hub this morning. Expected delivery: Friday.",
+        topics=(
+            Topic(
+                words=("ship", "dispatch", "sent"),
+                steps=(
+                    Step(
+                        2.0,
+                        "Thinking…",
+                        "thinking",
+                        {
+                            "text": "The customer asks: “{question}” The shipment record of "
+                            "order 42 has the day."
+                        },
+                    ),
+                    Step(
+                        1.0,
+                        "Calling search_orders",
+                        "tool_call",
+                        {"name": "search_orders", "args": {"query": "order 42", "limit": 3}},
+                    ),
+                    Step(
+                        2.0,
+                        "Calling fetch_order",
+                        "tool_call",
+                        {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
+                    ),
+                    Step(
+                        2.5,
+                        "Thinking…",
+                        "thinking",
+                        {
+                            "text": "Shipment record: packed Monday 16:20, handed to the "
+                            "carrier Tuesday 09:15, tracking number 1Z84F29A."
+                        },
+                    ),
+                    Step(
+                        2.0,
+                        "Writing",
+                        "text",
+                        {
+                            "text": "Order 42 was packed on Monday afternoon and handed to "
+                            "the carrier on Tuesday at 09:15."
+                        },
+                    ),
+                ),
+                answer="Order 42 shipped on Tuesday: it left our warehouse at 09:15 that "
+                "morning with the carrier, tracking number 1Z84F29A.",
+            ),
+        ),
     ),
     "zh": Script(
         steps=(
@@ -192,6 +261,48 @@ ORDERS_DESK: dict[str, Script] = {
         ),
         answer="订单 42 已于周二从仓库发出，由承运商配送（运单号 1Z84F29A），今天早上最后一次"
         "扫描在莱比锡转运中心。预计周五送达。",
+        topics=(
+            Topic(
+                words=("发货", "发出", "寄出"),
+                steps=(
+                    Step(
+                        2.0,
+                        "正在思考…",
+                        "thinking",
+                        {"text": "用户问：“{question}” 订单 42 的发货记录里有日期。"},
+                    ),
+                    Step(
+                        1.0,
+                        "调用 search_orders",
+                        "tool_call",
+                        {"name": "search_orders", "args": {"query": "订单 42", "limit": 3}},
+                    ),
+                    Step(
+                        2.0,
+                        "调用 fetch_order",
+                        "tool_call",
+                        {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
+                    ),
+                    Step(
+                        2.5,
+                        "正在思考…",
+                        "thinking",
+                        {
+                            "text": "发货记录：周一 16:20 打包，周二 09:15 交给承运商，"
+                            "运单号 1Z84F29A。"
+                        },
+                    ),
+                    Step(
+                        2.0,
+                        "正在撰写",
+                        "text",
+                        {"text": "订单 42 周一下午打包，周二上午 09:15 交给承运商。"},
+                    ),
+                ),
+                answer="订单 42 是周二发货的：当天上午 09:15 从我们的仓库交给承运商，"
+                "运单号 1Z84F29A。",
+            ),
+        ),
     ),
 }
 """The orders desk (script ``work``): envelopes, by language."""
@@ -206,6 +317,19 @@ CARRIER: dict[str, Script] = {
         ),
         answer="Parcel 1Z84F29A (order 42) is at our Leipzig hub and scheduled for delivery "
         "on Friday between 10:00 and 14:00. No signature is needed.",
+        topics=(
+            Topic(
+                words=("ship", "dispatch", "sent"),
+                steps=(
+                    Step(2.0, "Tracking request received for order 42"),
+                    Step(2.5, "Looking up parcel 1Z84F29A"),
+                    Step(2.5, "First scan: picked up from the sender, Tuesday 09:15"),
+                    Step(2.5, "Checking the pickup record"),
+                ),
+                answer="We picked up parcel 1Z84F29A (order 42) from the sender on Tuesday "
+                "at 09:15.",
+            ),
+        ),
     ),
     "zh": Script(
         steps=(
@@ -216,6 +340,18 @@ CARRIER: dict[str, Script] = {
         ),
         answer="运单 1Z84F29A（订单 42）目前在莱比锡转运中心，预计周五 10:00–14:00 派送，"
         "无需签收。",
+        topics=(
+            Topic(
+                words=("发货", "发出", "寄出"),
+                steps=(
+                    Step(2.0, "已收到订单 42 的查询请求"),
+                    Step(2.5, "正在查询运单 1Z84F29A"),
+                    Step(2.5, "首次扫描：周二 09:15 从寄件方揽收"),
+                    Step(2.5, "正在核对揽收记录"),
+                ),
+                answer="运单 1Z84F29A（订单 42）于周二 09:15 从寄件方揽收。",
+            ),
+        ),
     ),
 }
 """The third-party carrier (script ``text``): plain text, by language."""
@@ -239,7 +375,8 @@ class DemoColleague(ScriptedColleague):
     @staticmethod
     async def _play(play: _Play, script: Script, question: str) -> None:
         beat = play.delay
-        for step in script.steps:
+        steps, answer = script.reply(question)
+        for step in steps:
             play.delay = beat * step.beats
             if step.kind is None:
                 await play.working([new_text_part(step.text)])
@@ -249,7 +386,7 @@ class DemoColleague(ScriptedColleague):
             if isinstance(payload.get("text"), str):
                 payload["text"] = payload["text"].replace("{question}", question)
             await play.step(step.kind, payload, step.text)
-        await play.updater.complete(play.text_message(script.answer))
+        await play.updater.complete(play.text_message(answer))
 
 
 def demo_peer(url: str, *, name: str, beat: float = DEFAULT_BEAT) -> ScriptedPeer:
