@@ -128,6 +128,7 @@ def demo_page(
         page.set_default_timeout(WAIT_MS)
         console = Console(page)
         page.goto(f"http://127.0.0.1:{port or running.port}/", timeout=WAIT_MS)
+        page.wait_for_function("() => document.body.dataset.ready === '1'")
         yield page, console
 
 
@@ -261,8 +262,9 @@ def test_with_lang_en_the_page_is_english_and_shows_no_chinese() -> None:
                 summary.click()  # folded thinking, opened, is visible text too
             assert page.locator("#langs button").all_inner_texts() == ["中文", "English"]
             assert page.get_attribute("#langs [aria-current='true']", "data-lang") == "en"
-            page.evaluate("document.getElementById('langs').hidden = true")
+            page.evaluate("document.getElementById('langs').style.display = 'none'")
             visible = page.evaluate("document.body.innerText")
+            page.evaluate("document.getElementById('langs').style.display = ''")
             assert CJK.findall(visible) == []
             assert CJK.findall(page.title()) == []
             assert page.input_value("#message") == ""
@@ -310,6 +312,13 @@ def test_the_page_speaks_the_browsers_language_and_its_switch_keeps_the_conversa
             page.goto(page.url.replace("lang=zh", "lang=fr"))
             page.wait_for_function("() => document.body.dataset.ready === '1'")
             assert page.evaluate("document.documentElement.lang") == "en"
+            # A browser that prefers no language the demo speaks: English.
+            french = page.context.browser.new_page(locale="fr-FR")
+            french.goto(f"http://127.0.0.1:{running.port}/?auto=0")
+            french.wait_for_function("() => document.body.dataset.ready === '1'")
+            assert french.evaluate("navigator.languages") == ["fr-FR"]
+            assert french.evaluate("document.documentElement.lang") == "en"
+            french.close()
             assert console.exceptions == []
             assert console.errors == []
         running.proc.send_signal(signal.SIGTERM)
@@ -327,15 +336,12 @@ LATIN_ONLY_FONTS = """<?xml version="1.0"?>
 </fontconfig>
 """
 
-PROBE = """(chars) => chars.map((char, n) => {
+PROBE = """() => {
   const probe = document.createElement("span");
-  probe.id = `probe-${n}`;
-  probe.textContent = char;
-  probe.style.cssText = "position: fixed; top: 8px; font-size: 40px; background: #fff;";
-  probe.style.left = `${8 + 60 * n}px`;
+  probe.id = "probe";
+  probe.style.cssText = "position: fixed; top: 8px; left: 8px; font-size: 40px; background: #fff;";
   document.body.append(probe);
-  return probe.id;
-})"""
+}"""
 
 
 def test_chinese_renders_in_the_pages_own_font_without_any_cjk_font_on_the_machine(
@@ -357,15 +363,19 @@ def test_chinese_renders_in_the_pages_own_font_without_any_cjk_font_on_the_machi
             )
             assert status == ["loaded"]
             # 订 and 单 are in the page's font; 龘 and 齉 in no font Chromium has here.
-            ids = page.evaluate(PROBE, ["订", "单", "龘", "齉"])
-            shots = [page.locator(f"#{probe}").screenshot() for probe in ids]
+            page.evaluate(PROBE)  # one place for each character, in the page's fonts
+            probe = page.locator("#probe")
+            shots = []
+            for char in ("订", "单", "龘", "齉"):
+                probe.evaluate("(node, char) => { node.textContent = char; }", char)
+                shots.append(probe.screenshot())
             ding, dan, missing, missing_too = shots
             tofu = missing == missing_too  # no CJK font: every such character is one box
             assert tofu
             drawn_apart = ding != dan  # the page's own font draws each character
             assert drawn_apart
             assert [shot == missing for shot in (ding, dan)] == [False, False]
-            page.evaluate("(ids) => ids.forEach((id) => document.getElementById(id).remove())", ids)
+            probe.evaluate("(node) => node.remove()")
             # What the page laid out itself is drawn too, not boxes: each element's picture
             # differs from the same element holding as many characters no font has.
             for selector in ("#send", "#langs [aria-current='true']", ".kx-tool-start", ".who"):
