@@ -10,6 +10,9 @@ The worker picks the peer's script per request (``kx.script``) and its language
 * ``text`` — the third-party carrier: plain text only (the caller turns each update into
   a pseudo-envelope) and a final answer.
 
+Each answers what it is asked: where order 42 is and when it arrives, or — a question of
+:data:`SHIPPED_WORDS` — on which day it shipped (:meth:`Script.reply`).
+
 Pacing: each step is followed by a pause of a few *beats*; ``--delay`` is the length of one
 beat in seconds. At the default beat (:data:`~kernel_ext.demo.script.DEFAULT_BEAT`, 1.2 s)
 a call takes about 12 s, so a person can watch each pane grow; ``kernel-ext demo --fast``
@@ -26,7 +29,7 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from a2a.helpers import new_text_part
@@ -37,6 +40,7 @@ from kernel_ext.demo.script import DEFAULT_BEAT, DEFAULT_LANG, LANG_KEY
 __all__ = [
     "CARRIER",
     "ORDERS_DESK",
+    "SHIPPED_WORDS",
     "DemoColleague",
     "Script",
     "Step",
@@ -87,6 +91,31 @@ class Script:
         return self.steps, self.answer
 
 
+_SEARCH_ORDERS = {
+    lang: Step(
+        1.0,
+        f"{calling}search_orders",
+        "tool_call",
+        {"name": "search_orders", "args": {"query": query, "limit": 3}},
+    )
+    for lang, calling, query in (("en", "Calling ", "order 42"), ("zh", "调用 ", "订单 42"))
+}
+_FETCH_ORDER = {
+    lang: Step(
+        1.0,
+        f"{calling}fetch_order",
+        "tool_call",
+        {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
+    )
+    for lang, calling in (("en", "Calling "), ("zh", "调用 "))
+}
+
+SHIPPED_WORDS: dict[str, tuple[str, ...]] = {
+    "en": ("ship", "dispatch", "sent"),
+    "zh": ("发货", "发出", "寄出"),
+}
+"""What asks on which day the order shipped, by language: each colleague's topic for it."""
+
 ORDERS_DESK: dict[str, Script] = {
     "en": Script(
         steps=(
@@ -99,12 +128,7 @@ ORDERS_DESK: dict[str, Script] = {
                     "system first, then its shipment."
                 },
             ),
-            Step(
-                1.0,
-                "Calling search_orders",
-                "tool_call",
-                {"name": "search_orders", "args": {"query": "order 42", "limit": 3}},
-            ),
+            _SEARCH_ORDERS["en"],
             Step(
                 1.5,
                 "Thinking…",
@@ -114,12 +138,7 @@ ORDERS_DESK: dict[str, Script] = {
                     "Fetch the shipment details."
                 },
             ),
-            Step(
-                1.0,
-                "Calling fetch_order",
-                "tool_call",
-                {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
-            ),
+            _FETCH_ORDER["en"],
             Step(
                 1.5,
                 "Writing",
@@ -158,7 +177,7 @@ ORDERS_DESK: dict[str, Script] = {
         "1Z84F29A), last scanned at the Leipzig hub this morning. Expected delivery: Friday.",
         topics=(
             Topic(
-                words=("ship", "dispatch", "sent"),
+                words=SHIPPED_WORDS["en"],
                 steps=(
                     Step(
                         2.0,
@@ -169,18 +188,8 @@ ORDERS_DESK: dict[str, Script] = {
                             "order 42 has the day."
                         },
                     ),
-                    Step(
-                        1.0,
-                        "Calling search_orders",
-                        "tool_call",
-                        {"name": "search_orders", "args": {"query": "order 42", "limit": 3}},
-                    ),
-                    Step(
-                        2.0,
-                        "Calling fetch_order",
-                        "tool_call",
-                        {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
-                    ),
+                    _SEARCH_ORDERS["en"],
+                    replace(_FETCH_ORDER["en"], beats=2.0),
                     Step(
                         2.5,
                         "Thinking…",
@@ -213,24 +222,14 @@ ORDERS_DESK: dict[str, Script] = {
                 "thinking",
                 {"text": "用户问：“{question}” 先在订单系统里找到订单 42，再查它的发货情况。"},
             ),
-            Step(
-                1.0,
-                "调用 search_orders",
-                "tool_call",
-                {"name": "search_orders", "args": {"query": "订单 42", "limit": 3}},
-            ),
+            _SEARCH_ORDERS["zh"],
             Step(
                 1.5,
                 "正在思考…",
                 "thinking",
                 {"text": "找到一条：#42，两件商品，周一付款，状态为已发货。接着查发货详情。"},
             ),
-            Step(
-                1.0,
-                "调用 fetch_order",
-                "tool_call",
-                {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
-            ),
+            _FETCH_ORDER["zh"],
             Step(
                 1.5,
                 "正在撰写",
@@ -263,7 +262,7 @@ ORDERS_DESK: dict[str, Script] = {
         "扫描在莱比锡转运中心。预计周五送达。",
         topics=(
             Topic(
-                words=("发货", "发出", "寄出"),
+                words=SHIPPED_WORDS["zh"],
                 steps=(
                     Step(
                         2.0,
@@ -271,18 +270,8 @@ ORDERS_DESK: dict[str, Script] = {
                         "thinking",
                         {"text": "用户问：“{question}” 订单 42 的发货记录里有日期。"},
                     ),
-                    Step(
-                        1.0,
-                        "调用 search_orders",
-                        "tool_call",
-                        {"name": "search_orders", "args": {"query": "订单 42", "limit": 3}},
-                    ),
-                    Step(
-                        2.0,
-                        "调用 fetch_order",
-                        "tool_call",
-                        {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
-                    ),
+                    _SEARCH_ORDERS["zh"],
+                    replace(_FETCH_ORDER["zh"], beats=2.0),
                     Step(
                         2.5,
                         "正在思考…",
@@ -307,11 +296,21 @@ ORDERS_DESK: dict[str, Script] = {
 }
 """The orders desk (script ``work``): envelopes, by language."""
 
+_CARRIER_OPENS: dict[str, tuple[Step, ...]] = {
+    "en": (
+        Step(2.0, "Tracking request received for order 42"),
+        Step(2.5, "Looking up parcel 1Z84F29A"),
+    ),
+    "zh": (
+        Step(2.0, "已收到订单 42 的查询请求"),
+        Step(2.5, "正在查询运单 1Z84F29A"),
+    ),
+}
+
 CARRIER: dict[str, Script] = {
     "en": Script(
         steps=(
-            Step(2.0, "Tracking request received for order 42"),
-            Step(2.5, "Looking up parcel 1Z84F29A"),
+            *_CARRIER_OPENS["en"],
             Step(2.5, "Last scan: Leipzig hub, 07:40, sorted onto the delivery route"),
             Step(2.5, "Checking the delivery schedule for the destination postcode"),
         ),
@@ -319,10 +318,9 @@ CARRIER: dict[str, Script] = {
         "on Friday between 10:00 and 14:00. No signature is needed.",
         topics=(
             Topic(
-                words=("ship", "dispatch", "sent"),
+                words=SHIPPED_WORDS["en"],
                 steps=(
-                    Step(2.0, "Tracking request received for order 42"),
-                    Step(2.5, "Looking up parcel 1Z84F29A"),
+                    *_CARRIER_OPENS["en"],
                     Step(2.5, "First scan: picked up from the sender, Tuesday 09:15"),
                     Step(2.5, "Checking the pickup record"),
                 ),
@@ -333,8 +331,7 @@ CARRIER: dict[str, Script] = {
     ),
     "zh": Script(
         steps=(
-            Step(2.0, "已收到订单 42 的查询请求"),
-            Step(2.5, "正在查询运单 1Z84F29A"),
+            *_CARRIER_OPENS["zh"],
             Step(2.5, "最后扫描：莱比锡转运中心 07:40，已分拣到派送线路"),
             Step(2.5, "正在查询收件地邮编的派送安排"),
         ),
@@ -342,10 +339,9 @@ CARRIER: dict[str, Script] = {
         "无需签收。",
         topics=(
             Topic(
-                words=("发货", "发出", "寄出"),
+                words=SHIPPED_WORDS["zh"],
                 steps=(
-                    Step(2.0, "已收到订单 42 的查询请求"),
-                    Step(2.5, "正在查询运单 1Z84F29A"),
+                    *_CARRIER_OPENS["zh"],
                     Step(2.5, "首次扫描：周二 09:15 从寄件方揽收"),
                     Step(2.5, "正在核对揽收记录"),
                 ),

@@ -6,7 +6,8 @@ each colleague's work, live, into that tool call's detail pane.
   no API key): for a user message it calls ``ask_colleague`` once per colleague the message
   names (:func:`kernel_ext.demo.script.colleagues_for`), all in one model response, so
   pydantic-ai runs those calls concurrently; then it answers from what they returned, in
-  the demo's language (``--lang``, which it also asks the colleagues to speak).
+  the message's language (its ``lang``, else ``--lang``), which it also asks the colleagues
+  to speak.
 * Instrumentation: :func:`kernel_ext.enable` wires the stream hub, a
   :class:`~kernel_ext.processor.ToolSpanProcessor` on a private ``TracerProvider`` and the loopback
   emitter; pydantic-ai's own ``Instrumentation`` capability opens each tool call's

@@ -257,10 +257,14 @@ function switchTo(code) {
   location.assign(addressOf(started ? { c: conversationId, lang: code } : { lang: code }));
 }
 
-// This page's address with `changes` applied to its query (auto= and lang= kept).
-function addressOf(changes) {
-  const query = new URLSearchParams(location.search);
-  for (const [name, value] of Object.entries(changes)) query.set(name, value);
+// An address of this page: conversation `c` (then auto= no longer matters) and language
+// `lang` (default: this page's ?lang=, if any).
+function addressOf({ c, lang }) {
+  const query = new URLSearchParams();
+  if (c) query.set("c", c);
+  else if (params.has("auto")) query.set("auto", params.get("auto"));
+  const language = lang || params.get("lang");
+  if (language) query.set("lang", language);
   return `?${query}`;
 }
 
