@@ -271,7 +271,13 @@ async def role_worker(
     the worker's own figures) when the load is published, ``SENT`` once the worker's sender
     has handed all of it to the transport, then ``DONE`` after the terminals."""
     streams = [(room, f"t{i}") for room in rooms for i in range(streams_per_room)]
-    call_ids = [f"{i + 1:016x}" for i in range(len(streams))]
+    # Span ids are random in a real deployment: each load's worker numbers its calls after a
+    # random prefix of its own. With the same ids in every load, the relay (rightly) drops a
+    # new worker's blocks on streams it ended when an earlier load's worker was gone
+    # (``after_worker_aborted``), which the 5,000-conversation point once measured as a slow
+    # relay (issue 25).
+    prefix = os.urandom(4).hex()
+    call_ids = [f"{prefix}{i + 1:08x}" for i in range(len(streams))]
     seqs = [0] * len(streams)
     finish: Any
     if kind == "plain":

@@ -23,6 +23,7 @@ Not thread-safe: each owner uses it from one thread or under its own lock.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -69,7 +70,10 @@ class BoundedMap(Generic[K, V]):
         self.ttl = None if ttl is None else float(ttl)
         self._clock = clock
         self._on_forget = on_forget
-        self._entries: dict[K, tuple[float, V]] = {}  # key -> (forget at, value), oldest first
+        # key -> (forget at, value), oldest first. An OrderedDict, not a dict: its oldest
+        # key is found in O(1) however many were removed before it (a dict's first key is
+        # found by scanning past the holes its removals left, until it is resized).
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
 
     def set(self, key: K, value: V, *, refresh: bool = False) -> None:
         """Remember ``value`` under ``key`` (see the module docstring for place and
@@ -84,8 +88,8 @@ class BoundedMap(Generic[K, V]):
         ttl = self.ttl
         entries[key] = (self._clock() + ttl if ttl is not None else 0.0, value)
         while len(entries) > self.max_size:
-            oldest = next(iter(entries))
-            self._forget(oldest, entries.pop(oldest)[1], OVERFLOW)
+            oldest, (_, forgotten) = entries.popitem(last=False)
+            self._forget(oldest, forgotten, OVERFLOW)
 
     def get(self, key: K, default: V | None = None) -> V | None:
         """The value of ``key``, or ``default`` when it is absent or expired."""

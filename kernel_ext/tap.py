@@ -9,12 +9,18 @@ Guarantees:
 * Bounded: at most ``max_per_conversation`` live calls per conversation and ``max_calls``
   overall. Adding to a full tap evicts the oldest call (of that conversation, or overall),
   counts it on ``kernel_ext.tap.evictions`` and logs it. Nothing else grows: a conversation
-  with no live call takes no memory.
+  with no live call takes no memory (ended calls' tool-call ids are bounded below).
 * Never a wrong near-match after an eviction: an evicted call may still be live, so until
   its span's end is seen (:meth:`Tap.discard`) or ``evicted_ttl`` seconds have passed,
   :meth:`Tap.near_match` for its conversation and tool name answers "ambiguous" (no call),
   whatever else is live. At most ``max_calls`` such evicted calls are remembered (the
   oldest is forgotten first).
+* The model's tool-call id outlives the call a while: :meth:`Tap.llm_call_id` answers for a
+  live call and, for ``ended_ttl`` seconds after its end was seen (:meth:`Tap.discard`),
+  for an ended one; at most ``max_calls`` ended calls are remembered (the oldest is
+  forgotten first), only those that had an id; the end of each such call forgets those
+  whose time is up. Attribution never sees an ended call: :meth:`Tap.get`,
+  :meth:`Tap.live` and :meth:`Tap.near_match` answer for live calls only.
 * Thread-safe: every operation holds one lock for O(1) work, except the queries by tool
   name (:meth:`Tap.live`, :meth:`Tap.near_match`), which scan one conversation's live
   calls (at most ``max_per_conversation``).
@@ -33,6 +39,7 @@ from typing import NamedTuple, Protocol
 from opentelemetry.util.types import AttributeValue
 
 from kernel_ext import _fork, metrics
+from kernel_ext._bounded import BoundedMap
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
 
@@ -99,7 +106,10 @@ class Tap:
         evicted_ttl: seconds an evicted call keeps near-matches of its conversation and
             tool name ambiguous unless its end is seen first (default 600, the default
             deadline of ``ask_colleague``).
-        clock: the monotonic clock of ``evicted_ttl`` (tests pass a fake).
+        ended_ttl: seconds after its end that :meth:`llm_call_id` still answers for a
+            call (default 60).
+        clock: the monotonic clock of ``evicted_ttl`` and ``ended_ttl`` (tests pass a
+            fake).
 
     Raises:
         ConfigError: a bound is not a positive number.
@@ -110,11 +120,13 @@ class Tap:
         "_by_conversation",
         "_calls",
         "_clock",
+        "_ended",
         "_evicted",
         "_lock",
         "_rare",
         "_uncertain",
         "_unsure",
+        "ended_ttl",
         "evicted_ttl",
         "max_calls",
         "max_per_conversation",
@@ -126,20 +138,22 @@ class Tap:
         max_calls: int = 10_000,
         max_per_conversation: int = 256,
         evicted_ttl: float = 600.0,
+        ended_ttl: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         check_positive_ints(max_calls=max_calls, max_per_conversation=max_per_conversation)
-        check_positive_numbers(evicted_ttl=evicted_ttl)
+        check_positive_numbers(evicted_ttl=evicted_ttl, ended_ttl=ended_ttl)
         self.max_calls = max_calls
         self.max_per_conversation = max_per_conversation
         self.evicted_ttl = float(evicted_ttl)
+        self.ended_ttl = float(ended_ttl)
         self._clock = clock
         self._rare = RareLog(_log)
         self._fresh_state()
         _fork.reset_in_child(self)
 
     def _fresh_state(self) -> None:
-        """The lock and the live calls, new and empty."""
+        """The lock, the live calls and the ended calls' tool-call ids, new and empty."""
         self._lock = threading.Lock()
         # Insertion-ordered dicts: the first key is the oldest live call.
         self._calls: dict[str, LiveCall] = {}
@@ -149,10 +163,15 @@ class Tap:
         # oldest first; and how many of them each (conversation, tool name) has.
         self._uncertain: dict[str, tuple[str | None, str, float]] = {}
         self._unsure: dict[tuple[str | None, str], int] = {}
+        # Ended calls' tool-call ids (call id -> llm call id), for llm_call_id().
+        self._ended: BoundedMap[str, str] = BoundedMap(
+            self.max_calls, self.ended_ttl, clock=self._clock
+        )
 
     def _reset_after_fork(self) -> None:
-        """In a forked child: no live calls. The parent's calls end in the parent; kept
-        here they would never end, and would make near-matches ambiguous forever."""
+        """In a forked child: no live calls and no ended ones. The parent's calls end in
+        the parent; kept here they would never end, and would make near-matches ambiguous
+        forever."""
         self._fresh_state()
 
     # -- feeding (the span processor) -------------------------------------------------
@@ -238,8 +257,10 @@ class Tap:
             self._forget_evicted(call_id)
 
     def discard(self, call_id: str) -> LiveCall | None:
-        """Forget the live call ``call_id``; return it, or ``None`` when it was not live
-        (an evicted call's end: near-matches of its conversation may be sure again)."""
+        """Forget the live call ``call_id`` (its end was seen); return it, or ``None`` when
+        it was not live (an evicted call's end: near-matches of its conversation may be sure
+        again). Its tool-call id stays known to :meth:`llm_call_id` for ``ended_ttl``
+        seconds."""
         lock = self._lock
         lock.acquire()  # not ``with``: see add()
         try:
@@ -250,6 +271,11 @@ class Tap:
                 del conversation[call_id]
                 if not conversation:
                     del self._by_conversation[conversation_id]
+                llm_call_id = call.llm_call_id
+                if llm_call_id is not None:
+                    ended = self._ended
+                    ended.set(call_id, llm_call_id, refresh=True)
+                    ended.expire()
             elif call_id in self._uncertain:
                 self._forget_evicted(call_id)
             return call
@@ -257,8 +283,10 @@ class Tap:
             lock.release()
 
     def clear(self) -> None:
-        """Forget every live call and evicted call (evictions are not counted)."""
+        """Forget every live call, evicted call and ended call (evictions are not
+        counted)."""
         with self._lock:
+            self._ended.clear()
             self._calls.clear()
             self._by_conversation.clear()
             self._uncertain.clear()
@@ -269,6 +297,17 @@ class Tap:
     def get(self, call_id: str) -> LiveCall | None:
         """The live call ``call_id``, or ``None``."""
         return self._calls.get(call_id)
+
+    def llm_call_id(self, call_id: str) -> str | None:
+        """The model's tool-call id (``LiveCall.llm_call_id``) of the live call ``call_id``,
+        or of the call ``call_id`` whose end was seen less than ``ended_ttl`` seconds ago
+        (one of the last ``max_calls`` ended calls that had one); else ``None``. For
+        showing an ended call, never for attribution."""
+        live = self._calls.get(call_id)
+        if live is not None:
+            return live.llm_call_id
+        with self._lock:
+            return self._ended.get(call_id)
 
     def __contains__(self, call_id: object) -> bool:
         return call_id in self._calls
@@ -326,6 +365,13 @@ class Tap:
     def evicted(self) -> int:
         """Calls evicted from this tap since it was made."""
         return self._evicted
+
+    @property
+    def ended(self) -> int:
+        """Ended calls whose tool-call id is remembered now (see :meth:`llm_call_id`)."""
+        with self._lock:
+            self._ended.expire()
+            return len(self._ended)
 
     @property
     def uncertain(self) -> int:

@@ -448,16 +448,17 @@ def no_websocket_proxy(target_port: int) -> Iterator[NoWebSocketProxy]:
 
 
 @contextlib.contextmanager
-def chromium() -> Iterator[Any]:
+def chromium(env: dict[str, str] | None = None) -> Iterator[Any]:
     """Headless Chromium (Debian's ``chromium``, or ``$CHROMIUM``) driven by Playwright's sync
-    API; yields the Playwright ``Browser``. Skips outside CI when Playwright or Chromium is
-    missing, fails in CI."""
+    API; yields the Playwright ``Browser``. ``env``: the browser process's environment
+    (default: this one's). Skips outside CI when Playwright or Chromium is missing, fails
+    in CI."""
     executable = need_binary("chromium", "CHROMIUM")
     sync_api = need_module("playwright.sync_api", "pip install playwright")
     started("browser")
     with sync_api.sync_playwright() as playwright:
         browser = playwright.chromium.launch(
-            executable_path=executable, args=CHROMIUM_ARGS, timeout=60_000
+            executable_path=executable, args=CHROMIUM_ARGS, timeout=60_000, env=env
         )
         try:
             yield browser

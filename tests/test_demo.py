@@ -122,9 +122,73 @@ def test_the_agent_asks_the_colleagues_a_message_names(lang: str) -> None:
     assert colleagues_for("hello") == ["orders"]
 
 
-def test_the_demo_speaks_chinese_by_default_and_english_on_request() -> None:
-    assert _args().lang == "zh"
+@pytest.mark.parametrize(
+    ("preferences", "lang"),
+    [
+        (["zh-CN"], "zh"),
+        (["zh"], "zh"),
+        (["ZH_tw.UTF-8"], "zh"),
+        (["zh-Hant-TW"], "zh"),
+        (["en-GB", "zh-CN"], "en"),
+        (["fr-FR", "zh-CN", "en"], "zh"),  # the first the demo speaks
+        (["fr-FR", "de"], "en"),  # none: the fallback
+        (["zhx-CN", "english"], "en"),  # the primary language must match whole
+        (["C"], "en"),
+        (["", " "], "en"),
+        ([], "en"),
+    ],
+)
+def test_the_first_preferred_language_the_demo_speaks_is_chosen_else_english(
+    preferences: list[str], lang: str
+) -> None:
+    from kernel_ext.demo.script import FALLBACK_LANG, pick_lang
+
+    assert FALLBACK_LANG == "en"
+    assert pick_lang(preferences) == lang
+
+
+@pytest.mark.parametrize(
+    ("environ", "lang"),
+    [
+        ({"LANG": "zh_CN.UTF-8"}, "zh"),
+        ({"LANG": "en_US.UTF-8"}, "en"),
+        ({"LC_MESSAGES": "zh_CN.UTF-8", "LANG": "en_US.UTF-8"}, "zh"),
+        ({"LC_ALL": "C", "LC_MESSAGES": "zh_CN.UTF-8", "LANG": "zh_CN.UTF-8"}, "en"),
+        ({"LC_ALL": "", "LANG": "zh_CN.UTF-8"}, "zh"),  # empty is unset
+        ({"LANG": "POSIX"}, "en"),
+        ({"LANGUAGE": "zh_CN"}, "en"),  # not a locale variable the rule reads
+        ({}, "en"),
+    ],
+)
+def test_headless_takes_the_language_of_the_locale_that_names_messages(
+    environ: dict[str, str], lang: str
+) -> None:
+    from kernel_ext.demo.script import lang_of_locale
+
+    assert lang_of_locale(environ) == lang
+
+
+@pytest.mark.parametrize("lang", LANGS)
+def test_each_colleague_answers_what_it_was_asked(lang: str) -> None:
+    from kernel_ext.demo.colleague import CARRIER, ORDERS_DESK
+
+    first, follow_up = wording(lang).questions
+    for script in (ORDERS_DESK[lang], CARRIER[lang]):
+        assert script.reply(first) == (script.steps, script.answer)
+        steps, answer = script.reply(follow_up)
+        assert answer != script.answer  # not the first answer again
+        assert ("Tuesday" if lang == "en" else "周二") in answer  # the day it shipped
+        beats = sum(step.beats for step in steps)
+        assert 10 <= beats * DEFAULT_BEAT <= 15
+        assert len(steps) <= 10
+        assert script.reply(follow_up.upper()) == (steps, answer)  # any case
+        assert script.reply("") == (script.steps, script.answer)
+
+
+def test_without_lang_the_language_is_chosen_and_lang_fixes_it() -> None:
+    assert _args().lang is None  # the browser's (the page), the locale's (--headless)
     assert _args("--lang", "en").lang == "en"
+    assert _args("--lang", "zh").lang == "zh"
     assert wording().tag == "zh-CN"
     assert wording("en").tag == "en"
     for words in (wording("zh"), wording("en")):
@@ -283,6 +347,15 @@ async def test_a_joined_browsers_message_reaches_the_agent() -> None:
         assert await _join(browser, "demo-room") == {"ok": True}
         assert await _say(browser, "demo-room", "  hello agent  ") == {"ok": True}
         assert agent.messages == [{"conversationId": "demo-room", "text": "hello agent"}]
+        for lang in LANGS:  # the language the answer should be in travels with the message
+            ack = await browser.call(
+                "user_message",
+                {"conversationId": "demo-room", "text": "hi", "lang": lang},
+                namespace=NS,
+                timeout=15,
+            )
+            assert ack == {"ok": True}
+            assert agent.messages[-1] == {"conversationId": "demo-room", "text": "hi", "lang": lang}
 
 
 @pytest.mark.network
@@ -300,6 +373,14 @@ async def test_messages_that_may_not_reach_the_agent_are_refused() -> None:
         assert (await _say(browser, "demo-room", too_long))["ok"] is False
         assert (await _say(browser, "demo-room", {"text": "x"}))["ok"] is False
         assert (await _say(internal, "demo-room", "from a sender"))["ok"] is False
+        for lang in ("fr", "ZH", "", 1, ["en"]):  # a language the demo does not speak
+            ack = await browser.call(
+                "user_message",
+                {"conversationId": "demo-room", "text": "hi", "lang": lang},
+                namespace=NS,
+                timeout=15,
+            )
+            assert ack == {"ok": False, "error": "lang must be one of zh, en"}, lang
         assert agent.messages == []
 
 
@@ -354,20 +435,32 @@ async def test_the_page_and_its_assets_are_served_with_a_strict_policy() -> None
         assert page.status_code == 200
         policy = page.headers["content-security-policy"]
         assert "script-src 'self'" in policy
+        assert "font-src 'self'" in policy
         assert "default-src 'none'" in policy
-        assert '<html lang="zh-CN">' in page.text
+        assert '<html lang="en">' in page.text  # without --lang: English until app.js chose
         assert "$" not in page.text  # every placeholder of the page was filled
         for path in ("/renderer.js", "/static/app.js", "/static/app.css"):
             response = await http.get(base + path)
             assert response.status_code == 200, path
+        font = await http.get(base + "/static/fonts/noto-sans-sc-demo.woff2")
+        assert font.status_code == 200
+        assert font.content[:4] == b"wOF2"
+        licence = await http.get(base + "/static/fonts/OFL.txt")
+        assert "SIL OPEN FONT LICENSE Version 1.1" in licence.text
         client = await http.get(base + "/vendor/socket.io.esm.min.js")
         assert client.status_code == 200
         assert client.headers["content-type"].startswith("text/javascript")
         assert f"Socket.IO v{vendored_client()['version']}" in client.text[:200]
         assert (await http.get(base + "/static/sio.js")).status_code == 404
         config = (await http.get(base + "/demo/config.json")).json()
-        assert config["firstQuestion"] == FIRST_QUESTION
-        assert config["lang"] == "zh"
+        assert config["lang"] is None  # the browser's
+        assert config["fallback"] == "en"
+        assert list(config["langs"]) == list(LANGS)
+        for lang, words in config["langs"].items():
+            assert words["firstQuestion"] == wording(lang).questions[0]
+            assert words["suggestions"] == list(wording(lang).questions[1:])
+            assert words["text"] == dict(wording(lang).page)
+            assert (words["tag"], words["name"]) == (wording(lang).tag, wording(lang).name)
         assert (await http.get(base + "/demo/health")).json() == {"agent": False}
         for probe in ("/healthz", "/readyz"):  # the relay's probes (kernel_ext.relay.health)
             answer = await http.get(base + probe)
@@ -392,10 +485,20 @@ async def test_with_lang_en_the_page_and_its_words_are_english() -> None:
         assert CJK.findall(page) == []
         config = (await http.get(base + "/demo/config.json")).json()
         assert config["lang"] == "en"
-        assert config["firstQuestion"] == wording("en").questions[0]
-        titles = [c["title"] for c in config["colleagues"]]
+        english = config["langs"]["en"]
+        assert english["firstQuestion"] == wording("en").questions[0]
+        titles = [c["title"] for c in english["colleagues"]]
         assert titles == ["Orders desk", "Carrier (third-party)"]
-        assert CJK.findall(json.dumps(config, ensure_ascii=False)) == []
+        assert CJK.findall(json.dumps(english, ensure_ascii=False)) == []
+    chinese = create_demo_app(SECRET, lang="zh")
+    async with serve_asgi(chinese.app) as port, httpx.AsyncClient(timeout=5) as http:
+        page = (await http.get(f"http://127.0.0.1:{port}/")).text
+        assert '<html lang="zh-CN">' in page
+        assert wording("zh").page["send"] in page
+        config = (await http.get(f"http://127.0.0.1:{port}/demo/config.json")).json()
+        assert config["lang"] == "zh"
+    with pytest.raises(ValueError, match="the demo speaks zh and en, not 'fr'"):
+        create_demo_app(SECRET, lang="fr")
 
 
 # -- the web process's history: what a reloaded page needs besides the blocks ------------------
@@ -624,6 +727,37 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
+async def test_each_message_is_answered_in_its_own_language(kernel: str) -> None:
+    """Without colleagues every call returns "no such colleague": no network needed."""
+    _kernel(kernel)
+    from kernel_ext.demo.agent import ConversationAgent
+    from kernel_ext.stream import StreamHub
+
+    agent: ConversationAgent
+    if kernel == "langgraph":
+        from kernel_ext.demo.graph_agent import GraphAgent
+
+        agent = GraphAgent([], hub=StreamHub(), lang="zh")
+    else:
+        from opentelemetry.sdk.trace import TracerProvider
+
+        from kernel_ext.demo.worker import DemoAgent
+
+        agent = DemoAgent([], TracerProvider(), hub=StreamHub(), lang="zh")
+
+    def expected(lang: str) -> str:
+        words = wording(lang)
+        return f"{words.answer_one}\n{words.no_such_colleague.format(key=repr('orders'))}"
+
+    assert await agent.answer("demo-0", "hello", "en") == expected("en")
+    assert await agent.answer("demo-0", "hello again") == expected("zh")  # the agent's own
+    assert await agent.answer("demo-0", "and once more", "en") == expected("en")
+    assert await agent.answer("demo-1", "你好", "zh") == expected("zh")
+    with pytest.raises(ValueError, match="the demo speaks zh and en"):
+        await agent.answer("demo-0", "bonjour", "fr")
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 async def test_the_agent_remembers_the_last_64_conversations(kernel: str) -> None:
     """Without colleagues every call returns "no such colleague": no network needed."""
     _kernel(kernel)
@@ -691,13 +825,16 @@ def _alive(pid: int) -> bool:
 
 
 class Demo:
-    """``kernel-ext demo`` in a subprocess, its output read by threads."""
+    """``kernel-ext demo`` in a subprocess, its output read by threads; its locale is
+    ``locale`` (``LANG``; ``LC_ALL`` and ``LC_MESSAGES`` unset)."""
 
-    def __init__(self, *argv: str) -> None:
+    def __init__(self, *argv: str, locale: str = "C.UTF-8") -> None:
         started("network")  # its colleagues and web process listen on 127.0.0.1
         self.port = free_port()
+        env = {k: v for k, v in os.environ.items() if k not in ("LC_ALL", "LC_MESSAGES")}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kernel_ext.cli", "demo", "--port", str(self.port), *argv],
+            env={**env, "LANG": locale, "LC_CTYPE": "C.UTF-8"},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -750,8 +887,8 @@ class Demo:
 
 
 @contextmanager
-def demo(*argv: str) -> Iterator[Demo]:
-    running = Demo(*argv)
+def demo(*argv: str, locale: str = "C.UTF-8") -> Iterator[Demo]:
+    running = Demo(*argv, locale=locale)
     try:
         yield running
     finally:
@@ -784,8 +921,12 @@ def _assert_no_child_left(running: Demo) -> None:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_headless_demo_streams_every_call_to_its_terminal_and_exits_0(kernel: str) -> None:
+    """In Chinese: the locale's language (``LANG=zh_CN.UTF-8``, no ``--lang``)."""
     _kernel(kernel)
-    with demo("--headless", "--fast", "--kernel", kernel, "--time-limit", "60") as running:
+    from kernel_ext.demo.colleague import ORDERS_DESK
+
+    argv = ("--headless", "--fast", "--kernel", kernel, "--time-limit", "60")
+    with demo(*argv, locale="zh_CN.UTF-8") as running:
         code = running.finish()
         assert code == 0, "\n".join(running.out + running.err)
         calls = _calls(running.out)
@@ -809,14 +950,23 @@ def test_headless_demo_streams_every_call_to_its_terminal_and_exits_0(kernel: st
         assert f"» {SECOND_QUESTION}" in running.out
         assert running.out.count("« 两位同事的答复：") == 1
         assert running.out.count("« 同事的答复：") == 1
+        # The follow-up gets an answer to what it asked: the day order 42 shipped.
+        answers = [line for line in running.out if line.startswith("« 订单组：")]
+        assert answers == [
+            f"« 订单组：{ORDERS_DESK['zh'].answer}",
+            f"« 订单组：{ORDERS_DESK['zh'].reply(SECOND_QUESTION)[1]}",
+        ]
+        assert "周二发货" in answers[1]
         _assert_no_child_left(running)
 
 
 @pytest.mark.network
 @pytest.mark.timeout(120)
 def test_headless_demo_with_lang_en_prints_no_chinese() -> None:
+    """``--lang en`` wins over a Chinese locale."""
     _pydantic_ai()
-    with demo("--headless", "--fast", "--lang", "en", "--time-limit", "60") as running:
+    argv = ("--headless", "--fast", "--lang", "en", "--time-limit", "60")
+    with demo(*argv, locale="zh_CN.UTF-8") as running:
         code = running.finish()
         assert code == 0, "\n".join(running.out + running.err)
         calls = _calls(running.out)
@@ -827,8 +977,19 @@ def test_headless_demo_with_lang_en_prints_no_chinese() -> None:
         assert "▶ search_orders started" in next(iter(calls.values()))
         assert running.out[0] == f"» {wording('en').questions[0]}"
         assert running.out.count("« Here is what my colleagues said:") == 1
+        assert "« Orders desk: Order 42 shipped on Tuesday" in "\n".join(running.out)
         assert [line for line in running.out + running.err if CJK.search(line)] == []
         _assert_no_child_left(running)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_headless_demo_without_lang_speaks_the_locales_language_else_english() -> None:
+    _pydantic_ai()
+    with demo("--headless", "--fast", "--time-limit", "60", locale="C.UTF-8") as running:
+        assert running.finish() == 0, "\n".join(running.out + running.err)
+        assert running.out[0] == f"» {wording('en').questions[0]}"
+        assert [line for line in running.out + running.err if CJK.search(line)] == []
 
 
 @pytest.mark.network

@@ -744,12 +744,16 @@ _DOTTED = re.compile(r"(?<![\w/.-])kernel_ext(?:\.[A-Za-z_]\w*)+")
 
 
 def _telemetry_names() -> set[str]:
-    """Names that are not Python but OpenTelemetry's: metrics and span attributes."""
+    """Names that are not Python but OpenTelemetry's (metrics and span attributes) or
+    another protocol's (the AG-UI bridge's activity type)."""
     from kernel_ext import stream
 
     source = (PACKAGE / "metrics.py").read_text(encoding="utf-8")
     names = set(re.findall(r'create_counter\(\s*"([^"]+)"', source))
     names.update(getattr(stream, n) for n in dir(stream) if n.startswith("ATTR_"))
+    # Read from the module's source: the bridge needs the agui extra to import.
+    bridge = (PACKAGE / "integrations" / "ag_ui.py").read_text(encoding="utf-8")
+    names.update(re.findall(r'^ACTIVITY_TYPE = "([^"]+)"', bridge, re.MULTILINE))
     return names
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
+import os
 import sys
 import types
 from collections.abc import Iterator
@@ -18,6 +19,8 @@ from attribution_support import (
     make_runtime_module,
     make_tracing,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
@@ -119,6 +122,71 @@ def test_batched_counts_reach_the_counter_exactly_after_a_flush() -> None:
     assert total() == 20
     count.flush()
     assert total() == 20
+
+
+def _counter_total(reader: InMemoryMetricReader) -> int:
+    data = reader.get_metrics_data()
+    if data is None:
+        return 0
+    return sum(
+        int(getattr(point, "value", 0))
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        for point in metric.data.data_points
+    )
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 9), st.lists(st.integers(0, 30), max_size=12))
+def test_batched_counts_add_at_every_batchth_occurrence_and_at_each_flush_exactly(
+    batch: int, runs: list[int]
+) -> None:
+    # The rule: the batch-th, 2·batch-th … add_one adds everything not yet added; a flush
+    # adds the rest. Runs of add_one, each followed by a flush.
+    reader = InMemoryMetricReader()
+    counter = MeterProvider(metric_readers=[reader]).get_meter("t").create_counter("c")
+    count = BatchedCount(counter, {"path": "context"}, batch=batch)
+    occurrences = added = 0
+    for run in runs:
+        for _ in range(run):
+            count.add_one()
+            occurrences += 1
+            if occurrences % batch == 0:
+                added = occurrences
+            assert _counter_total(reader) == added
+        count.flush()
+        added = occurrences
+        assert _counter_total(reader) == added
+
+
+def test_a_batched_count_in_a_forked_child_adds_only_the_childs_occurrences() -> None:
+    reader = InMemoryMetricReader()
+    counter = MeterProvider(metric_readers=[reader]).get_meter("t").create_counter("c")
+    count = BatchedCount(counter, {"path": "context"}, batch=4)
+    for _ in range(6):  # one batch added, two outstanding: the parent's
+        count.add_one()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what it added, then leave without cleanup
+        try:
+            before = _counter_total(reader)
+            for _ in range(5):  # the fourth of these is the cycle's batch-th
+                count.add_one()
+            at_batch = _counter_total(reader)
+            count.flush()
+            os.write(write, f"{before} {at_batch} {_counter_total(reader)}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        reported = pipe.read()
+    os.waitpid(pid, 0)
+    # the child's counter starts from the parent's 4; the parent's 2 outstanding are never
+    # added there; the child's own 5 are, exactly
+    assert reported == "4 6 9"
+    count.flush()
+    assert _counter_total(reader) == 6
 
 
 # -- the convergence path under load: 1,000 concurrent calls of one tool -----------------

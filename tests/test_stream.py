@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import json
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -27,6 +28,7 @@ from kernel_ext.stream import (
     ATTR_BLOCKS_ADMITTED,
     ATTR_BLOCKS_DROPPED,
     ATTR_CALL_ID_PATH,
+    OutgoingBlock,
     StreamHub,
     get_default_hub,
     publish,
@@ -672,8 +674,11 @@ def test_the_consumer_builds_running_text_as_the_general_path_does(
     with in_call():
         hub.publish("hello", task_id=task_id)
     [raw] = list(hub._queue)
+    before = time.time()
     taken = hub._take(10)
-    expected = build(raw, hub.max_block_bytes, hub._fast_chars, lambda *a, **k: None)
+    after = time.time()
+    # the same instant on the wall clock as _take saw it: the offset of either side of it
+    expected = build(raw, hub.max_block_bytes, hub._fast_chars, lambda *a, **k: None, 0.0)
     if task_id is not None and not 0 < len(task_id) <= 512:
         # the general path validates it: an empty or over-long task id is invalid
         assert expected is None
@@ -681,6 +686,10 @@ def test_the_consumer_builds_running_text_as_the_general_path_does(
         return
     [block] = taken
     assert expected is not None
+    # ts: the publish instant on the wall clock as _take read it (the hub's clock is a fake
+    # that stood still here, so: when _take ran)
+    assert int(before * 1000) <= block.block["ts"] <= int(after * 1000) + 1
+    expected.block["ts"] = block.block["ts"]
     assert block == expected
     decode(block.block)
 
@@ -726,22 +735,27 @@ def _queued(draw: st.DrawFn) -> tuple[Any, ...]:
         | st.integers(fast - 520, fast + 2).map(lambda n: "x" * max(n, 0))
         | st.sampled_from([ToolCallItem("search", CALL2), 42])
     )
-    ts_ns = draw(st.integers(0, 2**62))
+    at = draw(st.floats(0, 1e7, allow_nan=False))
     seq = draw(st.integers(0, 2**31))
-    return (CONV, call_id, task_id, state, ts_ns, item, seq, _TRACES[call_id])
+    return (CONV, call_id, task_id, state, at, item, seq, _TRACES[call_id])
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(_queued(), max_size=40), st.integers(1, 50))
+@given(
+    st.lists(_queued(), max_size=40),
+    st.integers(1, 50),
+    st.floats(1.6e9, 1.9e9, allow_nan=False),
+)
 @example(  # one task id on two calls, one after the other (one with a traceId)
     [
-        (CONV, CALL, "t", "running", 10**18, "a", 1, _TRACES[CALL]),
-        (CONV, CALL2, "t", "running", 10**18, "a", 1, _TRACES[CALL2]),
+        (CONV, CALL, "t", "running", 1e5, "a", 1, _TRACES[CALL]),
+        (CONV, CALL2, "t", "running", 1e5, "a", 1, _TRACES[CALL2]),
     ],
     10,
+    1.7e9,
 )
 def test_the_consumers_batches_are_the_general_build_of_each_item_in_order(
-    items: list[tuple[Any, ...]], max_items: int
+    items: list[tuple[Any, ...]], max_items: int, wall_offset: float
 ) -> None:
     # take() builds small running text inline, with what is fixed per stream made once per
     # batch; build() is the specification. Same blocks, same order, same drops.
@@ -752,10 +766,15 @@ def test_the_consumers_batches_are_the_general_build_of_each_item_in_order(
     taken: list[Any] = []
     while queue:
         taken += take(
-            queue, max_items, _SMALL_BOUND, fast, lambda *a, **k: taken_drops.append((a, k))
+            queue,
+            max_items,
+            _SMALL_BOUND,
+            fast,
+            lambda *a, **k: taken_drops.append((a, k)),
+            wall_offset,
         )
     expected = [
-        build(raw, _SMALL_BOUND, fast, lambda *a, **k: built_drops.append((a, k)))  # type: ignore[arg-type]
+        build(raw, _SMALL_BOUND, fast, lambda *a, **k: built_drops.append((a, k)), wall_offset)  # type: ignore[arg-type]
         for raw in items
     ]
     assert taken == [out for out in expected if out is not None]
@@ -995,3 +1014,26 @@ async def test_a_stream_whose_call_never_ends_is_ended_once_it_is_idle_too_long(
         await mem.flush(5)
         assert len(mem.terminals()) == 2
         assert hub.stats()["expired"] == 2
+
+
+@pytest.mark.parametrize("kind", ["text", "tool_call", "terminal"])
+def test_a_blocks_ts_is_when_it_was_published_not_when_the_sender_took_it(
+    hub: StreamHub, clock: FakeClock, tap: Tap, loop: asyncio.AbstractEventLoop, kind: str
+) -> None:
+    hub.consumer(loop)
+    before = time.time()
+    with in_call():
+        if kind == "text":
+            hub.publish("hello")
+        elif kind == "terminal":
+            hub.publish("bye", state="done")
+        else:
+            parent = LiveCall(CALL, "ask_colleague", CONV)
+            hub.tool_call_started(parent, LiveCall(CALL2, "search", CONV))
+    after = time.time()
+    # The sender takes it five seconds later by the hub's clock (a fake that moves at once,
+    # while the wall clock does not): the block's ts is five seconds before the take.
+    clock.advance(5.0)
+    [taken] = hub._take(10)
+    assert isinstance(taken, OutgoingBlock)
+    assert int((before - 5.0) * 1000) <= taken.block["ts"] <= int((after - 5.0) * 1000) + 1

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 from typing import Any
 
@@ -245,3 +248,140 @@ def test_evicted_calls_remembered_are_bounded_by_max_calls() -> None:
         tap.discard(f"{i:016x}")
     assert len(tap) == 0
     assert tap.uncertain == 0
+
+
+# -- the model's tool-call id outlives the call a while (Tap.llm_call_id) -------------------
+
+
+def with_id(n: int, conversation: str | None = "conv-1") -> LiveCall:
+    return LiveCall(f"{n:016x}", "ask_colleague", conversation, f"llm-{n}", started_ns=n)
+
+
+def test_llm_call_id_answers_for_a_live_call_and_none_for_an_unknown_or_idless_one() -> None:
+    tap = Tap()
+    tap.add(with_id(1))
+    tap.add(call(2))
+    assert tap.llm_call_id(with_id(1).call_id) == "llm-1"
+    assert tap.llm_call_id(call(2).call_id) is None
+    assert tap.llm_call_id("00000000000000ff") is None
+
+
+def test_an_ended_calls_tool_call_id_is_known_but_attribution_never_sees_the_call() -> None:
+    tap = Tap()
+    tap.add(with_id(1))
+    tap.discard(with_id(1).call_id)
+    assert tap.llm_call_id(with_id(1).call_id) == "llm-1"
+    assert tap.ended == 1
+    assert tap.get(with_id(1).call_id) is None
+    assert with_id(1).call_id not in tap
+    assert tap.live("conv-1") == ()
+    assert tap.near_match("conv-1", "ask_colleague") == (None, 0)
+
+
+def test_an_ended_calls_tool_call_id_is_forgotten_ended_ttl_seconds_after_its_end() -> None:
+    clock = FakeClock()
+    tap = Tap(clock=clock)  # the default ended_ttl: 60 s
+    tap.add(with_id(1))
+    clock.advance(30)  # time spent live does not count
+    tap.discard(with_id(1).call_id)
+    clock.advance(59.999)
+    assert tap.llm_call_id(with_id(1).call_id) == "llm-1"
+    clock.advance(0.001)  # exactly ended_ttl
+    assert tap.llm_call_id(with_id(1).call_id) is None
+    assert tap.ended == 0
+
+
+@pytest.mark.parametrize("max_calls", [2, None], ids=["max_calls=2", "default-10000"])
+def test_at_most_max_calls_ended_calls_are_remembered_the_oldest_forgotten_first(
+    max_calls: int | None,
+) -> None:
+    tap = Tap(max_calls=max_calls) if max_calls is not None else Tap()
+    bound = tap.max_calls
+    assert bound == (max_calls or 10_000)  # docs/ag-ui.md: the last 10,000 ended calls
+    for n in range(1, bound + 1):
+        tap.add(with_id(n))
+        tap.discard(with_id(n).call_id)
+    assert tap.ended == bound
+    assert tap.llm_call_id(with_id(1).call_id) == "llm-1"  # exactly at the bound: kept
+    tap.add(with_id(bound + 1))
+    tap.discard(with_id(bound + 1).call_id)
+    assert tap.llm_call_id(with_id(1).call_id) is None
+    assert tap.llm_call_id(with_id(2).call_id) == "llm-2"
+    assert tap.llm_call_id(with_id(bound + 1).call_id) == f"llm-{bound + 1}"
+    assert tap.ended == bound
+
+
+def test_ended_calls_are_forgotten_as_calls_end_and_idless_ones_never_held() -> None:
+    clock = FakeClock()
+    tap = Tap(ended_ttl=60, clock=clock)
+    for n in range(100):
+        tap.add(with_id(n))
+        tap.discard(with_id(n).call_id)
+    tap.add(call(500))
+    tap.discard(call(500).call_id)
+    assert tap.ended == 100
+    clock.advance(60)
+    tap.add(with_id(1000))
+    tap.discard(with_id(1000).call_id)  # an end forgets those whose time is up
+    assert len(tap) == 0
+    assert tap.ended == 1
+
+
+def test_a_call_id_that_ends_again_is_known_for_ended_ttl_from_its_last_end() -> None:
+    clock = FakeClock()
+    tap = Tap(ended_ttl=60, clock=clock)
+    tap.add(with_id(1))
+    tap.discard(with_id(1).call_id)
+    clock.advance(50)
+    tap.add(with_id(1))
+    tap.discard(with_id(1).call_id)
+    clock.advance(59)
+    assert tap.llm_call_id(with_id(1).call_id) == "llm-1"
+
+
+def test_an_evicted_live_call_is_no_ended_call() -> None:
+    tap = Tap(max_calls=1)
+    tap.add(with_id(1))
+    tap.add(with_id(2))  # evicts call 1, which may still be live
+    assert tap.llm_call_id(with_id(1).call_id) is None
+    assert tap.discard(with_id(1).call_id) is None
+    assert tap.llm_call_id(with_id(1).call_id) is None
+    assert tap.ended == 0
+
+
+def test_clear_forgets_ended_calls() -> None:
+    tap = Tap()
+    tap.add(with_id(1))
+    tap.discard(with_id(1).call_id)
+    tap.clear()
+    assert tap.llm_call_id(with_id(1).call_id) is None
+    assert tap.ended == 0
+
+
+@pytest.mark.parametrize("ended_ttl", [0, -1.0, float("nan")])
+def test_a_bad_ended_ttl_is_rejected_at_construction(ended_ttl: float) -> None:
+    with pytest.raises(ConfigError, match="ended_ttl"):
+        Tap(ended_ttl=ended_ttl)
+
+
+FORKED = """
+import os, sys
+from kernel_ext.tap import LiveCall, Tap
+tap = Tap()
+tap.add(LiveCall("00000000000000e1", "ask_colleague", "conv-1", "llm-ended"))
+tap.discard("00000000000000e1")
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if tap.llm_call_id("00000000000000e1") is None and tap.ended == 0 else 1)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), tap.llm_call_id("00000000000000e1"))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_forked_child_knows_no_ended_call_of_its_parent() -> None:
+    """A real fork: the parent's ended calls are the parent's; the child starts empty."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["0", "llm-ended"]

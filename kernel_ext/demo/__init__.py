@@ -22,7 +22,6 @@ from kernel_ext._cli import port, positive_seconds, seconds
 from kernel_ext.demo.script import (
     DEFAULT_BEAT,
     DEFAULT_KERNEL,
-    DEFAULT_LANG,
     FAST_BEAT,
     KERNELS,
     LANGS,
@@ -85,9 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--lang",
         choices=LANGS,
-        default=DEFAULT_LANG,
-        help=f"the page's, the agent's and the colleagues' language ({DEFAULT_LANG}, the "
-        "spec's; en: English)",
+        default=None,
+        help="the page's starting language (default: the browser's; the page has a switch) "
+        "and, with --headless, the conversation's (default: the locale's, else en)",
     )
     parser.add_argument(
         "--kernel",

@@ -156,11 +156,12 @@ class ConversationAgent(abc.ABC):
         hub: the stream hub (default: the process-wide one).
         timeout: the overall deadline of one colleague's answer, in seconds.
         lang: the language it answers in and asks its colleagues to speak
-            (:data:`~kernel_ext.demo.script.LANGS`).
+            (:data:`~kernel_ext.demo.script.LANGS`) when a message does not say.
 
-    Guarantees: messages of one conversation are answered one after the other, in arrival
-    order; at most 4 wait per conversation (:meth:`submit` says ``busy`` beyond); an error in
-    a run becomes an assistant message, never an exception out of :meth:`answer`.
+    Guarantees: each message is answered in its own language (its ``lang``, else ``lang``);
+    messages of one conversation are answered one after the other, in arrival order; at most
+    4 wait per conversation (:meth:`submit` says ``busy`` beyond); an error in a run becomes
+    an assistant message, never an exception out of :meth:`answer`.
     """
 
     def __init__(
@@ -174,36 +175,42 @@ class ConversationAgent(abc.ABC):
         self.hub = hub if hub is not None else get_default_hub()
         self.colleagues = {c.key: c for c in colleagues}
         self.timeout = timeout
-        self.words = wording(lang)
+        self.lang = wording(lang).lang  # raises for a language the demo does not speak
         self._locks: dict[str, asyncio.Lock] = {}
         self._waiting: dict[str, int] = {}
         self._tasks: set[asyncio.Task[str]] = set()
 
-    def ask_context(self, conversation_id: str) -> AskContext:
-        """The ``ask_colleague`` tool's context in ``conversation_id``."""
-        return AskContext(self.colleagues, conversation_id, self.timeout, self.words)
+    def ask_context(self, conversation_id: str, lang: str | None = None) -> AskContext:
+        """The ``ask_colleague`` tool's context in ``conversation_id``, in ``lang`` (default:
+        the agent's)."""
+        return AskContext(
+            self.colleagues, conversation_id, self.timeout, wording(lang or self.lang)
+        )
 
     @abc.abstractmethod
-    async def run(self, conversation_id: str, text: str) -> str:
+    async def run(self, conversation_id: str, text: str, lang: str) -> str:
         """Run the kernel's agent on the user's ``text`` in ``conversation_id`` (with what
-        it remembers of the conversation); the answer."""
+        it remembers of the conversation); the answer, in ``lang``."""
 
-    def submit(self, conversation_id: str, text: str) -> str | None:
-        """Queue a user message for answering; ``None`` when queued, else the reason it was
-        not (``busy``). Call on the event loop; the answer goes out as ``chat_event``s."""
+    def submit(self, conversation_id: str, text: str, lang: str | None = None) -> str | None:
+        """Queue a user message for answering in ``lang`` (default: the agent's); ``None``
+        when queued, else the reason it was not (``busy``). Call on the event loop; the
+        answer goes out as ``chat_event``s."""
         if self._waiting.get(conversation_id, 0) >= _MAX_QUEUED_PER_CONVERSATION:
             return "busy"
         self._waiting[conversation_id] = self._waiting.get(conversation_id, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._answer_in_turn(conversation_id, text))
+        task = asyncio.get_running_loop().create_task(
+            self._answer_in_turn(conversation_id, text, lang)
+        )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return None
 
-    async def _answer_in_turn(self, conversation_id: str, text: str) -> str:
+    async def _answer_in_turn(self, conversation_id: str, text: str, lang: str | None) -> str:
         lock = self._locks.setdefault(conversation_id, asyncio.Lock())
         try:
             async with lock:
-                return await self.answer(conversation_id, text)
+                return await self.answer(conversation_id, text, lang)
         finally:
             left = self._waiting.get(conversation_id, 1) - 1
             if left > 0:
@@ -212,17 +219,20 @@ class ConversationAgent(abc.ABC):
                 self._waiting.pop(conversation_id, None)
                 self._locks.pop(conversation_id, None)
 
-    async def answer(self, conversation_id: str, text: str) -> str:
-        """Show the user's message, run the agent on it, show and return the answer."""
+    async def answer(self, conversation_id: str, text: str, lang: str | None = None) -> str:
+        """Show the user's message, run the agent on it, show and return the answer, in
+        ``lang`` (default: the agent's; raises ``ValueError`` for one the demo does not
+        speak)."""
+        words = wording(lang or self.lang)
         hub = self.hub
         hub.publish_chat_event(
             message_event(conversation_id, "user", text), conversation_id=conversation_id
         )
         try:
-            answer = await self.run(conversation_id, text)
+            answer = await self.run(conversation_id, text, words.lang)
         except Exception as exc:
             logger.exception("demo agent: the run failed")
-            answer = self.words.failed.format(error=f"{type(exc).__name__}: {exc}")
+            answer = words.failed.format(error=f"{type(exc).__name__}: {exc}")
         hub.publish_chat_event(
             message_event(conversation_id, "assistant", answer), conversation_id=conversation_id
         )

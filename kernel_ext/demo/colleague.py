@@ -10,6 +10,9 @@ The worker picks the peer's script per request (``kx.script``) and its language
 * ``text`` — the third-party carrier: plain text only (the caller turns each update into
   a pseudo-envelope) and a final answer.
 
+Each answers what it is asked: where order 42 is and when it arrives, or — a question of
+:data:`SHIPPED_WORDS` — on which day it shipped (:meth:`Script.reply`).
+
 Pacing: each step is followed by a pause of a few *beats*; ``--delay`` is the length of one
 beat in seconds. At the default beat (:data:`~kernel_ext.demo.script.DEFAULT_BEAT`, 1.2 s)
 a call takes about 12 s, so a person can watch each pane grow; ``kernel-ext demo --fast``
@@ -26,7 +29,7 @@ import argparse
 import asyncio
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from a2a.helpers import new_text_part
@@ -37,9 +40,11 @@ from kernel_ext.demo.script import DEFAULT_BEAT, DEFAULT_LANG, LANG_KEY
 __all__ = [
     "CARRIER",
     "ORDERS_DESK",
+    "SHIPPED_WORDS",
     "DemoColleague",
     "Script",
     "Step",
+    "Topic",
     "demo_peer",
     "main",
     "serve",
@@ -58,13 +63,58 @@ class Step:
 
 
 @dataclass(frozen=True)
-class Script:
-    """What a colleague says, in order, then its final answer. ``{question}`` in a text
-    is the question asked."""
+class Topic:
+    """What a colleague says to a question containing one of ``words`` (case-insensitive):
+    its steps, then its final answer."""
 
+    words: tuple[str, ...]
     steps: tuple[Step, ...]
     answer: str
 
+
+@dataclass(frozen=True)
+class Script:
+    """What a colleague says, in order, then its final answer. ``{question}`` in a text
+    is the question asked. A question of one of its ``topics`` gets that topic's steps and
+    answer instead (the first that matches)."""
+
+    steps: tuple[Step, ...]
+    answer: str
+    topics: tuple[Topic, ...] = ()
+
+    def reply(self, question: str) -> tuple[tuple[Step, ...], str]:
+        """The steps and the final answer for ``question``."""
+        lowered = question.lower()
+        for topic in self.topics:
+            if any(word in lowered for word in topic.words):
+                return topic.steps, topic.answer
+        return self.steps, self.answer
+
+
+_SEARCH_ORDERS = {
+    lang: Step(
+        1.0,
+        f"{calling}search_orders",
+        "tool_call",
+        {"name": "search_orders", "args": {"query": query, "limit": 3}},
+    )
+    for lang, calling, query in (("en", "Calling ", "order 42"), ("zh", "调用 ", "订单 42"))
+}
+_FETCH_ORDER = {
+    lang: Step(
+        1.0,
+        f"{calling}fetch_order",
+        "tool_call",
+        {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
+    )
+    for lang, calling in (("en", "Calling "), ("zh", "调用 "))
+}
+
+SHIPPED_WORDS: dict[str, tuple[str, ...]] = {
+    "en": ("ship", "dispatch", "sent"),
+    "zh": ("发货", "发出", "寄出"),
+}
+"""What asks on which day the order shipped, by language: each colleague's topic for it."""
 
 ORDERS_DESK: dict[str, Script] = {
     "en": Script(
@@ -78,12 +128,7 @@ ORDERS_DESK: dict[str, Script] = {
                     "system first, then its shipment."
                 },
             ),
-            Step(
-                1.0,
-                "Calling search_orders",
-                "tool_call",
-                {"name": "search_orders", "args": {"query": "order 42", "limit": 3}},
-            ),
+            _SEARCH_ORDERS["en"],
             Step(
                 1.5,
                 "Thinking…",
@@ -93,12 +138,7 @@ ORDERS_DESK: dict[str, Script] = {
                     "Fetch the shipment details."
                 },
             ),
-            Step(
-                1.0,
-                "Calling fetch_order",
-                "tool_call",
-                {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
-            ),
+            _FETCH_ORDER["en"],
             Step(
                 1.5,
                 "Writing",
@@ -135,6 +175,44 @@ ORDERS_DESK: dict[str, Script] = {
         ),
         answer="Order 42 left our warehouse on Tuesday and is with the carrier (tracking "
         "1Z84F29A), last scanned at the Leipzig hub this morning. Expected delivery: Friday.",
+        topics=(
+            Topic(
+                words=SHIPPED_WORDS["en"],
+                steps=(
+                    Step(
+                        2.0,
+                        "Thinking…",
+                        "thinking",
+                        {
+                            "text": "The customer asks: “{question}” The shipment record of "
+                            "order 42 has the day."
+                        },
+                    ),
+                    _SEARCH_ORDERS["en"],
+                    replace(_FETCH_ORDER["en"], beats=2.0),
+                    Step(
+                        2.5,
+                        "Thinking…",
+                        "thinking",
+                        {
+                            "text": "Shipment record: packed Monday 16:20, handed to the "
+                            "carrier Tuesday 09:15, tracking number 1Z84F29A."
+                        },
+                    ),
+                    Step(
+                        2.0,
+                        "Writing",
+                        "text",
+                        {
+                            "text": "Order 42 was packed on Monday afternoon and handed to "
+                            "the carrier on Tuesday at 09:15."
+                        },
+                    ),
+                ),
+                answer="Order 42 shipped on Tuesday: it left our warehouse at 09:15 that "
+                "morning with the carrier, tracking number 1Z84F29A.",
+            ),
+        ),
     ),
     "zh": Script(
         steps=(
@@ -144,24 +222,14 @@ ORDERS_DESK: dict[str, Script] = {
                 "thinking",
                 {"text": "用户问：“{question}” 先在订单系统里找到订单 42，再查它的发货情况。"},
             ),
-            Step(
-                1.0,
-                "调用 search_orders",
-                "tool_call",
-                {"name": "search_orders", "args": {"query": "订单 42", "limit": 3}},
-            ),
+            _SEARCH_ORDERS["zh"],
             Step(
                 1.5,
                 "正在思考…",
                 "thinking",
                 {"text": "找到一条：#42，两件商品，周一付款，状态为已发货。接着查发货详情。"},
             ),
-            Step(
-                1.0,
-                "调用 fetch_order",
-                "tool_call",
-                {"name": "fetch_order", "args": {"id": 42, "include": ["shipment"]}},
-            ),
+            _FETCH_ORDER["zh"],
             Step(
                 1.5,
                 "正在撰写",
@@ -192,30 +260,94 @@ ORDERS_DESK: dict[str, Script] = {
         ),
         answer="订单 42 已于周二从仓库发出，由承运商配送（运单号 1Z84F29A），今天早上最后一次"
         "扫描在莱比锡转运中心。预计周五送达。",
+        topics=(
+            Topic(
+                words=SHIPPED_WORDS["zh"],
+                steps=(
+                    Step(
+                        2.0,
+                        "正在思考…",
+                        "thinking",
+                        {"text": "用户问：“{question}” 订单 42 的发货记录里有日期。"},
+                    ),
+                    _SEARCH_ORDERS["zh"],
+                    replace(_FETCH_ORDER["zh"], beats=2.0),
+                    Step(
+                        2.5,
+                        "正在思考…",
+                        "thinking",
+                        {
+                            "text": "发货记录：周一 16:20 打包，周二 09:15 交给承运商，"
+                            "运单号 1Z84F29A。"
+                        },
+                    ),
+                    Step(
+                        2.0,
+                        "正在撰写",
+                        "text",
+                        {"text": "订单 42 周一下午打包，周二上午 09:15 交给承运商。"},
+                    ),
+                ),
+                answer="订单 42 是周二发货的：当天上午 09:15 从我们的仓库交给承运商，"
+                "运单号 1Z84F29A。",
+            ),
+        ),
     ),
 }
 """The orders desk (script ``work``): envelopes, by language."""
 
+_CARRIER_OPENS: dict[str, tuple[Step, ...]] = {
+    "en": (
+        Step(2.0, "Tracking request received for order 42"),
+        Step(2.5, "Looking up parcel 1Z84F29A"),
+    ),
+    "zh": (
+        Step(2.0, "已收到订单 42 的查询请求"),
+        Step(2.5, "正在查询运单 1Z84F29A"),
+    ),
+}
+
 CARRIER: dict[str, Script] = {
     "en": Script(
         steps=(
-            Step(2.0, "Tracking request received for order 42"),
-            Step(2.5, "Looking up parcel 1Z84F29A"),
+            *_CARRIER_OPENS["en"],
             Step(2.5, "Last scan: Leipzig hub, 07:40, sorted onto the delivery route"),
             Step(2.5, "Checking the delivery schedule for the destination postcode"),
         ),
         answer="Parcel 1Z84F29A (order 42) is at our Leipzig hub and scheduled for delivery "
         "on Friday between 10:00 and 14:00. No signature is needed.",
+        topics=(
+            Topic(
+                words=SHIPPED_WORDS["en"],
+                steps=(
+                    *_CARRIER_OPENS["en"],
+                    Step(2.5, "First scan: picked up from the sender, Tuesday 09:15"),
+                    Step(2.5, "Checking the pickup record"),
+                ),
+                answer="We picked up parcel 1Z84F29A (order 42) from the sender on Tuesday "
+                "at 09:15.",
+            ),
+        ),
     ),
     "zh": Script(
         steps=(
-            Step(2.0, "已收到订单 42 的查询请求"),
-            Step(2.5, "正在查询运单 1Z84F29A"),
+            *_CARRIER_OPENS["zh"],
             Step(2.5, "最后扫描：莱比锡转运中心 07:40，已分拣到派送线路"),
             Step(2.5, "正在查询收件地邮编的派送安排"),
         ),
         answer="运单 1Z84F29A（订单 42）目前在莱比锡转运中心，预计周五 10:00–14:00 派送，"
         "无需签收。",
+        topics=(
+            Topic(
+                words=SHIPPED_WORDS["zh"],
+                steps=(
+                    *_CARRIER_OPENS["zh"],
+                    Step(2.5, "首次扫描：周二 09:15 从寄件方揽收"),
+                    Step(2.5, "正在核对揽收记录"),
+                ),
+                answer="运单 1Z84F29A（订单 42）于周二 09:15 从寄件方揽收。",
+            ),
+        ),
     ),
 }
 """The third-party carrier (script ``text``): plain text, by language."""
@@ -239,7 +371,8 @@ class DemoColleague(ScriptedColleague):
     @staticmethod
     async def _play(play: _Play, script: Script, question: str) -> None:
         beat = play.delay
-        for step in script.steps:
+        steps, answer = script.reply(question)
+        for step in steps:
             play.delay = beat * step.beats
             if step.kind is None:
                 await play.working([new_text_part(step.text)])
@@ -249,7 +382,7 @@ class DemoColleague(ScriptedColleague):
             if isinstance(payload.get("text"), str):
                 payload["text"] = payload["text"].replace("{question}", question)
             await play.step(step.kind, payload, step.text)
-        await play.updater.complete(play.text_message(script.answer))
+        await play.updater.complete(play.text_message(answer))
 
 
 def demo_peer(url: str, *, name: str, beat: float = DEFAULT_BEAT) -> ScriptedPeer:

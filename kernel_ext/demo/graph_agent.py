@@ -46,13 +46,14 @@ from kernel_ext.demo.agent import (
     ask,
     with_tool_snapshots,
 )
-from kernel_ext.demo.script import DEFAULT_LANG, colleagues_for, wording
+from kernel_ext.demo.script import DEFAULT_LANG, LANGS, colleagues_for, wording
 from kernel_ext.integrations.langchain import thread_id
 from kernel_ext.stream import StreamHub
 
 __all__ = ["GraphAgent", "ScriptedChatModel"]
 
 TOOL_NAME = "ask_colleague"
+_LANG = "kx_lang"  # the run's language, in its configurable
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -125,7 +126,7 @@ class GraphAgent(ConversationAgent):
         lang: str = DEFAULT_LANG,
     ) -> None:
         super().__init__(colleagues, hub=hub, timeout=timeout, lang=lang)
-        self.model = ScriptedChatModel(lang=lang)
+        self.models = {code: ScriptedChatModel(lang=code) for code in LANGS}
         self.checkpointer = InMemorySaver()
         builder = StateGraph(MessagesState)
         builder.add_node("agent", self._call_model)
@@ -136,29 +137,37 @@ class GraphAgent(ConversationAgent):
         self.graph = builder.compile(checkpointer=self.checkpointer, name="demo-agent")
         self._threads: OrderedDict[str, None] = OrderedDict()
 
-    async def _call_model(self, state: MessagesState) -> dict[str, list[BaseMessage]]:
-        return {"messages": [await self.model.ainvoke(state["messages"])]}
+    def _lang(self, config: RunnableConfig) -> str:
+        lang = (config.get("configurable") or {}).get(_LANG)
+        return lang if isinstance(lang, str) and lang in self.models else self.lang
+
+    async def _call_model(
+        self, state: MessagesState, config: RunnableConfig
+    ) -> dict[str, list[BaseMessage]]:
+        model = self.models[self._lang(config)]
+        return {"messages": [await model.ainvoke(state["messages"])]}
 
     def _tool(self) -> BaseTool:
         async def ask_colleague(colleague: str, question: str, config: RunnableConfig) -> str:
             """Ask a colleague (``orders`` or ``carrier``) a question; returns their answer."""
-            conversation_id = thread_id(config) or ""
+            context = self.ask_context(thread_id(config) or "", self._lang(config))
             return await with_tool_snapshots(
                 self.hub,
                 TOOL_NAME,
                 TOOL_NAME,
                 {"colleague": colleague, "question": question},
-                lambda: ask(self.ask_context(conversation_id), colleague, question),
+                lambda: ask(context, colleague, question),
             )
 
         return StructuredTool.from_function(coroutine=ask_colleague, name=TOOL_NAME)
 
-    async def run(self, conversation_id: str, text: str) -> str:
+    async def run(self, conversation_id: str, text: str, lang: str) -> str:
         """One graph run on ``text`` in the thread ``conversation_id`` (the checkpointer
-        holds the conversation so far)."""
+        holds the conversation so far), its model answering in ``lang`` (the run's
+        configurable ``kx_lang``)."""
         result = await self.graph.ainvoke(
             {"messages": [HumanMessage(content=text)]},
-            config={"configurable": {"thread_id": conversation_id}},
+            config={"configurable": {"thread_id": conversation_id, _LANG: lang}},
         )
         self._threads[conversation_id] = None
         self._threads.move_to_end(conversation_id)

@@ -21,9 +21,10 @@ Guarantees:
   relay ready as its ``/readyz`` says, the agent connected and running on ``--kernel``, as
   its ``/demo/health`` says).
 * ``--headless``: one scripted conversation (the questions of
-  :func:`kernel_ext.demo.script.wording` in ``--lang``), sent over ``/chat`` as a browser
-  would, printed as ``kernel-ext tail --lang`` prints (plus the user's and the agent's
-  messages, ``»``/``«``). Exit 0 once the agent answered every
+  :func:`kernel_ext.demo.script.wording` in ``--lang``, else in the locale's language:
+  :func:`~kernel_ext.demo.script.lang_of_locale`), sent over ``/chat`` as a browser would,
+  each message saying its language, printed as ``kernel-ext tail --lang`` prints (plus the
+  user's and the agent's messages, ``»``/``«``). Exit 0 once the agent answered every
   question and every tool call has its terminal, all ``done``; 1 otherwise (time limit,
   an aborted call, a refused message, a child that died).
 * Exit codes of every run: 2 when ``--host``/``--port`` cannot be served (one line: the
@@ -56,7 +57,13 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kernel_ext._cli import EXIT_USAGE, CommandLineError, exit_code_after, listen
-from kernel_ext.demo.script import COLLEAGUES, DEFAULT_BEAT, DEFAULT_KERNEL, DEFAULT_LANG, wording
+from kernel_ext.demo.script import (
+    COLLEAGUES,
+    DEFAULT_BEAT,
+    DEFAULT_KERNEL,
+    lang_of_locale,
+    wording,
+)
 from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.tail import TailPrinter, clean
 
@@ -346,7 +353,7 @@ async def _converse(url: str, out: TextIO, err: TextIO, lang: str) -> int:
         for number, question in enumerate(wording(lang).questions, start=1):
             ack = await sio.call(
                 "user_message",
-                {"conversationId": conversation_id, "text": question},
+                {"conversationId": conversation_id, "text": question, "lang": lang},
                 namespace=NAMESPACE,
                 timeout=15,
             )
@@ -381,7 +388,9 @@ class Options:
     redis: str | None = None
     time_limit: float | None = None
     step_delay: float = DEFAULT_BEAT
-    lang: str = DEFAULT_LANG
+    lang: str | None = None
+    """The page's starting language (``None``: the browser's) and ``--headless``'s
+    (``None``: the locale's, :func:`~kernel_ext.demo.script.lang_of_locale`)."""
     kernel: str = DEFAULT_KERNEL
 
 
@@ -429,11 +438,14 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
                 "--delay", str(options.step_delay),
             )  # fmt: skip
             colleague_urls.append(f"http://127.0.0.1:{port}/")
-        web_args = ["--host", options.host, "--port", str(options.port), "--lang", options.lang]
+        web_args = ["--host", options.host, "--port", str(options.port)]
+        if options.lang is not None:
+            web_args += ["--lang", options.lang]
         if options.redis:
             web_args += ["--redis", options.redis]
         supervisor.start("web", "kernel_ext.demo.web", *web_args)
-        worker_args = ["--relay", url, "--lang", options.lang, "--kernel", options.kernel]
+        # Every message says its language; the worker's --lang is for one that would not.
+        worker_args = ["--relay", url, "--kernel", options.kernel]
         for spec, colleague_url in zip(COLLEAGUES, colleague_urls, strict=True):
             worker_args += ["--colleague", f"{spec.key}={colleague_url}"]
         supervisor.start("worker", "kernel_ext.demo.worker", *worker_args)
@@ -462,7 +474,8 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
                     "running the scripted conversation\n"
                 )
                 err.flush()
-                return await _converse(url, out, err, options.lang)
+                lang = options.lang or lang_of_locale(os.environ)
+                return await _converse(url, out, err, lang)
             out.write(
                 f"kernel-ext demo is running. Open {url}/ in a browser.\n"
                 "The page starts a conversation by itself; Ctrl-C stops everything.\n"

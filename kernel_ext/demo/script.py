@@ -13,7 +13,7 @@ same, checked by a test), never copied here.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "DEFAULT_BEAT",
     "DEFAULT_KERNEL",
     "DEFAULT_LANG",
+    "FALLBACK_LANG",
     "FAST_BEAT",
     "KERNELS",
     "LANGS",
@@ -34,6 +35,8 @@ __all__ = [
     "Wording",
     "colleagues_for",
     "is_conversation_id",
+    "lang_of_locale",
+    "pick_lang",
     "wording",
 ]
 
@@ -41,7 +44,12 @@ LANGS: tuple[str, ...] = ("zh", "en")
 """The demo's languages (``--lang``)."""
 
 DEFAULT_LANG = "zh"
-"""The spec's language, the default of the page, the colleagues and ``tail``."""
+"""The spec's language: what the agent and the colleagues speak when a message does not say
+(the page's and ``--headless``'s messages always do), and ``tail``'s default."""
+
+FALLBACK_LANG = "en"
+"""The language of a page (or ``--headless`` run) whose browser (or locale) prefers none of
+:data:`LANGS`: :func:`pick_lang`."""
 
 KERNELS: tuple[str, ...] = ("pydantic-ai", "langgraph")
 """The agent kernels the demo's worker can run (``--kernel``): a pydantic-ai ``Agent``
@@ -83,7 +91,8 @@ class Wording:
     """Everything the demo says in one language, but the pane's labels and the colleagues'
     work.
 
-    ``tag`` is the page's ``<html lang>``; ``questions`` are sent in order by
+    ``tag`` is the page's ``<html lang>``, ``name`` the language's own name (the page's
+    switch); ``questions`` are sent in order by
     ``--headless`` (the page sends the first by itself and offers the others);
     ``titles`` name the colleagues by key; ``page`` holds the page's own words (served to
     it in ``/demo/config.json``; ``{id}`` and ``{error}`` are filled in by the page).
@@ -91,6 +100,7 @@ class Wording:
 
     lang: str
     tag: str
+    name: str
     questions: tuple[str, ...]
     titles: Mapping[str, str]
     colon: str
@@ -116,6 +126,7 @@ WORDING: dict[str, Wording] = {
     "zh": Wording(
         lang="zh",
         tag="zh-CN",
+        name="中文",
         questions=(
             "订单 42 现在在哪里？什么时候能到？请问一下两位同事。",
             "再问一下订单组：订单 42 是哪天发货的？",
@@ -151,6 +162,7 @@ WORDING: dict[str, Wording] = {
     "en": Wording(
         lang="en",
         tag="en",
+        name="English",
         questions=(
             "Where is order 42, and when will it arrive? Please ask both colleagues.",
             "Ask the orders desk once more: on which day did order 42 ship?",
@@ -196,8 +208,32 @@ def wording(lang: str = DEFAULT_LANG) -> Wording:
         raise ValueError(f"the demo speaks {' and '.join(LANGS)}, not {lang!r}") from None
 
 
+def pick_lang(preferences: Iterable[str]) -> str:
+    """The first of ``preferences`` (language tags or locale names, most preferred first:
+    ``zh-CN``, ``en_GB.UTF-8``) whose primary language (before ``-``, ``_`` or ``.``, any
+    case) is one of :data:`LANGS`; else :data:`FALLBACK_LANG`. The page's ``app.js`` applies
+    the same rule to ``navigator.languages``."""
+    for preference in preferences:
+        primary = re.split(r"[-_.@]", preference.strip(), maxsplit=1)[0].lower()
+        if primary in LANGS:
+            return primary
+    return FALLBACK_LANG
+
+
+def lang_of_locale(environ: Mapping[str, str]) -> str:
+    """The language of ``kernel-ext demo --headless`` without ``--lang``: :func:`pick_lang`
+    of the locale that names messages (the first set of ``LC_ALL``, ``LC_MESSAGES``,
+    ``LANG``); :data:`FALLBACK_LANG` when none is set or it is ``C``/``POSIX``."""
+    for name in ("LC_ALL", "LC_MESSAGES", "LANG"):
+        value = environ.get(name, "")
+        if value:
+            return pick_lang([value])
+    return FALLBACK_LANG
+
+
 USER_MESSAGE = "user_message"
-"""Browser → web process: a joined browser's message to the agent."""
+"""Browser → web process: a joined browser's message to the agent, ``{conversationId, text,
+lang}`` (``lang``, optional, one of :data:`LANGS`: the language of the answer)."""
 USER_MESSAGE_TO_AGENT = "kx_user_message"
 """Web process → the agent's internal connection: that message, forwarded."""
 

@@ -1,15 +1,19 @@
 """The demo's web process: the ``/chat`` relay plus the demo page, on one uvicorn port.
 
-* ``/`` — the page (``static/index.html``, ``app.js``, ``app.css``) in the demo's language
-  (``--lang``: its ``<html lang>`` and its words), ``/renderer.js`` (the package's
-  detail-pane renderer) and ``/vendor/socket.io.esm.min.js`` (the official Socket.IO
-  client, vendored in :mod:`kernel_ext.web`). Served with a Content-Security-Policy that
-  allows scripts from this origin only.
+* ``/`` — the page (``static/index.html``, ``app.js``, ``app.css``, and the CJK subset
+  font of :mod:`kernel_ext.demo.font` in ``static/fonts/``), ``/renderer.js`` (the
+  package's detail-pane renderer) and ``/vendor/socket.io.esm.min.js`` (the official
+  Socket.IO client, vendored in :mod:`kernel_ext.web`). Served with a
+  Content-Security-Policy that allows scripts and fonts from this origin only. The page's
+  language: its switch's choice (``?lang=``), else ``--lang``, else the browser's
+  (``navigator.languages``, :func:`~kernel_ext.demo.script.pick_lang`'s rule); its HTML
+  comes in ``--lang`` (English without it) and ``app.js`` puts in the chosen words.
 * ``/socket.io/`` — a python-socketio ``AsyncServer`` (ASGI) with :class:`DemoRelay` on
   ``/chat``; with ``--redis URL`` its client manager is python-socketio's
   ``AsyncRedisManager``. Browsers must come from the page's own origin.
-* ``/demo/config.json`` — the language, questions, colleagues and page words of
-  :mod:`kernel_ext.demo.script`;
+* ``/demo/config.json`` — ``lang`` (``--lang``, or ``null``: the browser's), ``fallback``,
+  and for each language of :mod:`kernel_ext.demo.script` its questions, colleagues and page
+  words (``langs``);
   ``/demo/health`` — ``{"agent": bool}``, whether the worker's agent is connected, and
   while it is, ``"kernel"``: the kernel it said it runs on (``--kernel``), else ``null``.
 * ``/healthz``, ``/readyz`` — the relay's liveness and readiness
@@ -17,7 +21,7 @@
 
 The browser → worker path (the only thing a browser may send besides join/leave):
 a browser that has joined conversation ``C`` emits ``user_message`` ``{conversationId: C,
-text}``; :class:`DemoRelay` checks it and forwards ``{conversationId, text}`` as
+text, lang}``; :class:`DemoRelay` checks it and forwards ``{conversationId, text, lang}`` as
 ``kx_user_message`` to the agent's internal connection (the one that authenticated with
 ``{"internal": <secret>, "role": "agent"}``), and hands the agent's acknowledgement back.
 The worker only ever *answers* a message: blocks and snapshots still come from internal
@@ -61,7 +65,7 @@ from starlette.staticfiles import StaticFiles
 from kernel_ext._bounded import BoundedMap
 from kernel_ext.demo.script import (
     COLLEAGUES,
-    DEFAULT_LANG,
+    FALLBACK_LANG,
     KERNELS,
     LANGS,
     MAX_CONVERSATIONS,
@@ -82,6 +86,7 @@ __all__ = [
     "DemoRelay",
     "create_demo_app",
     "main",
+    "page_config",
     "render_page",
     "static_root",
 ]
@@ -95,7 +100,7 @@ way): a question with two calls takes six."""
 
 CSP = (
     "default-src 'none'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
-    "style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; "
+    "font-src 'self'; style-src 'self' 'unsafe-inline'; base-uri 'none'; form-action 'none'; "
     "frame-ancestors 'none'"
 )
 """The page's policy. ``style-src 'unsafe-inline'`` is for the renderer's one constant
@@ -126,8 +131,9 @@ class DemoRelay(ChatRelay):
 
     ``user_message`` is acknowledged ``{"ok": true}`` once the agent queued it, else
     ``{"ok": false, "error"}``: not a browser, not joined to that conversation, text empty
-    or over :data:`~kernel_ext.demo.script.MAX_MESSAGE_CHARS`, no agent connected, or the
-    agent's own refusal (``busy``) or silence (10 s).
+    or over :data:`~kernel_ext.demo.script.MAX_MESSAGE_CHARS`, ``lang`` given but not one of
+    :data:`~kernel_ext.demo.script.LANGS`, no agent connected, or the agent's own refusal
+    (``busy``) or silence (10 s).
 
     History (the module docstring says why): every ``chat_event`` it emits to a
     conversation's room is kept — at most :data:`HISTORY_EVENTS` per conversation, for the
@@ -250,13 +256,20 @@ class DemoRelay(ChatRelay):
         if not isinstance(text, str) or not text.strip() or len(text) > MAX_MESSAGE_CHARS:
             self._count("rejected_user_message")
             return {"ok": False, "error": f"text must be 1 to {MAX_MESSAGE_CHARS} characters"}
+        lang = data.get("lang")
+        if lang is not None and lang not in LANGS:
+            self._count("rejected_user_message")
+            return {"ok": False, "error": f"lang must be one of {', '.join(LANGS)}"}
         if not self._agents:
             return {"ok": False, "error": "the agent is not connected"}
         agent = next(reversed(self._agents))
+        message = {"conversationId": conversation_id, "text": text.strip()}
+        if lang is not None:
+            message["lang"] = lang
         try:
             ack = await self.call(
                 USER_MESSAGE_TO_AGENT,
-                {"conversationId": conversation_id, "text": text.strip()},
+                message,
                 to=agent,
                 timeout=_AGENT_ACK_TIMEOUT,
             )
@@ -279,14 +292,40 @@ class DemoApp:
         self.relay = relay
 
 
+def page_config(lang: str | None = None) -> dict[str, Any]:
+    """``/demo/config.json``: ``lang`` (the page's language when given, else ``null``: the
+    browser's), ``fallback`` (:data:`~kernel_ext.demo.script.FALLBACK_LANG`), ``langs``
+    (each language's ``tag``, ``name``, ``firstQuestion``, ``suggestions``, ``colleagues``
+    and page ``text``) and ``maxMessageChars``."""
+    langs: dict[str, Any] = {}
+    for code in LANGS:
+        words = wording(code)
+        langs[code] = {
+            "tag": words.tag,
+            "name": words.name,
+            "firstQuestion": words.questions[0],
+            "suggestions": list(words.questions[1:]),
+            "colleagues": [{"key": c.key, "title": words.title(c.key)} for c in COLLEAGUES],
+            "text": dict(words.page),
+        }
+    return {
+        "lang": wording(lang).lang if lang is not None else None,
+        "fallback": FALLBACK_LANG,
+        "langs": langs,
+        "maxMessageChars": MAX_MESSAGE_CHARS,
+    }
+
+
 def create_demo_app(
-    secret: str, *, redis_url: str | None = None, lang: str = DEFAULT_LANG
+    secret: str, *, redis_url: str | None = None, lang: str | None = None
 ) -> DemoApp:
-    """The demo's web app: page (in ``lang``), renderer, Socket.IO client, config and
-    health routes, and the ``/chat`` :class:`DemoRelay` on an ``AsyncServer`` (same-origin
-    browsers only; Redis client manager when ``redis_url`` is given)."""
-    words = wording(lang)
-    page_html = render_page(words)
+    """The demo's web app: page, renderer, Socket.IO client, config and health routes,
+    and the ``/chat`` :class:`DemoRelay` on an ``AsyncServer`` (same-origin browsers only;
+    Redis client manager when ``redis_url`` is given). ``lang`` fixes the page's starting
+    language; without it the page takes the browser's. Raises ``ValueError`` for a
+    language the demo does not speak."""
+    settings = page_config(lang)
+    page_html = render_page(wording(lang or FALLBACK_LANG))
     manager = RelayRedisManager(redis_url) if redis_url else None
     sio = socketio.AsyncServer(
         async_mode="asgi",
@@ -311,17 +350,7 @@ def create_demo_app(
         return serve
 
     def config(request: Request) -> Response:
-        return JSONResponse(
-            {
-                "lang": words.lang,
-                "tag": words.tag,
-                "firstQuestion": words.questions[0],
-                "suggestions": list(words.questions[1:]),
-                "colleagues": [{"key": c.key, "title": words.title(c.key)} for c in COLLEAGUES],
-                "maxMessageChars": MAX_MESSAGE_CHARS,
-                "text": dict(words.page),
-            }
-        )
+        return JSONResponse(settings)
 
     def health(request: Request) -> Response:
         health: dict[str, Any] = {"agent": relay.agent_connected}
@@ -348,7 +377,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="bind address (127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--redis", default=None, help="redis:// URL for the client manager")
-    parser.add_argument("--lang", choices=LANGS, default=DEFAULT_LANG, help="the page's language")
+    parser.add_argument(
+        "--lang",
+        choices=LANGS,
+        default=None,
+        help="the page's starting language (default: the browser's)",
+    )
     parser.add_argument("--log-level", default="warning")
     args = parser.parse_args(argv)
     secret = load_settings().secret_value()

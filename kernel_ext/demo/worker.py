@@ -6,7 +6,8 @@ each colleague's work, live, into that tool call's detail pane.
   no API key): for a user message it calls ``ask_colleague`` once per colleague the message
   names (:func:`kernel_ext.demo.script.colleagues_for`), all in one model response, so
   pydantic-ai runs those calls concurrently; then it answers from what they returned, in
-  the demo's language (``--lang``, which it also asks the colleagues to speak).
+  the message's language (its ``lang``, else ``--lang``), which it also asks the colleagues
+  to speak.
 * Instrumentation: :func:`kernel_ext.enable` wires the stream hub, a
   :class:`~kernel_ext.processor.ToolSpanProcessor` on a private ``TracerProvider`` and the loopback
   emitter; pydantic-ai's own ``Instrumentation`` capability opens each tool call's
@@ -219,8 +220,11 @@ class DemoAgent(ConversationAgent):
         lang: str = DEFAULT_LANG,
     ) -> None:
         super().__init__(colleagues, hub=hub, timeout=timeout, lang=lang)
+        self.models = {
+            code: FunctionModel(scripted_model(code), model_name="scripted") for code in LANGS
+        }
         self.agent: Agent[_Deps, str] = Agent(
-            FunctionModel(scripted_model(lang), model_name="scripted"),
+            self.models[self.lang],
             deps_type=_Deps,
             output_type=str,
             name="demo-agent",
@@ -233,11 +237,13 @@ class DemoAgent(ConversationAgent):
         )
         self._history: OrderedDict[str, list[ModelMessage]] = OrderedDict()
 
-    async def run(self, conversation_id: str, text: str) -> str:
-        """One pydantic-ai run on ``text`` with the conversation's message history."""
+    async def run(self, conversation_id: str, text: str, lang: str) -> str:
+        """One pydantic-ai run on ``text`` with the conversation's message history, its
+        model answering in ``lang``."""
         result = await self.agent.run(
             text,
-            deps=_Deps(self.ask_context(conversation_id)),
+            model=self.models[lang],
+            deps=_Deps(self.ask_context(conversation_id, lang)),
             message_history=self._history.get(conversation_id),
             conversation_id=conversation_id,
         )
@@ -251,18 +257,20 @@ class DemoAgent(ConversationAgent):
 # -- the process -------------------------------------------------------------------------
 
 
-def _valid_message(data: Any) -> tuple[str, str] | None:
+def _valid_message(data: Any) -> tuple[str, str, str | None] | None:
     from kernel_ext.demo.script import is_conversation_id
 
     if not isinstance(data, Mapping):
         return None
-    conversation_id, text = data.get("conversationId"), data.get("text")
+    conversation_id, text, lang = data.get("conversationId"), data.get("text"), data.get("lang")
     if not is_conversation_id(conversation_id) or not isinstance(text, str):
+        return None
+    if lang is not None and lang not in LANGS:
         return None
     text = text.strip()
     if not text or len(text) > MAX_MESSAGE_CHARS:
         return None
-    return conversation_id, text  # type: ignore[return-value]
+    return conversation_id, text, lang  # type: ignore[return-value]
 
 
 async def serve(
@@ -305,7 +313,7 @@ async def serve(
     async def on_user_message(data: Any = None) -> dict[str, Any]:
         message = _valid_message(data)
         if message is None:
-            return {"ok": False, "error": "a message is {conversationId, text}"}
+            return {"ok": False, "error": "a message is {conversationId, text, lang?}"}
         problem = agent.submit(*message)
         return {"ok": True} if problem is None else {"ok": False, "error": problem}
 
@@ -348,7 +356,12 @@ def main(argv: list[str] | None = None) -> int:
         help="KEY=URL of a colleague (keys: " + ", ".join(s.key for s in COLLEAGUES) + ")",
     )
     parser.add_argument("--timeout", type=float, default=120.0, help="per colleague answer (s)")
-    parser.add_argument("--lang", choices=LANGS, default=DEFAULT_LANG, help="the agent's language")
+    parser.add_argument(
+        "--lang",
+        choices=LANGS,
+        default=DEFAULT_LANG,
+        help="the agent's language for a message that does not say its own",
+    )
     parser.add_argument(
         "--kernel", choices=KERNELS, default=DEFAULT_KERNEL, help="the agent's kernel"
     )

@@ -86,7 +86,7 @@ PublishState = Literal["running", "done", "aborted"]
 PublishItem = Envelope | Mapping[str, Any] | Progress | str
 
 _current_tool_call = _CURRENT_CALL.get  # kernel_ext.current_tool_call without its call
-_time_ns = time.time_ns
+_wall_time = time.time
 _DEFAULT_ABORT_MESSAGE = "the tool call ended before its stream did"
 _RETURNED_TEXT = "the tool call finished"  # docs/tool-authors.md, docs/protocol.md
 _IDLE_ABORT_MESSAGE = "the stream was idle too long; its tool call's end was never seen"
@@ -199,7 +199,6 @@ class StreamHub:
     def publish(
         self,
         item: PublishItem,
-        *,
         task_id: str | None = None,
         state: PublishState = "running",
         conversation_id: str | None = None,
@@ -267,16 +266,7 @@ class StreamHub:
                     else:
                         seq = 0
                     self._queue.append(
-                        (
-                            stream.room,
-                            call_id,
-                            task_id,
-                            state,
-                            _time_ns(),
-                            item,
-                            seq,
-                            stream.trace_id,
-                        )
+                        (stream.room, call_id, task_id, state, now, item, seq, stream.trace_id)
                     )
                 finally:
                     lock.release()
@@ -343,12 +333,13 @@ class StreamHub:
                     if stream is None:
                         return
                     stream.ours = True
-                if not self._admit(stream, self._clock()):
+                now = self._clock()
+                if not self._admit(stream, now):
                     return
                 stream.seq += 1
                 item = ToolCallItem(child.tool_name, child.call_id)
                 self._queue.append(
-                    (stream.room, *key, "running", _time_ns(), item, stream.seq, stream.trace_id)
+                    (stream.room, *key, "running", now, item, stream.seq, stream.trace_id)
                 )
             self._poke()
         except Exception:
@@ -515,10 +506,15 @@ class StreamHub:
     def _take(self, max_items: int) -> list[Outgoing]:
         """Up to ``max_items`` queued items, built (the consumer's :meth:`HubConsumer.get`);
         also ends idle streams and flushes counts, about once a second."""
-        out = take(
-            self._queue, max_items, self.max_block_bytes, self._fast_chars, self.record_dropped
-        )
         now = self._clock()
+        out = take(
+            self._queue,
+            max_items,
+            self.max_block_bytes,
+            self._fast_chars,
+            self.record_dropped,
+            _wall_time() - now,
+        )
         if now >= self._next_sweep:
             self._next_sweep = now + _SWEEP_EVERY
             self._sweep(now)
@@ -681,7 +677,7 @@ class StreamHub:
                 self._drop_locked(NO_SENDER, stats)
                 return
             # Terminals bypass the queue bound: their number is bounded by the streams.
-            self._queue.append((room, call_id, task_id, state, _time_ns(), item, seq, trace_id))
+            self._queue.append((room, call_id, task_id, state, self._clock(), item, seq, trace_id))
             if stats is not None:
                 stats.admitted += 1
             self._counts.admitted += 1

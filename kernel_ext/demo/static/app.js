@@ -4,8 +4,12 @@
 //   kernel_ext/web/vendor and served at /vendor/): long-polling first, upgraded to WebSocket
 //   when the network allows it, reconnecting with jitter; it stops after the server refuses
 //   the connection or disconnects it. The indicator shows the state and the transport.
-// * Language: the web process's (`kernel-ext demo --lang`), from /demo/config.json: the
-//   page's words, the questions and the pane's labels (renderer.js's labelsFor).
+// * Language: the switch's choice (`?lang=`), else the web process's (`kernel-ext demo
+//   --lang`), else the browser's (navigator.languages: the first whose primary language the
+//   demo speaks, the rule of kernel_ext.demo.script.pick_lang), else config.fallback. It
+//   sets the page's words, the questions, the pane's labels (renderer.js's labelsFor) and
+//   the language each message asks the agent to answer in. The switch reloads the page in
+//   the other language, in the same conversation.
 // * Conversation: `?c=demo-…` joins that conversation (nothing is sent); without it, the page
 //   starts a new conversation and sends the first question itself once joined (`?auto=0`
 //   starts one without sending), and puts `?c=` in the address: a reload comes back to the
@@ -37,16 +41,32 @@ const sendButton = document.getElementById("send");
 const connection = document.getElementById("connection");
 
 const config = await loadConfig();
-const locale = config.lang === "en" ? "en" : "zh";
+const locale = chooseLang(params.get("lang"), config.lang, navigator.languages, config.langs, config.fallback);
+const current = config.langs[locale];
 const labels = labelsFor(locale);
-const words = config.text;
-document.documentElement.lang = config.tag;
-const titles = new Map(config.colleagues.map((c) => [c.key, c.title]));
+const words = current.text;
+await loadFonts(JSON.stringify(current) + Object.values(labels).join(""));
+document.documentElement.lang = current.tag;
+document.title = words.title;
+for (const node of document.querySelectorAll("[data-text]")) node.textContent = words[node.dataset.text];
+input.placeholder = words.placeholder;
+input.setAttribute("aria-label", words.placeholder);
+connection.textContent = words.connecting;
+const titles = new Map(current.colleagues.map((c) => [c.key, c.title]));
 input.maxLength = config.maxMessageChars;
 document.getElementById("tail-command").textContent =
   `kernel-ext tail --url ${location.origin} --conversation ${conversationId}` +
   (locale === "en" ? " --lang en" : "");
-for (const suggestion of config.suggestions) {
+for (const [code, other] of Object.entries(config.langs)) {
+  const choice = element("button", "lang", other.name);
+  choice.type = "button";
+  choice.lang = other.tag;
+  choice.dataset.lang = code;
+  if (code === locale) choice.setAttribute("aria-current", "true");
+  choice.addEventListener("click", () => code !== locale && switchTo(code));
+  document.getElementById("langs").append(choice);
+}
+for (const suggestion of current.suggestions) {
   const chip = element("button", "suggestion", suggestion);
   chip.type = "button";
   chip.addEventListener("click", () => {
@@ -72,11 +92,11 @@ attachSocket(socket, store, {
     document.body.dataset.joined = "1";
     if (requested !== conversationId) {
       // A new conversation: a reload comes back to it (and does not send the question again).
-      history.replaceState(null, "", `?c=${conversationId}`);
+      history.replaceState(null, "", addressOf({ c: conversationId }));
     }
     if (autoSend && !firstSent) {
       firstSent = true;
-      send(config.firstQuestion);
+      send(current.firstQuestion);
     }
   },
 });
@@ -105,7 +125,7 @@ async function send(message) {
   sendButton.disabled = true;
   try {
     // Sent now, or from the client's buffer once it is connected; no answer in 15 s rejects.
-    const ack = await socket.timeout(15000).emitWithAck("user_message", { conversationId, text: message });
+    const ack = await socket.timeout(15000).emitWithAck("user_message", { conversationId, text: message, lang: locale });
     if (!ack || ack.ok !== true) {
       showNotice(format(words.notTaken, { error: (ack && ack.error) || words.noAnswer }));
       return false;
@@ -206,6 +226,46 @@ function setConnection(state, label, transport = "") {
 
 function showConnected() {
   if (socket.connected) setConnection("connected", words.connected, socket.io.engine.transport.name);
+}
+
+// Loads the page's web faces (app.css's CJK subset) that `text` needs before any of it is
+// laid out: Chromium may keep a form control laid out while its face loaded in fallback
+// boxes. Text without CJK characters loads nothing; a face that fails to load leaves the
+// machine's fonts.
+async function loadFonts(text) {
+  try {
+    await document.fonts.load(`14px ${getComputedStyle(document.body).fontFamily}`, text);
+  } catch {
+    // the machine's fonts, then
+  }
+}
+
+// The demo's language for this page: `chosen` (the switch's), else `forced` (--lang), else
+// the first of `preferences` whose primary language is one of `langs`, else `fallback`.
+function chooseLang(chosen, forced, preferences, langs, fallback) {
+  for (const code of [chosen, forced]) if (code && Object.hasOwn(langs, code)) return code;
+  for (const tag of preferences || []) {
+    const primary = String(tag).trim().split(/[-_.@]/)[0].toLowerCase();
+    if (Object.hasOwn(langs, primary)) return primary;
+  }
+  return fallback;
+}
+
+// The page in language `code`: the same conversation (not sent again) once it has started.
+function switchTo(code) {
+  const started = firstSent || requested !== null || document.body.dataset.joined === "1";
+  location.assign(addressOf(started ? { c: conversationId, lang: code } : { lang: code }));
+}
+
+// An address of this page: conversation `c` (then auto= no longer matters) and language
+// `lang` (default: this page's ?lang=, if any).
+function addressOf({ c, lang }) {
+  const query = new URLSearchParams();
+  if (c) query.set("c", c);
+  else if (params.has("auto")) query.set("auto", params.get("auto"));
+  const language = lang || params.get("lang");
+  if (language) query.set("lang", language);
+  return `?${query}`;
 }
 
 // Fills {name} placeholders of the page's words (plain text; the result goes in as text).
