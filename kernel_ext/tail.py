@@ -65,6 +65,7 @@ from kernel_ext.view import (
     PaneStore,
     labels_for,
     missing_text,
+    trace_url,
 )
 
 __all__ = [
@@ -132,6 +133,7 @@ class _Printed:
     status: PaneStatus | None = None
     final: Final | None = None
     last_kind: dict[str, str] = field(default_factory=dict)
+    traced: bool = False  # the link to its span was printed
 
 
 class TailPrinter:
@@ -141,8 +143,11 @@ class TailPrinter:
     now and then; it writes whole lines to ``out`` and flushes after each input. Around each
     join: :meth:`joining` (returns the ``have`` cursors to send), :meth:`joined` with the
     acknowledgement. With ``json_mode`` it writes each block as received, one JSON object
-    per line, and ignores snapshots (the store still takes the blocks, for the cursors). A
-    closed ``out`` (broken pipe) sets :attr:`broken` instead of raising.
+    per line, and ignores snapshots (the store still takes the blocks, for the cursors). With
+    ``trace_url`` (a trace backend's URL template, as the browser renderer's ``traceUrl``) a
+    pane's link to its span is printed once, ``↗ URL``, as soon as the pane has a trace id
+    (:func:`kernel_ext.view.trace_url`). A closed ``out`` (broken pipe) sets :attr:`broken`
+    instead of raising.
     """
 
     def __init__(
@@ -152,8 +157,10 @@ class TailPrinter:
         locale: str = "zh",
         json_mode: bool = False,
         store: PaneStore | None = None,
+        trace_url: str | None = None,
     ) -> None:
         self.out = out
+        self.trace_url = trace_url
         self.json_mode = json_mode
         self.labels = labels_for(locale)
         self.colon = ": " if locale == "en" else "："
@@ -263,6 +270,11 @@ class TailPrinter:
             self._forget_evicted()
             name = f"{pane.tool} " if pane.tool else ""
             lines += self._lines(tag, f"── {name}{call_id}")
+        if self.trace_url is not None and not printed.traced:
+            url = trace_url(self.trace_url, pane.trace_id, call_id)
+            if url is not None:
+                printed.traced = True
+                lines += self._lines(tag, f"↗ {url}")
         task_id = applied.task_id
         if applied.new_task and task_id is not None and len(pane.tasks) > 1:
             lines += self._lines(tag, f"{labels['task']} {task_id}")
@@ -559,6 +571,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--namespace", default=NAMESPACE, help="Socket.IO namespace (default: %(default)s)"
     )
     parser.add_argument(
+        "--trace-url",
+        default=None,
+        metavar="TEMPLATE",
+        help="print each call's link to its span: a trace backend's URL template with "
+        "{traceId} and {spanId} (default: none)",
+    )
+    parser.add_argument(
         "--timeout",
         type=positive_seconds,
         default=10.0,
@@ -578,7 +597,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
     Ctrl-C)."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
-    printer = TailPrinter(out, locale=args.lang, json_mode=args.json)
+    printer = TailPrinter(out, locale=args.lang, json_mode=args.json, trace_url=args.trace_url)
 
     def make() -> Awaitable[int]:
         return follow(

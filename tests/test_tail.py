@@ -740,3 +740,36 @@ async def test_tail_takes_a_hostile_catch_up_acknowledgement_in_its_stride() -> 
     assert lines_of(out) == ["── 同步中… ──", f"[00f067aa] ── {CALL}", STORY_LINES[1], "── 实时 ──"]
     assert printer.store.dropped["ignoredAck"] == len(missing)
     assert "Traceback" not in err.getvalue()
+
+
+# -- the link to the trace -----------------------------------------------------------------
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+JAEGER = "https://jaeger.example/trace/{traceId}?uiFind={spanId}"
+
+
+def traced(seq: int, trace_id: Any = TRACE, **kw: Any) -> dict[str, Any]:
+    return {**block(seq, "text", {"text": f"step {seq}"}, **kw), "traceId": trace_id}
+
+
+def test_the_printer_prints_a_calls_link_to_its_span_once_it_has_a_trace_id() -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, locale="en", trace_url=JAEGER)
+    printer.block(traced(1, None))  # no trace id yet: no link
+    printer.block(traced(2))
+    printer.block(traced(3))  # printed once
+    assert lines_of(out) == [
+        f"[00f067aa] ── {CALL}",
+        "[00f067aa] step 1",
+        f"[00f067aa] ↗ https://jaeger.example/trace/{TRACE}?uiFind={CALL}",
+        "[00f067aa] step 2",
+        "[00f067aa] step 3",
+    ]
+
+
+@pytest.mark.parametrize("template", [None, "javascript:alert(1)//{traceId}", "/t/{traceId}"])
+def test_the_printer_prints_no_link_without_a_web_address_template(template: str | None) -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, locale="en", trace_url=template)
+    printer.block(traced(1))
+    assert lines_of(out) == [f"[00f067aa] ── {CALL}", "[00f067aa] step 1"]
