@@ -73,6 +73,16 @@ def publish(bridge: AGUIBridge, text: str, *, call: str = CALL, **kwargs: object
         bridge.hub.publish(text, **kwargs)  # type: ignore[arg-type]
 
 
+async def started(bridge: AGUIBridge, run: Run) -> tuple[Run, list[BaseEvent], asyncio.Task[None]]:
+    """``run`` streamed through ``bridge`` in a task of its own, once its RUN_STARTED is out:
+    the run, what it sent so far, the task."""
+    got: list[BaseEvent] = []
+    task = asyncio.create_task(collect(bridge, run, got))
+    run.start()
+    await wait_until(lambda: bridge.runs == 1 and got, 5, "run not started")
+    return run, got, task
+
+
 async def finish_after(
     run: Run, got: list[BaseEvent], n: int, task: asyncio.Task[None]
 ) -> list[str]:
@@ -120,10 +130,7 @@ async def test_pane_events_wait_for_run_started_and_an_open_colleague_is_ended_o
 async def test_a_colleague_that_ends_is_finished_once_after_the_delta_that_shows_it(
     bridge: AGUIBridge,
 ) -> None:
-    run, got = Run(), []
-    task = asyncio.create_task(collect(bridge, run, got))
-    run.start()
-    await wait_until(lambda: bridge.runs == 1 and got, 5, "run not started")
+    run, got, task = await started(bridge, Run())
     publish(bridge, "working", task_id=TASK)
     await wait_until(lambda: len(got) >= 3, 5, "pane not sent")
     publish(bridge, "the answer", task_id=TASK, state="done")
@@ -143,10 +150,7 @@ async def test_a_colleague_that_ends_is_finished_once_after_the_delta_that_shows
 async def test_blocks_of_a_thread_with_no_run_reach_no_run_and_are_counted(
     bridge: AGUIBridge,
 ) -> None:
-    run, got = Run("other-thread"), []
-    task = asyncio.create_task(collect(bridge, run, got))
-    run.start()
-    await wait_until(lambda: bridge.runs == 1 and got, 5, "run not started")
+    run, got, task = await started(bridge, Run("other-thread"))
     publish(bridge, "for t1 only")
     await wait_until(lambda: bridge.hub.stats()["no_listener"] == 1, 5, "not counted")
     run.finish()
@@ -157,10 +161,7 @@ async def test_blocks_of_a_thread_with_no_run_reach_no_run_and_are_counted(
 async def test_a_call_unknown_to_the_tap_gets_a_pane_without_tool_call_id_counted(
     bridge: AGUIBridge,
 ) -> None:
-    run, got = Run(), []
-    task = asyncio.create_task(collect(bridge, run, got))
-    run.start()
-    await wait_until(lambda: bridge.runs == 1 and got, 5, "run not started")
+    run, got, task = await started(bridge, Run())
     publish(bridge, "late", call="00000000000000b2", task_id=TASK)
     await finish_after(run, got, 3, task)
     assert got[1].parent_tool_call_id is None  # type: ignore[attr-defined]
@@ -191,10 +192,7 @@ async def test_a_quick_call_that_ended_before_the_bridge_took_its_blocks_keeps_i
     bridge = AGUIBridge(hub=hub, tap=tap, run_end_timeout=1.0)
     await bridge.start()
     try:
-        run, got = Run(), []
-        task = asyncio.create_task(collect(bridge, run, got))
-        run.start()
-        await wait_until(lambda: bridge.runs == 1 and got, 5, "run not started")
+        run, got, task = await started(bridge, Run())
         # The quick tool, with no await: the bridge gets no turn until it has returned.
         description = ToolDescription("ask_colleague", "t1", "llm-quick")
         with tool_call_scope(description, tracer_provider=provider, sink=hub) as call:
@@ -256,10 +254,7 @@ async def test_the_agents_error_reaches_the_caller_and_the_run_is_released(
 
 
 async def test_a_run_error_closes_open_colleagues_before_it(bridge: AGUIBridge) -> None:
-    run, got = Run(), []
-    task = asyncio.create_task(collect(bridge, run, got))
-    run.start()
-    await wait_until(lambda: bridge.runs == 1 and got, 5, "run not started")
+    run, got, task = await started(bridge, Run())
     publish(bridge, "working", task_id=TASK)
     await wait_until(lambda: len(got) >= 3, 5, "pane not sent")
     run.steps.put_nowait(RunErrorEvent(message="boom"))
