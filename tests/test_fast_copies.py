@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import json
 from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 from unittest import mock
 
@@ -147,6 +147,22 @@ def _attributes(draw: st.DrawFn) -> dict[str, object]:
     return {key: draw(_ATTRIBUTE_VALUES[key]) for key in sorted(present)}
 
 
+@st.composite
+def _tool_attributes(draw: st.DrawFn) -> dict[str, object]:
+    """Attributes of a tool span of either convention (or of one named as a tool)."""
+    attributes = draw(_attributes())
+    convention = draw(st.sampled_from(["gen_ai", "openinference", "name"]))
+    if convention == "gen_ai":
+        attributes[OPERATION] = "execute_tool"
+    else:
+        attributes.pop(OPERATION, None)
+        if convention == "openinference":
+            attributes[OI_KIND] = "TOOL"
+        else:
+            attributes.pop(OI_KIND, None)
+    return attributes
+
+
 _SPAN_IDS = st.integers(1, 2**64 - 1) | st.sampled_from([1, 0xFF, 2**63, 2**64 - 1])
 # What encloses the span: nothing, a live tool span (its parent), a span that is not a tool
 # span, or an active tool call of the contextvar (with or without a conversation; live in
@@ -209,10 +225,6 @@ def _run_span(
         return during, tap.snapshot()
 
 
-def _drop_none(attributes: Mapping[str, object]) -> dict[str, object]:
-    return {k: v for k, v in attributes.items() if v is not None}
-
-
 @settings(max_examples=400, deadline=None)
 @given(_NAMES, _attributes(), _attributes(), _SPAN_IDS, _ENCLOSING)
 @example("execute_tool search", {}, {}, 1, "none")
@@ -246,7 +258,7 @@ def test_the_processors_inline_span_classification_is_the_readable_rule_for_ever
 
 
 @settings(max_examples=300, deadline=None)
-@given(_NAMES, _attributes(), _SPAN_IDS)
+@given(_NAMES, _tool_attributes(), _SPAN_IDS)
 @example("search.__call__", {OI_KIND: "TOOL", OI_TOOL_ID: "", OI_TOOL_CALL_ID: "c"}, 3)
 @example("search.__call__", {OI_KIND: "TOOL", OI_TOOL_ID: 2.5, OI_TOOL_CALL_ID: "c"}, 3)
 @example("execute_tool  x ", {OPERATION: "execute_tool", TOOL_NAME: 0}, 3)
@@ -302,7 +314,8 @@ def test_the_sdk_span_fields_read_inline_give_what_the_public_properties_give(
 
 
 @settings(max_examples=200, deadline=None)
-@given(_NAMES, _attributes(), _SPAN_IDS, _ENCLOSING)
+@given(_NAMES, _tool_attributes(), _SPAN_IDS, _ENCLOSING)
+@example("execute_tool x", {}, 5, "active_not_live")
 def test_a_tool_span_is_linked_to_its_enclosing_call_as_the_docs_say(
     name: str, attributes: dict[str, object], span_id: int, enclosing: str
 ) -> None:
@@ -553,6 +566,12 @@ def _batch(draw: st.DrawFn) -> tuple[int, list[tuple[Any, ...]]]:
 
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_batch(), st.integers(1, 5), st.floats(1.6e9, 1.9e9, allow_nan=False))
+@example(  # a stream the inline build cannot take (its task id is too long), empty text
+    (300, [("conv-1", None, "t" * 513, "running", 0.0, "", 0)]), 1, 1.6e9
+)
+@example(  # a task id one over the bound, on a bound whose inline limit holds it
+    (65536, [("conv-1", _CALLS[0], "t" * 513, "running", 0.0, "a", 1)]), 1, 1.7e9
+)
 def test_take_builds_every_block_shape_and_size_as_the_general_build_does(
     batch: tuple[int, list[tuple[Any, ...]]], max_items: int, wall_offset: float
 ) -> None:
@@ -642,7 +661,7 @@ _JSON = st.recursive(
     | st.booleans()
     | st.integers(-(2**70), 2**70)
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(_CHARACTERS, max_size=30),
+    | st.integers(0, 300).flatmap(_text_of),
     lambda children: (
         st.lists(children, max_size=4)
         | st.dictionaries(st.text(_CHARACTERS, max_size=4), children, max_size=4)
@@ -653,7 +672,7 @@ _JSON = st.recursive(
 
 @settings(max_examples=500, deadline=None)
 @given(_JSON, st.data())
-@example("😀" * 30, None)  # every character 4 bytes: exactly the quick test's ratio
+@example("😀" * 60, None)  # every character 4 bytes: the quick test's ratio
 def test_fits_is_the_one_size_measure_for_any_json_and_bound(
     value: Any, data: st.DataObject | None
 ) -> None:
@@ -699,14 +718,24 @@ def _wire_block(
     st.sampled_from(["running", "done", "aborted", "bogus"]),
     st.sampled_from([None, "00f067aa0ba902b7", "00F067AA0BA902B7", 5]),
     st.sampled_from([{}, {"extra": 1}]),
-    st.integers(150, 3000),
+    st.integers(150, 3000) | st.integers(-2, 2).map(lambda off: ("off the size by", off)),
 )
+@example("x", "t", "running", None, {}, ("off the size by", 0))  # exactly at the bound
+@example("x", "t", "running", None, {}, ("off the size by", -1))  # one byte over it
 def test_decode_with_the_quick_size_test_accepts_exactly_what_the_exact_check_accepts(
-    text: Any, task_id: Any, state: str, call_id: Any, extra: dict[str, Any], bound: int
+    text: Any,
+    task_id: Any,
+    state: str,
+    call_id: Any,
+    extra: dict[str, Any],
+    bound: int | tuple[str, int],
 ) -> None:
     # decode() measures a block only when fits' quick test cannot tell; check_block (the
-    # relay's) always measures. Same block, same bound: the same answer and the same error.
+    # relay's) always measures. Same block, same bound (any, or the block's own size give
+    # or take two bytes): the same answer and the same error.
     wire = _wire_block(text, task_id, state, call_id, extra)
+    if isinstance(bound, tuple):
+        bound = block_size(wire) + bound[1]
 
     def outcome(check: Any) -> Any:
         try:
