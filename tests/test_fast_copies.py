@@ -692,23 +692,7 @@ def test_fits_is_the_one_size_measure_for_any_json_and_bound(
 def _wire_block(
     text: Any, task_id: Any, state: str, call_id: Any, extra: dict[str, Any]
 ) -> dict[str, Any]:
-    key = {"done": "text", "aborted": "message"}.get(state, "text")
-    return {
-        "v": 1,
-        "callId": call_id,
-        "taskId": task_id,
-        "state": state,
-        "ts": 1,
-        "envelope": {
-            "v": 1,
-            "kind": "text",
-            "streamKey": "s",
-            "seq": 1,
-            "status": state,
-            "payload": {key: text},
-        },
-        **extra,
-    }
+    return {**text_block(call_id, task_id, state, 1, 1, text), **extra}
 
 
 @settings(max_examples=300, deadline=None)
