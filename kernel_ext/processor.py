@@ -345,6 +345,7 @@ class ToolSpanProcessor(SpanProcessor):
                 llm_call_id,
                 _hex_span_id(parent_span.span_id) if parent_span is not None else None,
                 span.start_time or 0,
+                _compat.sampled_trace_id(span.context),  # as on_start
             )
         self._ended.append(int(span_id))  # type: ignore[call-overload]
         sink = self.sink

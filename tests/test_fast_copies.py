@@ -508,7 +508,7 @@ def _item(draw: st.DrawFn, fast: int, stream: tuple[str | None, str]) -> tuple[A
     state = draw(st.sampled_from(["running"] * 5 + ["done", "aborted", CHAT_EVENT_STATE]))
     room = "conv-1"
     if state == CHAT_EVENT_STATE:
-        return (room, None, "", state, 0, {"type": "snapshot", "n": draw(st.integers())}, 0)
+        return (room, None, "", state, 0, {"type": "snapshot", "n": draw(st.integers())}, 0, None)
     size = draw(
         st.integers(0, 3)
         | st.integers(max(0, fast - 2 * len(task_id) - 3), max(0, fast - 2 * len(task_id) + 3))
@@ -545,9 +545,12 @@ def _item(draw: st.DrawFn, fast: int, stream: tuple[str | None, str]) -> tuple[A
         | st.sampled_from([42, None, b"bytes"])
     )
     at = draw(st.floats(0, 1e7, allow_nan=False))
-    return (room, call_id, task_id, state, at, item, draw(st.integers(0, 2**31)))
+    seq = draw(st.integers(0, 2**31))
+    return (room, call_id, task_id, state, at, item, seq, _TRACES[call_id])
 
 
+# The traceId the hub queues with a call's items: the call's own (one with, one without).
+_TRACES = {None: None, _CALLS[0]: "4bf92f3577b34da6a3ce929d0e0e4736", _CALLS[1]: None}
 _TASK_IDS = st.sampled_from(["t", "中", "\x01" * 40, "t" * 512, "t" * 513, ""]) | st.text(
     _CHARACTERS, min_size=1, max_size=20
 )
@@ -567,10 +570,10 @@ def _batch(draw: st.DrawFn) -> tuple[int, list[tuple[Any, ...]]]:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_batch(), st.integers(1, 5), st.floats(1.6e9, 1.9e9, allow_nan=False))
 @example(  # a stream the inline build cannot take (its task id is too long), empty text
-    (300, [("conv-1", None, "t" * 513, "running", 0.0, "", 0)]), 1, 1.6e9
+    (300, [("conv-1", None, "t" * 513, "running", 0.0, "", 0, None)]), 1, 1.6e9
 )
 @example(  # a task id one over the bound, on a bound whose inline limit holds it
-    (65536, [("conv-1", _CALLS[0], "t" * 513, "running", 0.0, "a", 1)]), 1, 1.7e9
+    (65536, [("conv-1", _CALLS[0], "t" * 513, "running", 0.0, "a", 1, "4bf9" * 8)]), 1, 1.7e9
 )
 def test_take_builds_every_block_shape_and_size_as_the_general_build_does(
     batch: tuple[int, list[tuple[Any, ...]]], max_items: int, wall_offset: float
@@ -601,7 +604,7 @@ def test_take_builds_every_block_shape_and_size_as_the_general_build_does(
         json.dumps(getattr(o, "block", None)) for o in expected
     ]
     for raw in items:  # the ones take() builds inline: what the relay's exact check accepts
-        _, _, task_id, state, _, item, _ = raw
+        _, _, task_id, state, _, item, _, _ = raw
         inline = state == "running" and item.__class__ is str and task_id.__class__ is str
         small = inline and 0 < len(task_id) <= 512 and len(item) + 2 * len(task_id) <= fast
         if small and not _has_lone_surrogate(task_id):  # lone surrogates: xfail below
@@ -620,7 +623,7 @@ def _has_lone_surrogate(text: object) -> bool:
     "Progress or nested-call block on the same stream is dropped as invalid at the sender",
 )
 def test_a_running_text_block_on_a_task_id_with_a_lone_surrogate_is_one_the_relay_accepts() -> None:
-    raw = ("conv-1", _CALLS[0], "t\ud800", "running", 1.0, "text", 1)
+    raw = ("conv-1", _CALLS[0], "t\ud800", "running", 1.0, "text", 1, None)
     [out] = take(deque([raw]), 1, 2048, text_block_fast_limit(2048), lambda *a, **k: None, 0.0)
     check_block(out.block, max_bytes=2048)  # type: ignore[union-attr]
 
@@ -638,7 +641,7 @@ def test_a_text_block_within_the_inline_limit_is_within_the_bound_whatever_it_ho
 ) -> None:
     # text_block_fast_limit is the bound the senders trust instead of measuring: any text
     # and task id within it, of any characters, make a valid block within max_bytes by the
-    # one measure (block_size), with the largest ts and seq a block can carry.
+    # one measure (block_size), with the largest ts and seq a block can carry and a traceId.
     limit = text_block_fast_limit(bound)
     if data is None:
         task_id, text = "\x01" * (limit // 2) or "t", "\x01" * (limit - 2 * (limit // 2))
@@ -649,7 +652,7 @@ def test_a_text_block_within_the_inline_limit_is_within_the_bound_whatever_it_ho
         text = data.draw(_CHARACTERS) * max(0, limit - 2 * task_chars)
     if len(text) + 2 * len(task_id) > limit:
         return
-    wire = text_block(call_id, task_id, state, 2**53, 2**63, text)
+    wire = text_block(call_id, task_id, state, 2**53, 2**63, text, "f" * 32)
     Block.model_validate(wire)
     assert block_size(wire) <= bound
 
