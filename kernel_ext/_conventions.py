@@ -1,4 +1,9 @@
-"""The OpenInference conventions' names for a tool span, as kernel_ext reads them.
+"""The conventions' names for a tool span, and the rule that tells one, as kernel_ext reads them.
+
+The GenAI semantic conventions name a tool span's operation ``execute_tool`` and its tool,
+call id and conversation ``gen_ai.tool.name``, ``gen_ai.tool.call.id`` and
+``gen_ai.conversation.id``; :func:`tool_span_keys` is the rule that tells a tool span (of
+which convention) from its attributes and name.
 
 The Arize/Phoenix instrumentations (smolagents, CrewAI, DSPy, LlamaIndex, the OpenAI Agents
 SDK, …) follow the OpenInference semantic conventions rather than the GenAI ones. Their
@@ -10,15 +15,35 @@ own. The mapping is the one OpenInference's own GenAI conversion uses.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import NamedTuple
+
 __all__ = [
+    "CONVERSATION_ID",
+    "EXECUTE_TOOL",
     "OI_KIND",
     "OI_SESSION",
     "OI_TOOL",
     "OI_TOOL_CALL_ID",
     "OI_TOOL_ID",
     "OI_TOOL_NAME",
+    "OPERATION",
+    "SPAN_NAME_PREFIX",
+    "TOOL_CALL_ID",
+    "TOOL_NAME",
+    "ToolSpanKeys",
     "openinference_tool_name",
+    "tool_span_keys",
 ]
+
+OPERATION = "gen_ai.operation.name"
+"""A tool span's operation is :data:`EXECUTE_TOOL`."""
+EXECUTE_TOOL = "execute_tool"
+TOOL_NAME = "gen_ai.tool.name"
+TOOL_CALL_ID = "gen_ai.tool.call.id"
+CONVERSATION_ID = "gen_ai.conversation.id"
+SPAN_NAME_PREFIX = "execute_tool "
+"""The GenAI tool span's name: ``"execute_tool <tool name>"``."""
 
 OI_KIND = "openinference.span.kind"
 """A tool span's kind is :data:`OI_TOOL`."""
@@ -42,3 +67,37 @@ def openinference_tool_name(span_name: object) -> str | None:
     name = span_name.strip()
     head, dot, _method = name.rpartition(".")
     return head.strip() if dot and head.strip() else name
+
+
+class ToolSpanKeys(NamedTuple):
+    """Where a tool span of one convention keeps its tool name, conversation and the
+    model's tool-call id (the first of ``call_id`` that is set)."""
+
+    tool_name: str
+    conversation_id: str
+    call_id: tuple[str, ...]
+
+
+GEN_AI_KEYS = ToolSpanKeys(TOOL_NAME, CONVERSATION_ID, (TOOL_CALL_ID,))
+OPENINFERENCE_KEYS = ToolSpanKeys(OI_TOOL_NAME, OI_SESSION, (OI_TOOL_ID, OI_TOOL_CALL_ID))
+
+
+def tool_span_keys(attributes: Mapping[str, object], span_name: object) -> ToolSpanKeys | None:
+    """The keys of a tool span's fields, or ``None`` for a span that is not a tool span.
+
+    The rule, readable: a span with a ``gen_ai.operation.name`` is a (GenAI) tool span when
+    that is ``execute_tool``; one without it but with an ``openinference.span.kind`` is an
+    (OpenInference) tool span when that is ``TOOL``; one with neither is a (GenAI) tool span
+    when its name starts with ``"execute_tool "``. A value of another type is not a match.
+    The specification of the span processor's copies of this rule, which run inline for
+    speed (tests/test_fast_copies.py holds them to it); not for a hot path.
+    """
+    operation = attributes.get(OPERATION)
+    if operation is not None:
+        return GEN_AI_KEYS if operation == EXECUTE_TOOL else None
+    kind = attributes.get(OI_KIND)
+    if kind is not None:
+        return OPENINFERENCE_KEYS if kind == OI_TOOL else None
+    if isinstance(span_name, str) and span_name.startswith(SPAN_NAME_PREFIX):
+        return GEN_AI_KEYS
+    return None

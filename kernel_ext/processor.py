@@ -59,12 +59,18 @@ from opentelemetry.trace import SpanContext, StatusCode
 
 from kernel_ext import _compat, resolve
 from kernel_ext._conventions import (
+    CONVERSATION_ID,
+    EXECUTE_TOOL,
     OI_KIND,
     OI_SESSION,
     OI_TOOL,
     OI_TOOL_CALL_ID,
     OI_TOOL_ID,
     OI_TOOL_NAME,
+    OPERATION,
+    SPAN_NAME_PREFIX,
+    TOOL_CALL_ID,
+    TOOL_NAME,
     openinference_tool_name,
 )
 from kernel_ext._telemetry import RareLog
@@ -79,12 +85,7 @@ __all__ = ["ToolSpanProcessor"]
 
 _log = logging.getLogger(__name__)
 
-OPERATION = "gen_ai.operation.name"
-EXECUTE_TOOL = "execute_tool"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-CONVERSATION_ID = "gen_ai.conversation.id"
-_SPAN_NAME_PREFIX = "execute_tool "
+_SPAN_NAME_PREFIX = SPAN_NAME_PREFIX
 _ENDED_MEMORY = 256
 
 
@@ -334,9 +335,9 @@ class ToolSpanProcessor(SpanProcessor):
                 name_key, conversation_key, call_id_key = OI_TOOL_NAME, OI_SESSION, OI_TOOL_ID
             else:
                 name_key, conversation_key, call_id_key = TOOL_NAME, CONVERSATION_ID, TOOL_CALL_ID
+            if call_id_key is OI_TOOL_ID and get(OI_TOOL_ID) is None:
+                call_id_key = OI_TOOL_CALL_ID  # OpenInference's other name for it, as on_start
             llm_call_id = self._text(get(call_id_key), call_id_key)
-            if llm_call_id is None and call_id_key is OI_TOOL_ID:
-                llm_call_id = self._text(get(OI_TOOL_CALL_ID), OI_TOOL_CALL_ID)
             call = LiveCall(
                 call_id,
                 self._text(get(name_key), name_key) or self._name_from_span(span, name_key),
@@ -344,6 +345,7 @@ class ToolSpanProcessor(SpanProcessor):
                 llm_call_id,
                 _hex_span_id(parent_span.span_id) if parent_span is not None else None,
                 span.start_time or 0,
+                _compat.sampled_trace_id(span.context),  # as on_start
             )
         self._ended.append(int(span_id))  # type: ignore[call-overload]
         sink = self.sink

@@ -46,12 +46,17 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, Trac
 
 from kernel_ext._compat import sampled_trace_id
 from kernel_ext._conventions import (
+    CONVERSATION_ID,
+    EXECUTE_TOOL,
     OI_KIND,
     OI_SESSION,
     OI_TOOL,
     OI_TOOL_CALL_ID,
     OI_TOOL_ID,
     OI_TOOL_NAME,
+    OPERATION,
+    TOOL_CALL_ID,
+    TOOL_NAME,
     openinference_tool_name,
 )
 from kernel_ext._telemetry import RareLog
@@ -86,12 +91,6 @@ _rare = RareLog(log)
 _tuple_new = tuple.__new__
 # Read once: an attribute of an Enum class goes through EnumType's __getattr__ hook.
 _INTERNAL = SpanKind.INTERNAL
-
-OPERATION = "gen_ai.operation.name"
-EXECUTE_TOOL = "execute_tool"
-TOOL_NAME = "gen_ai.tool.name"
-TOOL_CALL_ID = "gen_ai.tool.call.id"
-CONVERSATION_ID = "gen_ai.conversation.id"
 
 
 SinkOf = Callable[[], "CallSink | None"]
