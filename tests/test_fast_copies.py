@@ -607,7 +607,7 @@ def test_take_builds_every_block_shape_and_size_as_the_general_build_does(
         _, _, task_id, state, _, item, _, _ = raw
         inline = state == "running" and item.__class__ is str and task_id.__class__ is str
         small = inline and 0 < len(task_id) <= 512 and len(item) + 2 * len(task_id) <= fast
-        if small and not _has_lone_surrogate(task_id):  # lone surrogates: xfail below
+        if small and not _has_lone_surrogate(task_id):  # lone surrogates: dropped, below
             [out] = take(deque([raw]), 1, bound, fast, lambda *a, **k: None, wall_offset)
             check_block(out.block, max_bytes=bound)  # type: ignore[union-attr]
 
@@ -616,16 +616,19 @@ def _has_lone_surrogate(text: object) -> bool:
     return isinstance(text, str) and any("\ud800" <= c <= "\udfff" for c in text)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a task id with a lone surrogate: the inline text build (and build's unvalidated "
-    "text path) makes a block the Block model, hence the relay, refuses as invalid; a "
-    "Progress or nested-call block on the same stream is dropped as invalid at the sender",
-)
-def test_a_running_text_block_on_a_task_id_with_a_lone_surrogate_is_one_the_relay_accepts() -> None:
-    raw = ("conv-1", _CALLS[0], "t\ud800", "running", 1.0, "text", 1, None)
-    [out] = take(deque([raw]), 1, 2048, text_block_fast_limit(2048), lambda *a, **k: None, 0.0)
-    check_block(out.block, max_bytes=2048)  # type: ignore[union-attr]
+@pytest.mark.parametrize("task_id", ["t\ud800", "\udfff", "ok\udc80ok"])
+def test_a_running_text_block_on_a_task_id_with_a_lone_surrogate_is_dropped_as_invalid(
+    task_id: str,
+) -> None:
+    # The block model (hence the relay) refuses a lone surrogate: the sender must not build
+    # such a block inline, but drop it, counted, as the general path does.
+    raw = ("conv-1", _CALLS[0], task_id, "running", 1.0, "text", 1, None)
+    drops: list[tuple[Any, ...]] = []
+    taken = take(
+        deque([raw]), 1, 2048, text_block_fast_limit(2048), lambda *a, **k: drops.append(a), 0.0
+    )
+    assert taken == []
+    assert drops == [("invalid",)]
 
 
 @settings(max_examples=500, deadline=None)

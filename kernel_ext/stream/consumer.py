@@ -231,20 +231,35 @@ def _fixed_parts(
 ) -> _Fixed | None:
     """What is fixed in the running text blocks of the stream ``(call_id, task_id)`` (its
     ``trace_id`` included: the call's), made once per ``streams``; ``None`` when its task id
-    is not a ``str`` of 1–512 characters (the general path's to judge)."""
+    is not one the text path may trust (:func:`_trusted_task_id`: the general path's to
+    judge)."""
     if task_id.__class__ is not str:  # a subclass too: its code must not run here
         return None
     key = (call_id, task_id)
     if key in streams:
         return streams[key]
     found: _Fixed | None = None
-    if 0 < len(task_id) <= MAX_TASK_ID:
+    if _trusted_task_id(task_id):
         template = text_block(call_id, task_id, "running", 0, 0, "", trace_id)
         envelope = template["envelope"]
         (payload_key,) = envelope["payload"]
         found = template, envelope, payload_key, len(task_id) * 2
     streams[key] = found
     return found
+
+
+def _trusted_task_id(task_id: str) -> bool:
+    """Whether a text block may carry ``task_id`` unvalidated: 1–512 characters, all of
+    them encodable in UTF-8 (a lone surrogate is not, and the block model refuses it)."""
+    if not 0 < len(task_id) <= MAX_TASK_ID:
+        return False
+    if task_id.isascii():
+        return True
+    try:
+        task_id.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def build(
@@ -308,7 +323,7 @@ def _wire(
     """The wire dict of one block within the size bound (payload strings cut with the
     marker when needed) and an estimate of its encoded size in characters. Validated, but
     for a text block that is small by :func:`~kernel_ext.protocol.text_block_fast_limit`."""
-    if item.__class__ is str and 0 < len(task_id) <= MAX_TASK_ID:
+    if item.__class__ is str and _trusted_task_id(task_id):
         wire = text_block(call_id, task_id, state, ts, seq, item, trace_id)
         if fits(wire, max_block_bytes):
             return wire, len(item) + len(task_id) * 2 + _TEXT_BLOCK_CHARS
