@@ -51,7 +51,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
@@ -113,6 +113,7 @@ __all__ = [
     "text_block",
     "text_block_fast_limit",
     "trace_id_hex",
+    "wire_text",
 ]
 
 PROTOCOL_VERSION = 1
@@ -376,6 +377,14 @@ Wire: TypeAlias = "str | bytes | bytearray | Mapping[str, Any]"
 
 # One encoder, built once: json.dumps with arguments builds a new one on every call.
 _compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+wire_text: Callable[[Any], str] = json.JSONEncoder(separators=(",", ":")).encode
+"""The JSON text a sender puts on the wire for a JSON-ready value: python-socketio's own
+encoding of event data (``json.dumps(data, separators=(",", ":"))``: non-ASCII characters
+and lone surrogates as ``\\u`` escapes), so a block pre-encoded with it travels
+byte for byte as the same block encoded by python-socketio would. Not the size measure
+(:func:`compact_bytes`)."""
 
 
 def compact_bytes(wire: Mapping[str, Any]) -> bytes:

@@ -12,8 +12,11 @@ with generated inputs and fails on any difference (issue 27, part 2). The pairs:
 * the first case of :func:`kernel_ext.resolve.attribute`, inlined in ``StreamHub.publish``:
   ``attribute`` itself;
 * ``take()``'s inline build of small running text: :func:`kernel_ext.stream.consumer.build`
-  (also ``tests/test_stream.py``), and the bound it trusts,
+  (also ``tests/test_stream.py``), its dict and its JSON text (cut per stream out of the
+  rule's own text) alike, and the bound it trusts,
   :func:`kernel_ext.protocol.text_block_fast_limit`: the one size measure;
+* the loopback sender's frames, written around their blocks' JSON text: the packet
+  python-socketio itself encodes from the frame's dicts, byte for byte;
 * :func:`kernel_ext.protocol.fits`' quick test, and ``decode``'s use of it: the exact
   :func:`kernel_ext.protocol.block_size`, and ``check_block``.
 """
@@ -50,6 +53,7 @@ from kernel_ext._conventions import (
     tool_span_keys,
 )
 from kernel_ext.context import ToolCall, use_tool_call
+from kernel_ext.emit.loopback import _EncodedFrame, _packet_class
 from kernel_ext.errors import DecodeError
 from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.protocol import (
@@ -61,6 +65,7 @@ from kernel_ext.protocol import (
     fits,
     text_block,
     text_block_fast_limit,
+    wire_text,
 )
 from kernel_ext.resolve import ResolutionPath, attribute
 from kernel_ext.stream import Progress, StreamHub
@@ -610,6 +615,87 @@ def test_take_builds_every_block_shape_and_size_as_the_general_build_does(
         if small and not _has_lone_surrogate(task_id):  # lone surrogates: dropped, below
             [out] = take(deque([raw]), 1, bound, fast, lambda *a, **k: None, wall_offset)
             check_block(out.block, max_bytes=bound)  # type: ignore[union-attr]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_batch(), st.floats(1.6e9, 1.9e9, allow_nan=False))
+def test_an_inline_blocks_text_and_dict_are_the_rules_whatever_it_holds(
+    batch: tuple[int, list[tuple[Any, ...]]], wall_offset: float
+) -> None:
+    # The inline build keeps a running text block's parts and makes its dict and its JSON
+    # text when a sender reads them: the dict is text_block's, the text python-socketio's
+    # encoding of that dict (json.dumps, compact), in either order of reading.
+    bound, items = batch
+    fast = text_block_fast_limit(bound)
+    for raw in items:
+        for text_first in (False, True):
+            taken = take(deque([raw]), 1, bound, fast, lambda *a, **k: None, wall_offset)
+            if not taken or not hasattr(taken[0], "text"):
+                continue
+            out: Any = taken[0]
+            text = out.text if text_first else None
+            block = out.block
+            assert (text or out.text) == json.dumps(block, separators=(",", ":"))
+            _, call_id, task_id, state, at, item, seq, trace_id = raw
+            if (
+                state == "running"
+                and isinstance(item, str)
+                and len(item) + 2 * len(task_id) <= fast
+            ):
+                ts = int((at + wall_offset) * 1000 // 1)
+                assert block == text_block(call_id, task_id, state, ts, seq, item, trace_id)
+
+
+_ROOMS = st.sampled_from(["conv-1", 'c"2', "会话\3", "\u0041", "\ud800"])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_batch(), st.lists(_ROOMS, min_size=1, max_size=3, unique=True), st.data())
+def test_a_frame_sent_as_its_blocks_text_is_the_packet_python_socketio_would_send(
+    batch: tuple[int, list[tuple[Any, ...]]], rooms: list[str], data: st.DataObject
+) -> None:
+    # The loopback sender writes a kx_blocks frame around its blocks' text; python-socketio
+    # encoding the same frame's dicts is the specification: the same packet, byte for byte,
+    # for one room and for several, any block shape, any alphabet.
+    bound, items = batch
+    fast = text_block_fast_limit(bound)
+    blocks = [
+        b
+        for b in take(deque(items), 64, bound, fast, lambda *a, **k: None, 1.7e9)
+        if hasattr(b, "text")
+    ]
+    assume(blocks)
+    sections = [
+        (room, [b for i, b in enumerate(blocks) if i % len(rooms) == n])
+        for n, room in enumerate(rooms)
+    ]
+    sections = [section for section in sections if section[1]]
+    import socketio
+
+    if len(sections) == 1:
+        as_dicts: Any = {"v": 1, "room": sections[0][0], "blocks": [b.block for b in blocks]}
+    else:
+        as_dicts = {
+            "v": 1,
+            "rooms": [{"room": r, "blocks": [b.block for b in bs]} for r, bs in sections],
+        }
+    ack_id = data.draw(st.none() | st.integers(1, 10**6))
+    theirs = socketio.packet.Packet(
+        socketio.packet.EVENT, data=["kx_blocks", as_dicts], namespace="/chat", id=ack_id
+    ).encode()
+    ours = _packet_class()(
+        socketio.packet.EVENT,
+        data=["kx_blocks", _EncodedFrame.of(sections)],
+        namespace="/chat",
+        id=ack_id,
+    ).encode()
+    assert ours == theirs
+    # and every other packet of the sender's client is python-socketio's own
+    other = ["kx_hello", {"worker": "w-1", "text": "中\ud800"}]
+    assert _packet_class()(socketio.packet.EVENT, data=other, namespace="/chat").encode() == (
+        socketio.packet.Packet(socketio.packet.EVENT, data=other, namespace="/chat").encode()
+    )
+    assert wire_text(as_dicts) == json.dumps(as_dicts, separators=(",", ":"))
 
 
 def _has_lone_surrogate(text: object) -> bool:

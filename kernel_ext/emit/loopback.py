@@ -48,6 +48,7 @@ from kernel_ext.protocol import (
     KX_HELLO,
     REFUSED_BAD_WORKER,
     REFUSED_UNAUTHORIZED,
+    wire_text,
 )
 from kernel_ext.settings import check_secret
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
@@ -76,6 +77,55 @@ class _Inflight(NamedTuple):
 
 def _now() -> float:
     return time.monotonic()
+
+
+class _EncodedFrame:
+    """A ``kx_blocks`` frame's data already in JSON text: each block's
+    :attr:`~kernel_ext.stream.OutgoingBlock.text` spliced in, none encoded again."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    @classmethod
+    def of(cls, frame: list[Section]) -> _EncodedFrame:
+        """The frame's data: ``{v, room, blocks}`` for one room, ``{v, rooms}`` for more
+        (docs/protocol.md), as python-socketio would encode it."""
+        if len(frame) == 1:
+            room, blocks = frame[0]
+            joined = ",".join([b.text for b in blocks])
+            return cls(f'{{"v":1,"room":{wire_text(room)},"blocks":[{joined}]}}')
+        sections = ",".join(
+            [
+                f'{{"room":{wire_text(room)},"blocks":[{",".join([b.text for b in blocks])}]}}'
+                for room, blocks in frame
+            ]
+        )
+        return cls(f'{{"v":1,"rooms":[{sections}]}}')
+
+
+@functools.cache
+def _packet_class() -> type[Any]:
+    """python-socketio's packet class, with a JSON module that writes an event whose data
+    is an :class:`_EncodedFrame` around the frame's text (its blocks are not encoded
+    again) and is python-socketio's own (engine.io's ``json``) for everything else.
+    Made on first use: the root package does not import python-socketio."""
+    import socketio
+
+    base: Any = socketio.packet.Packet
+    json = base.json
+
+    class FrameJSON:
+        loads = staticmethod(json.loads)
+
+        @staticmethod
+        def dumps(data: Any, **kwargs: Any) -> str:
+            if data.__class__ is list and len(data) == 2 and data[1].__class__ is _EncodedFrame:
+                return f"[{wire_text(data[0])},{data[1].text}]"
+            return json.dumps(data, **kwargs)  # type: ignore[no-any-return]
+
+    return type("FramePacket", (base,), {"json": FrameJSON, "__module__": __name__})
 
 
 class LoopbackEmitter(Emitter):
@@ -276,7 +326,8 @@ class LoopbackEmitter(Emitter):
         import socketio
 
         self._first_attempt = asyncio.Event()
-        client = socketio.AsyncClient(reconnection=False)  # ours: module docstring
+        # reconnection ours: module docstring; frames sent as their blocks' text (_Packet)
+        client = socketio.AsyncClient(reconnection=False, serializer=_packet_class())
         client.on("connect", self._on_connect, namespace=self.namespace)
         client.on("disconnect", self._on_disconnect, namespace=self.namespace)
         client.on("connect_error", self._on_connect_error, namespace=self.namespace)
@@ -539,17 +590,7 @@ class LoopbackEmitter(Emitter):
             if not self._healthy:
                 self._lose(blocks, terminals)
                 continue
-            payload: dict[str, Any]
-            if len(frame) == 1:
-                payload = {"v": 1, "room": frame[0][0], "blocks": [b.block for b in blocks]}
-            else:
-                payload = {
-                    "v": 1,
-                    "rooms": [
-                        {"room": room, "blocks": [b.block for b in section]}
-                        for room, section in frame
-                    ],
-                }
+            payload = _EncodedFrame.of(frame)
             frame_id = 0
             try:
                 if terminals or self._paced:

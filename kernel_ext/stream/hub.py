@@ -92,7 +92,6 @@ _RETURNED_TEXT = "the tool call finished"  # docs/tool-authors.md, docs/protocol
 _IDLE_ABORT_MESSAGE = "the stream was idle too long; its tool call's end was never seen"
 _MAX_RING = 1024
 _SWEEP_EVERY = 1.0
-_TEXT_BLOCK_CHARS = 256  # the fixed parts of a text block, for the frame-size estimate
 
 
 def _result_text(result: object) -> str:
