@@ -32,10 +32,10 @@ from kernel_ext.emit.base import (
     DISCONNECTED,
     REJECTED,
     Emitter,
-    _rare,
     backoff,
     check_worker_id,
     logger,
+    rare,
     remembers_arguments,
 )
 from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
@@ -237,7 +237,7 @@ class LoopbackEmitter(Emitter):
         self.reconnect_delay_max = self._backoff.maximum
         self.connect_timeout = float(connect_timeout)
         self._terminals = HeldTerminals(
-            lambda: self.hub,
+            lambda: self.consumer,
             max_pending_terminals=max_pending_terminals,
             terminal_max_age=terminal_max_age,
             terminal_max_attempts=terminal_max_attempts,
@@ -460,7 +460,7 @@ class LoopbackEmitter(Emitter):
                 if self._refusal is not None:  # the relay answered: no
                     self._report_refusal(self._refusal)
                 else:
-                    _rare(
+                    rare(
                         "connect_failed",
                         "loopback emitter: cannot connect to %s: %s",
                         self.url,
@@ -560,12 +560,12 @@ class LoopbackEmitter(Emitter):
             await self._send_frames(self._frames(items), None)
 
     async def _send_frames(self, frames: list[Frame], retry: list[HeldTerminal] | None) -> None:
-        hub = self.hub
+        consumer = self.consumer
         held_by_item = {id(h.item): h for h in retry} if retry else {}
         for frame in frames:
             if isinstance(frame, OutgoingChatEvent):
                 if not self._healthy:
-                    hub.record_dropped(DISCONNECTED)
+                    consumer.dropped(DISCONNECTED)
                     continue
                 try:
                     await self._client.emit(
@@ -574,7 +574,7 @@ class LoopbackEmitter(Emitter):
                         namespace=self.namespace,
                     )
                 except Exception:
-                    hub.record_dropped(DISCONNECTED)
+                    consumer.dropped(DISCONNECTED)
                 continue
             blocks = [b for _, section in frame for b in section]
             terminals = [
@@ -608,9 +608,9 @@ class LoopbackEmitter(Emitter):
                     )
                 else:
                     await self._client.emit(KX_BLOCKS, payload, namespace=self.namespace)
-                    hub.record_delivered(len(blocks))
+                    consumer.delivered(len(blocks))
             except Exception as exc:
-                _rare("emit_failed", "loopback emitter: emit failed: %s", exc)
+                rare("emit_failed", "loopback emitter: emit failed: %s", exc)
                 if frame_id and self._inflight.pop(frame_id, None) is None:
                     continue  # the disconnect handler lost or held them already
                 self._window_changed()
@@ -618,10 +618,10 @@ class LoopbackEmitter(Emitter):
 
     def _lose(self, blocks: list[OutgoingBlock], terminals: list[HeldTerminal]) -> None:
         """Blocks that cannot go now: running ones are dropped, terminals held."""
-        hub = self.hub
+        consumer = self.consumer
         for block in blocks:
             if not block.terminal:
-                hub.record_dropped(DISCONNECTED, 1, block.call_id)
+                consumer.dropped(DISCONNECTED, 1, block.call_id)
         for entry in terminals:
             self._terminals.hold(entry)
 
@@ -643,15 +643,15 @@ class LoopbackEmitter(Emitter):
             rejected = ack.get("rejected")
             if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
                 rejected = 0
-            self.hub.record_delivered(n_blocks - min(rejected, n_blocks))
+            self.consumer.delivered(n_blocks - min(rejected, n_blocks))
             if not rejected:
                 return
             refused = _refused_indexes(ack.get("refused"), len(blocks))
             for index in refused:
                 if not blocks[index].terminal:
-                    self.hub.record_dropped(REJECTED, 1, blocks[index].call_id)
+                    self.consumer.dropped(REJECTED, 1, blocks[index].call_id)
             if len(refused) < rejected:  # the relay did not say which
-                self.hub.record_dropped(REJECTED, rejected - len(refused))
+                self.consumer.dropped(REJECTED, rejected - len(refused))
                 again = [(h, "invalid") for h in held]
             else:
                 position = {id(block): index for index, block in enumerate(blocks)}
@@ -663,7 +663,7 @@ class LoopbackEmitter(Emitter):
             bound = ack.get("maxBlockBytes")
         else:
             self._count("nacks")
-            _rare("nack", "loopback emitter: relay refused a frame: %r", ack)
+            rare("nack", "loopback emitter: relay refused a frame: %r", ack)
             if isinstance(ack, Mapping) and ack.get("error") == "busy":
                 for entry in held:
                     self._terminals.hold(entry)

@@ -159,7 +159,7 @@ class RedisEmitter(Emitter):
             **(redis_options or {}),
         }
         self._terminals = HeldTerminals(
-            lambda: self.hub,
+            lambda: self.consumer,
             max_pending_terminals=max_pending_terminals,
             terminal_max_age=terminal_max_age,
             terminal_max_attempts=terminal_max_attempts,
@@ -308,13 +308,13 @@ class RedisEmitter(Emitter):
         return counts
 
     async def _send(self, items: list[Outgoing]) -> None:
-        hub = self.hub
+        consumer = self.consumer
         if self._healthy and len(self._terminals) and _now() >= self._retry_at:
             await self._retry_terminals()
         if not self._healthy:
             for item in items:
                 if isinstance(item, OutgoingChatEvent):
-                    hub.record_dropped(REDIS_DOWN)
+                    consumer.dropped(REDIS_DOWN)
                 else:
                     self._drop_or_hold(item, REDIS_DOWN)
             return
@@ -330,7 +330,7 @@ class RedisEmitter(Emitter):
         for item, receivers in zip(items, results, strict=True):
             if isinstance(item, OutgoingChatEvent):
                 if receivers is None:
-                    hub.record_dropped(REDIS_DOWN)
+                    consumer.dropped(REDIS_DOWN)
             elif receivers is None:
                 self._drop_or_hold(item, REDIS_DOWN)
             elif receivers == 0:
@@ -339,14 +339,14 @@ class RedisEmitter(Emitter):
             else:
                 delivered += 1
         if delivered:
-            hub.record_delivered(delivered)
+            consumer.delivered(delivered)
 
     def _drop_or_hold(self, item: OutgoingBlock, reason: str) -> None:
         if item.terminal:
             self._terminals.hold(self._terminals.new(item, attempts=1))
             self._schedule_retry()
         else:
-            self.hub.record_dropped(reason, 1, item.call_id)
+            self.consumer.dropped(reason, 1, item.call_id)
 
     def _schedule_retry(self) -> None:
         self._retry_at = _now() + self._backoff.next()
@@ -366,7 +366,7 @@ class RedisEmitter(Emitter):
             else:
                 self._terminals.hold(entry)
         if delivered:
-            self.hub.record_delivered(delivered)
+            self.consumer.delivered(delivered)
             self._count("terminal_resends", delivered)
         if len(self._terminals):
             self._schedule_retry()

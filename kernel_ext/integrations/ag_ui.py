@@ -259,7 +259,7 @@ class AGUIBridge(Emitter):
             if not isinstance(item, OutgoingBlock):
                 continue
             if not runs:
-                self.hub.record_dropped(NO_LISTENER, 1, item.call_id)
+                self.consumer.dropped(NO_LISTENER, 1, item.call_id)
                 continue
             delivered += 1
             for run in runs:
@@ -267,7 +267,7 @@ class AGUIBridge(Emitter):
                 if applied.call_id is not None and applied.outcome in ("item", "terminal"):
                     self._touch(run, applied.call_id)
         if delivered:
-            self.hub.record_delivered(delivered)
+            self.consumer.delivered(delivered)
 
     def _touch(self, run: _Run, call_id: str) -> None:
         """Mark ``call_id``'s pane changed in ``run``; on its first change, read its
