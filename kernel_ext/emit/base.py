@@ -21,7 +21,7 @@ A sender uses the hub only through its port, :attr:`Emitter.consumer` (a
 :class:`~kernel_ext.stream.HubConsumer`): it takes batches from it, and reports there the
 blocks that leave (``consumer.delivered(n)``) and those lost after the hub let them through
 (``consumer.dropped(reason, n, call_id)``, with the reasons of
-:mod:`kernel_ext.stream.counts`; the senders' own are re-exported below).
+:mod:`kernel_ext.ledger`; the senders' own are re-exported below).
 """
 
 from __future__ import annotations
@@ -42,6 +42,14 @@ from kernel_ext import metrics
 from kernel_ext._backoff import Backoff
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.ledger import (  # the drop reasons counted by the senders, re-exported
+    DISCONNECTED,
+    NO_LISTENER,
+    REDIS_DOWN,
+    REJECTED,
+    TERMINAL_EXPIRED,
+    TERMINAL_OVERFLOW,
+)
 from kernel_ext.protocol import NAMESPACE, WORKER_ID_PATTERN
 from kernel_ext.stream import UNFLUSHED, HubConsumer, Outgoing, StreamHub, get_default_hub
 
@@ -67,14 +75,6 @@ rare = RareLog(logger)
 4th … occurrence of each event, :class:`~kernel_ext._telemetry.RareLog`)."""
 
 DEFAULT_NAMESPACE = NAMESPACE
-
-# Drop reasons counted by the senders (``kernel_ext.blocks`` outcome ``dropped``).
-DISCONNECTED = "disconnected"
-REJECTED = "rejected"
-TERMINAL_EXPIRED = "terminal_expired"
-TERMINAL_OVERFLOW = "terminal_overflow"
-REDIS_DOWN = "redis_down"
-NO_LISTENER = "no_listener"
 
 
 def check_worker_id(given: str | None) -> str:

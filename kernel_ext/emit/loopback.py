@@ -40,6 +40,18 @@ from kernel_ext.emit.base import (
 )
 from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.ledger import (
+    ACK_TIMEOUTS,
+    ACKS,
+    CONNECT_FAILURES,
+    CONNECT_REFUSED,
+    CONNECTS,
+    DISCONNECTS,
+    NACKS,
+    TERMINAL_RESENDS,
+    TERMINALS_DEGRADED,
+    WINDOW_FULL,
+)
 from kernel_ext.protocol import (
     ACKS_PACED,
     FRAME_ROOMS,
@@ -181,8 +193,8 @@ class LoopbackEmitter(Emitter):
     """
 
     sender = "loopback"
-    up_event = "connects"
-    down_event = "disconnects"
+    up_event = CONNECTS
+    down_event = DISCONNECTS
 
     # The keyword parameters are this sender's documented API; alike in shape (not a copy)
     # of RedisEmitter's and the relay's. HeldTerminals checks the terminal bounds.
@@ -259,7 +271,7 @@ class LoopbackEmitter(Emitter):
     @property
     def connections(self) -> int:
         """How many times a connection was established (1 + reconnects)."""
-        return self.counts["connects"]
+        return self.counts[CONNECTS]
 
     @property
     def sid(self) -> str | None:
@@ -357,7 +369,7 @@ class LoopbackEmitter(Emitter):
         # Not awaited here: the client reads the answer on the loop this handler runs in.
         # The answer counts for this connection only (the connection count it started at).
         self._hello_task = asyncio.get_running_loop().create_task(
-            self._hello(self._client, self.counts["connects"])
+            self._hello(self._client, self.counts[CONNECTS])
         )
         if self._consumer is not None:
             self._consumer.poke()  # re-send held terminals now
@@ -380,7 +392,7 @@ class LoopbackEmitter(Emitter):
             return
         if not isinstance(answer, Mapping) or answer.get("ok") is not True:
             return
-        if client is not self._client or not self._healthy or self.counts["connects"] != connection:
+        if client is not self._client or not self._healthy or self.counts[CONNECTS] != connection:
             return
         frames = answer.get("frames")
         if isinstance(frames, list) and FRAME_ROOMS in frames:
@@ -396,7 +408,7 @@ class LoopbackEmitter(Emitter):
 
     def _report_refusal(self, reason: str) -> None:
         """Count a refused attempt; log it when the answer changed since the last log."""
-        self._count("connect_refused")
+        self._count(CONNECT_REFUSED)
         if reason == self._reported:
             return
         self._reported = reason
@@ -456,7 +468,7 @@ class LoopbackEmitter(Emitter):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # ConnectionError, OSError, refused auth, …
-                self._count("connect_failures")
+                self._count(CONNECT_FAILURES)
                 if self._refusal is not None:  # the relay answered: no
                     self._report_refusal(self._refusal)
                 else:
@@ -491,7 +503,7 @@ class LoopbackEmitter(Emitter):
             if self._inflight:
                 oldest = min(frame.sent for frame in self._inflight.values())
                 if _now() - oldest > self.ack_timeout:
-                    self._count("ack_timeouts")
+                    self._count(ACK_TIMEOUTS)
                     logger.warning(
                         "loopback emitter: no acknowledgement from %s within %.1f s; reconnecting",
                         self.url,
@@ -554,7 +566,7 @@ class LoopbackEmitter(Emitter):
         if self._healthy and len(self._terminals):
             retry = self._terminals.take()
             if retry:
-                self._count("terminal_resends", len(retry))
+                self._count(TERMINAL_RESENDS, len(retry))
                 await self._send_frames(self._frames([h.item for h in retry]), retry)
         if items:
             await self._send_frames(self._frames(items), None)
@@ -581,7 +593,7 @@ class LoopbackEmitter(Emitter):
                 held_by_item.get(id(b)) or self._terminals.new(b) for b in blocks if b.terminal
             ]
             if self._paced and not self._window.is_set():
-                self._count("window_full")
+                self._count(WINDOW_FULL)
                 self._holding_back = True
                 try:
                     await self._window.wait()
@@ -639,7 +651,7 @@ class LoopbackEmitter(Emitter):
         held, blocks = frame.terminals, frame.blocks
         bound: Any = None
         if isinstance(ack, Mapping) and ack.get("ok") is True:
-            self._count("acks")
+            self._count(ACKS)
             rejected = ack.get("rejected")
             if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
                 rejected = 0
@@ -662,7 +674,7 @@ class LoopbackEmitter(Emitter):
                 ]
             bound = ack.get("maxBlockBytes")
         else:
-            self._count("nacks")
+            self._count(NACKS)
             rare("nack", "loopback emitter: relay refused a frame: %r", ack)
             if isinstance(ack, Mapping) and ack.get("error") == "busy":
                 for entry in held:
@@ -673,7 +685,7 @@ class LoopbackEmitter(Emitter):
             again = [(h, "invalid") for h in held]
         for entry, reason in again:
             if self._terminals.refused(entry, reason, bound if isinstance(bound, int) else None):
-                self._count("terminals_degraded")
+                self._count(TERMINALS_DEGRADED)
         if again and self._consumer is not None:
             self._consumer.poke()
 

@@ -33,6 +33,7 @@ from kernel_ext.emit.base import (
 )
 from kernel_ext.emit.terminals import HeldTerminals
 from kernel_ext.errors import check_positive_numbers
+from kernel_ext.ledger import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.settings import check_redis_url, redacted_url
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
@@ -109,7 +110,7 @@ class RedisEmitter(Emitter):
     """
 
     sender = "redis"
-    down_event = "outages"
+    down_event = OUTAGES
 
     # The keyword parameters are this sender's documented API; alike in shape (not a copy)
     # of LoopbackEmitter's and the relay's. HeldTerminals checks the terminal bounds.
@@ -172,7 +173,7 @@ class RedisEmitter(Emitter):
     @property
     def outages(self) -> int:
         """How many times Redis was found unreachable."""
-        return self.counts["outages"]
+        return self.counts[OUTAGES]
 
     def _pending(self) -> int:
         return len(self._terminals)
@@ -257,7 +258,7 @@ class RedisEmitter(Emitter):
         except Exception as exc:
             self._set_healthy(False, f"heartbeat failed: {exc}")
             return
-        self._count("heartbeats")
+        self._count(HEARTBEATS)
 
     async def _watch(self) -> None:
         try:
@@ -334,7 +335,7 @@ class RedisEmitter(Emitter):
             elif receivers is None:
                 self._drop_or_hold(item, REDIS_DOWN)
             elif receivers == 0:
-                self._count("no_listener")
+                self._count(NO_LISTENER)
                 self._drop_or_hold(item, NO_LISTENER)
             else:
                 delivered += 1
@@ -367,7 +368,7 @@ class RedisEmitter(Emitter):
                 self._terminals.hold(entry)
         if delivered:
             self.consumer.delivered(delivered)
-            self._count("terminal_resends", delivered)
+            self._count(TERMINAL_RESENDS, delivered)
         if len(self._terminals):
             self._schedule_retry()
         else:

@@ -37,6 +37,7 @@ from typing import Any
 
 from kernel_ext._bounded import BoundedMap
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.ledger import REPLAY_GAVE_WAY
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, REPLAY_IDLE, compact_bytes
 
 __all__ = [
@@ -354,7 +355,7 @@ class ReplayMemory:
         if not stream.running:
             self._rooms[stream.room].running.pop(stream.key, None)
             self._running.pop((stream.room, stream.key), None)
-        self._count("replay_gave_way", 1)
+        self._count(REPLAY_GAVE_WAY, 1)
 
     def _drop_oldest(self, streams: Mapping[StreamKey, _Stream]) -> None:
         """Release the oldest stream (ended ones first) of ``streams``."""

@@ -792,7 +792,7 @@ class HubConsumer:
 
     def dropped(self, reason: str, n: int = 1, call_id: str | None = None) -> None:
         """Report ``n`` blocks taken here as never reaching a browser, counted ``reason``
-        (a name of :mod:`kernel_ext.stream.counts`) and on ``call_id`` while the hub holds
+        (a name of :mod:`kernel_ext.ledger`) and on ``call_id`` while the hub holds
         that call (as :meth:`StreamHub.record_dropped`). Also after :meth:`close`."""
         self._hub.record_dropped(reason, n, call_id)
 
