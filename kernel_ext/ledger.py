@@ -20,6 +20,7 @@ __all__ = [
     "AFTER_WORKER_ABORTED",
     "BAD_ARGUMENTS",
     "BAD_CURSOR",
+    "BAD_EVENT_NAME",
     "BAD_FRAME",
     "BAD_JOIN",
     "BAD_LEAVE",
@@ -201,6 +202,7 @@ BAD_FRAME = "bad_frame"
 FRAME_TOO_LARGE = "frame_too_large"
 BUSY = "busy"
 UNKNOWN_EVENT = "unknown_event"
+BAD_EVENT_NAME = "bad_event_name"
 BAD_ARGUMENTS = "bad_arguments"
 CONNECT_ERROR = "connect_error"
 BAD_PACKET = "bad_packet"

@@ -43,6 +43,7 @@ import socketio
 from kernel_ext._telemetry import RareLog, is_rare
 from kernel_ext.ledger import (
     BAD_ARGUMENTS,
+    BAD_EVENT_NAME,
     BAD_PACKET,
     CONNECT_ERROR,
     REJECTED_PREFIX,
@@ -103,7 +104,7 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc]
         sid = args[0] if args else "?"
         if not isinstance(event, str):  # a client may name an event 5, true or {"a": 1}
             self._reject(
-                sid, "bad_event_name", f"an event with a non-string name ({type(event).__name__})"
+                sid, BAD_EVENT_NAME, f"an event with a non-string name ({type(event).__name__})"
             )
             return None
         if event in ("connect", "disconnect"):
