@@ -1,7 +1,14 @@
 """No private name crosses a module of kernel_ext: an underscore name (a function, constant,
-attribute or method) is used only in the module that defines it. Private *modules*
-(``kernel_ext._fork``, ``kernel_ext.relay._log`` …) are the package's own and may be
-imported; other libraries' private names are reached only in ``kernel_ext._compat``."""
+attribute or method) is used only in the module that defines it; what another module needs is
+public in its owner. Private *modules* (``kernel_ext._fork``, ``kernel_ext.relay._log`` …) are
+the package's own and may be imported; ``self``/``cls``/``super()`` access is the class's own.
+
+Read from the sources (``ast``): an import is judged by what it names; an attribute by its
+name alone — private to us when some module of ours defines it (a ``def``, an assignment, a
+``self.`` attribute, a ``__slots__`` entry; a ``Protocol`` only describes one) and the module
+reading it does not. Other libraries' private names are read in ``kernel_ext._compat``; the
+one name of theirs read elsewhere that one of ours shares is listed in ``FOREIGN``.
+"""
 
 from __future__ import annotations
 
@@ -98,7 +105,7 @@ def crossings(sources: dict[str, ast.Module]) -> list[str]:
                 for alias in node.names:
                     if _is_module(f"{source}.{alias.name}"):
                         modules.add(alias.asname or alias.name)
-                    elif _is_private(alias.name) and source not in EXEMPT:
+                    elif _is_private(alias.name):
                         found.append(f"{module}: imports {source}.{alias.name}")
             elif isinstance(node, ast.Import):
                 for alias in node.names:

@@ -458,12 +458,14 @@ class StreamHub:
         return len(self._queue)
 
     def record_delivered(self, n: int = 1) -> None:
-        """For senders: ``n`` blocks left this process (counted ``delivered``)."""
+        """``n`` blocks left this process (counted ``delivered``); a sender reports this on
+        its port, :meth:`HubConsumer.delivered`."""
         self._counts.add(DELIVERED, n)
 
     def record_dropped(self, reason: str, n: int = 1, call_id: str | None = None) -> None:
-        """For senders and the consumer side: ``n`` blocks will not reach a browser, counted
-        ``reason`` — and on ``call_id`` too while the hub still holds that call."""
+        """``n`` blocks will not reach a browser, counted ``reason`` — and on ``call_id`` too
+        while the hub still holds that call; a sender reports this on its port,
+        :meth:`HubConsumer.dropped`."""
         with self._lock:
             self._counts.add_locked(reason, n)
             stats = self._calls.get(call_id) if call_id is not None else None
