@@ -179,8 +179,9 @@ def publish_pipeline_supported() -> bool:
 
 
 def connect_redis(manager: Any) -> None:
-    """Connect the Redis client of python-socketio's ``AsyncRedisManager`` ``manager`` unless
-    it is connected (its ``_redis_connect``; where :func:`publish_pipeline_supported`)."""
+    """Connect the publishing Redis client of python-socketio's ``AsyncRedisManager``
+    ``manager`` as its own publish does, unless it is connected (its ``_redis_connect``,
+    which :func:`publish_pipeline_supported` probes)."""
     if not manager.connected:
         manager._redis_connect()
 

@@ -33,7 +33,11 @@ import socketio
 
 from kernel_ext._backoff import Backoff
 from kernel_ext._bounded import BoundedMap
-from kernel_ext._compat import publish_pipeline_supported, publish_result_supported
+from kernel_ext._compat import (
+    connect_redis,
+    publish_pipeline_supported,
+    publish_result_supported,
+)
 from kernel_ext._redis_routing import (
     RoutedPublish,
     marker_channel,
@@ -357,10 +361,9 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
         while workers.workers:
             try:
                 with contextlib.suppress(Exception):
-                    if not self.connected:
-                        # python-socketio's publishing client, made as its publish makes it
-                        # (the subscription is a client of this manager's own).
-                        self._redis_connect()
+                    # python-socketio's publishing client, made as its publish makes it
+                    # (the subscription is a client of this manager's own).
+                    connect_redis(self)
                     await asyncio.wait_for(
                         self.redis.publish(self.channel, probe), self._watch_step
                     )
@@ -538,8 +541,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
         taken: list[Mapping[str, Any]] = []
         try:
             try:
-                if not self.connected:
-                    self._redis_connect()
+                connect_redis(self)
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.time()
                 pipe.xrange(room_log(self.channel, namespace, room))
