@@ -206,16 +206,13 @@ def set_tool_call(call: ToolCall | None) -> ToolCallToken:
     Prefer :func:`use_tool_call`; this pair is for runtimes whose enter and exit happen
     in different places (hooks). Reset in the same context, in reverse order.
     """
-    return ToolCallToken(
-        _CURRENT_CALL.set(call),
-        _CURRENT_CALL_ID.set(call.call_id if call is not None else None),
-    )
+    return ToolCallToken(set_call(call), set_call_id(call.call_id if call is not None else None))
 
 
 def reset_tool_call(token: ToolCallToken) -> None:
     """Restore the tool call that was active before the matching :func:`set_tool_call`."""
-    _CURRENT_CALL_ID.reset(token.call_id)
-    _CURRENT_CALL.reset(token.call)
+    reset_call_id(token.call_id)
+    reset_call(token.call)
 
 
 @contextmanager
