@@ -69,12 +69,27 @@ __all__ = [
     "OUTAGES",
     "PACED_ACKS",
     "QUEUE_FULL",
+    "REDIS_AFTER_WORKER_ABORTED",
     "REDIS_DOWN",
+    "REDIS_GIVEN_UP",
+    "REDIS_JOIN_UNSUBSCRIBED",
+    "REDIS_LOG_BLOCKS",
+    "REDIS_LOG_UNREAD",
+    "REDIS_PREFIX",
+    "REDIS_PUBLISH_FAILED",
+    "REDIS_REPUBLISHED",
+    "REDIS_UNREACHABLE",
+    "REDIS_WATCH_RESUMED",
     "REJECTED",
     "REJECTED_PREFIX",
     "REPLAY_BLOCKS",
+    "REPLAY_BYTES",
+    "REPLAY_DROPPED_STREAMS",
     "REPLAY_GAVE_WAY",
+    "REPLAY_IDLE_RELEASED",
     "REPLAY_MISSING",
+    "REPLAY_ROOMS",
+    "REPLAY_STREAMS",
     "RUN_ENDED_OPEN",
     "RUN_LIMIT",
     "STREAM_LIMIT",
@@ -186,8 +201,26 @@ WORKERS_DROPPED = "workers_dropped"
 WORKERS_GONE = "workers_gone"
 WORKER_ABORTED = "worker_aborted"
 SUPPRESSED_LOG_RECORDS = "suppressed_log_records"
+REPLAY_ROOMS = "replay_rooms"
+REPLAY_STREAMS = "replay_streams"
+REPLAY_BYTES = "replay_bytes"
+REPLAY_DROPPED_STREAMS = "replay_dropped_streams"
+REPLAY_IDLE_RELEASED = "replay_idle_released"
 REJECTED_PREFIX = "rejected_"
 """A refused frame or connection is counted ``rejected_<its outcome below>``."""
+
+# -- The relay's Redis manager: its counts ------------------------------------------------
+REDIS_PREFIX = "redis_"
+"""The gone-worker counts of the write-only path are the relay's, prefixed so."""
+REDIS_PUBLISH_FAILED = "redis_publish_failed"
+REDIS_GIVEN_UP = "redis_given_up"
+REDIS_REPUBLISHED = "redis_republished"
+REDIS_AFTER_WORKER_ABORTED = "redis_after_worker_aborted"
+REDIS_WATCH_RESUMED = "redis_watch_resumed"
+REDIS_JOIN_UNSUBSCRIBED = "redis_join_unsubscribed"
+REDIS_LOG_UNREAD = "redis_log_unread"
+REDIS_LOG_BLOCKS = "redis_log_blocks"
+REDIS_UNREACHABLE = "redis_unreachable"
 
 # -- Relay frames: ``kernel_ext.relay.frames`` ``outcome`` --------------------------------
 ACCEPTED = "accepted"

@@ -16,7 +16,15 @@ from kernel_ext.stream import counts
 
 PACKAGE = Path(kernel_ext.__file__).parent
 # The calls that count, and the position of the name they count under.
-COUNTING = {"_count": 0, "count_frame": 0, "_reject": 1, "dropped": 0, "record_dropped": 0}
+COUNTING = {
+    "_count": 0,
+    "_bump": 0,
+    "count_frame": 0,
+    "_reject": 1,
+    "_release": 1,
+    "dropped": 0,
+    "record_dropped": 0,
+}
 
 
 def test_every_name_has_one_value_and_every_value_one_name() -> None:
