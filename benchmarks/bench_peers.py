@@ -121,7 +121,7 @@ class CountingEmitter(Emitter):
                     self.terminal_seen.set()
         self.blocks += n
         if n:
-            self.hub.record_delivered(n)
+            self.consumer.delivered(n)
 
 
 # -- kernel_ext ---------------------------------------------------------------------------

@@ -57,6 +57,7 @@ __all__ = [
     "SPAN_CONTEXT_INDEXED",
     "SUPPRESS_KEYS",
     "PublishResult",
+    "connect_redis",
     "publish_pipeline_supported",
     "publish_result_supported",
     "sampled_trace_id",
@@ -175,6 +176,14 @@ def publish_pipeline_supported() -> bool:
     ACTIVE["redis_publish_pipeline"] = "private" if supported else "public"
     _log.debug("kernel_ext: python-socketio's Redis client pipelined: %s", ACTIVE)
     return supported
+
+
+def connect_redis(manager: Any) -> None:
+    """Connect the publishing Redis client of python-socketio's ``AsyncRedisManager``
+    ``manager`` as its own publish does, unless it is connected (its ``_redis_connect``,
+    which :func:`publish_pipeline_supported` probes)."""
+    if not manager.connected:
+        manager._redis_connect()
 
 
 class _Collected:
@@ -316,8 +325,7 @@ class PublishResult:
         next publish connects anew)."""
         manager: Any = self
         try:
-            if not manager.connected:
-                manager._redis_connect()
+            connect_redis(manager)
             pipe = manager.redis.pipeline(transaction=False)
             dumps = manager.json.dumps
             after: dict[str, Any] = {}

@@ -10,8 +10,8 @@ The OpenTelemetry SDK's ``BatchSpanProcessor`` is the model: one
 Guarantees, in a child forked by :func:`os.fork` (spawned and forkserver children import
 everything afresh and need none of this):
 
-* every object given to :func:`reset_in_child` gets its ``_reset_after_fork()`` called
-  (fresh locks, state emptied of the parent's work), in the order they were registered;
+* every object's reset given to :func:`reset_in_child` is called (fresh locks, state
+  emptied of the parent's work), in the order they were registered;
 * then every function given to :func:`call_in_child` runs, in the order registered (the
   plugin builds the child's own sender here, on state already reset);
 * a hook that raises is logged and the others still run: a fork never fails because of us.
@@ -26,25 +26,29 @@ import logging
 import os
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any
 
 __all__ = ["call_in_child", "reset_in_child"]
 
 logger = logging.getLogger("kernel_ext")
 
 
-class Resettable(Protocol):
-    def _reset_after_fork(self) -> None: ...
-
-
-_objects: weakref.WeakValueDictionary[int, Resettable] = weakref.WeakValueDictionary()
+_objects: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
+_resets: dict[int, Callable[[Any], None]] = {}  # by the key of the object in _objects
 _ids = itertools.count()
 _functions: list[Callable[[], None]] = []
 
 
-def reset_in_child(obj: Resettable) -> None:
-    """Call ``obj._reset_after_fork()`` in every child forked from now on (held weakly)."""
-    _objects[next(_ids)] = obj
+def reset_in_child(reset: Callable[[], None]) -> None:
+    """Call ``reset()``, a bound method (an object's own reset), in every child forked from
+    now on. Its object is held weakly: forgotten when nothing else holds it."""
+    method: Any = reset
+    key = next(_ids)
+    _objects[key] = method.__self__
+    _resets[key] = method.__func__
+    if len(_resets) > 2 * len(_objects) + 64:  # forget the resets of objects gone
+        for gone in _resets.keys() - _objects.keys():
+            del _resets[gone]
 
 
 def call_in_child(function: Callable[[], None]) -> None:
@@ -54,9 +58,9 @@ def call_in_child(function: Callable[[], None]) -> None:
 
 
 def _after_fork_in_child() -> None:
-    for obj in list(_objects.values()):  # insertion order: registration order
+    for key, obj in list(_objects.items()):  # insertion order: registration order
         try:
-            obj._reset_after_fork()
+            _resets[key](obj)
         except Exception:
             logger.exception("kernel_ext: resetting %r after a fork failed", obj)
     for function in list(_functions):

@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kernel_ext._compat import PublishResult, publish_pipeline_supported
+from kernel_ext._compat import PublishResult, connect_redis, publish_pipeline_supported
 from kernel_ext.protocol import REPLAY_IDLE, TOOL_EVENT_STREAM, WORKER_TAG, compact_bytes
 
 __all__ = [
@@ -161,8 +161,7 @@ class RoutedPublish(PublishResult):
         try:
             if not publish_pipeline_supported():
                 return
-            if not manager.connected:
-                manager._redis_connect()
+            connect_redis(manager)
             counts = dict(
                 await manager.redis.pubsub_numsub(manager.channel, marker_channel(manager.channel))
             )

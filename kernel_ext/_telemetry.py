@@ -40,7 +40,7 @@ class RareLog:
         self._logger = logger
         self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
-        _fork.reset_in_child(self)
+        _fork.reset_in_child(self._reset_after_fork)
 
     def _reset_after_fork(self) -> None:
         """In a forked child: a new lock (another thread of the parent may have held it)."""
@@ -123,7 +123,7 @@ class BatchedCount:
         ticker.append(self)
         self.add_one: Callable[[], object] = map(next, itertools.cycle(ticker)).__next__
         """Count one occurrence."""
-        _fork.reset_in_child(self)
+        _fork.reset_in_child(self._reset_after_fork)
 
     def _reset_after_fork(self) -> None:
         """In a forked child: a new lock; the parent's occurrences are its own (counted as

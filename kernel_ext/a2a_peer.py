@@ -156,8 +156,9 @@ def _envelope(kind: str, stream_key: str, seq: int, payload: dict[str, Any]) -> 
     }
 
 
-class _Play:
-    """One execution of a script: the task's updater, its envelope counter and its pace."""
+class Play:
+    """One execution of a script: the task's updater, its envelope counter and its pace
+    (what a subclass's step handlers are given)."""
 
     def __init__(self, updater: TaskUpdater, delay: float) -> None:
         self.updater = updater
@@ -210,13 +211,13 @@ class ScriptedColleague(AgentExecutor):
                 raise RuntimeError("a new task needs the user's message")
             task = new_task_from_user_message(message)
             await event_queue.enqueue_event(task)
-        play = _Play(
+        play = Play(
             TaskUpdater(event_queue, task.id, task.context_id),
             _number(meta, DELAY_KEY, self.delay),
         )
         play.seq = self._asked.pop(task.id, 0)
         question = context.get_user_input()
-        runner: Callable[[_Play, str, Mapping[str, Any]], Awaitable[None]] = getattr(
+        runner: Callable[[Play, str, Mapping[str, Any]], Awaitable[None]] = getattr(
             self, "_" + script.replace("-", "_")
         )
         await runner(play, question, meta)
@@ -231,7 +232,7 @@ class ScriptedColleague(AgentExecutor):
         updater = TaskUpdater(event_queue, task_id, context.context_id or "")
         await updater.cancel(updater.new_agent_message([new_text_part("cancelled on request")]))
 
-    async def _work(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _work(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await play.step(
             "thinking", {"text": f"The question is: {question!r}. Check orders first."}, "Thinking…"
         )
@@ -250,25 +251,25 @@ class ScriptedColleague(AgentExecutor):
             play.text_message("Order 42 shipped on Monday; it arrives Friday.")
         )
 
-    async def _fail(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _fail(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await play.step("thinking", {"text": "Looking the order up."})
         await play.step("tool_call", {"name": "search_orders", "args": {"query": question}})
         await play.updater.failed(play.text_message("the order database is unreachable"))
 
-    async def _cancel(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _cancel(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await play.step("thinking", {"text": "Starting, then my operator stops me."})
         await play.updater.cancel(play.text_message("cancelled by the colleague's operator"))
 
-    async def _reject(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _reject(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await play.updater.reject(play.text_message("I do not handle refunds"))
 
-    async def _text(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _text(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         for line in ("Reading your question", "Looking it up", "Writing the answer"):
             await play.working([new_text_part(line)])
             await play.pause()
         await play.updater.complete(play.text_message("Plain answer without envelopes."))
 
-    async def _malformed(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _malformed(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         task_id = play.updater.task_id
         # Negative seq, with text: the caller degrades it to a pseudo-envelope of the text.
         bad_seq = _envelope("text", task_id, 0, {"text": "x"}) | {"seq": -1}
@@ -287,7 +288,7 @@ class ScriptedColleague(AgentExecutor):
         await play.working([new_data_part(bad_seq), new_text_part("dropped, not degraded")])
         await play.updater.complete(play.text_message("answer despite malformed envelopes"))
 
-    async def _flood(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _flood(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         count = int(_number(meta, COUNT_KEY, self.flood_count))
         rate = _number(meta, RATE_KEY, self.flood_rate) or self.flood_rate
         loop = asyncio.get_running_loop()
@@ -302,11 +303,11 @@ class ScriptedColleague(AgentExecutor):
                 await asyncio.sleep(ahead)
         await play.updater.complete(play.text_message(f"flooded {count} updates"))
 
-    async def _hang(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _hang(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await play.step("thinking", {"text": "This will take forever."})
         await asyncio.Event().wait()  # until the task is cancelled or the peer closes
 
-    async def _artifact(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _artifact(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await play.step("text", {"text": "Writing the report."})
         await play.updater.add_artifact(
             [new_text_part("Report: ")], artifact_id="report", name="report"
@@ -319,7 +320,7 @@ class ScriptedColleague(AgentExecutor):
         )
         await play.updater.complete()
 
-    async def _input(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _input(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         """Asks which order is meant (``input-required``), its question both as an envelope
         (shown in the pane while the caller decides) and as text; a follow-up message on the
         same task plays the script it names (default ``work``), its seqs continuing."""
@@ -332,7 +333,7 @@ class ScriptedColleague(AgentExecutor):
             play.updater.new_agent_message([new_data_part(envelope), new_text_part(asking)])
         )
 
-    async def _crash(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _crash(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await play.step("thinking", {"text": "About to crash."})
         raise RuntimeError("simulated crash in the colleague")
 

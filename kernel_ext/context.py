@@ -13,8 +13,8 @@ Guarantees:
   back afterwards (:attr:`ToolCall.parent` links them).
 * :func:`use_tool_call` always restores what was there before, also on exceptions and
   cancellation.
-* :func:`current_call_id` is one ``ContextVar.get()``: it is the bound ``get`` of a
-  dedicated contextvar, so it costs what a bare ``get`` costs.
+* :func:`current_tool_call` and :func:`current_call_id` are each one ``ContextVar.get()``:
+  the bound ``get`` of a dedicated contextvar, so each costs what a bare ``get`` costs.
 * :func:`span_id_hex` is the one way a span id becomes a call id.
 * A call's end is shared by every context that holds it: once the instrumented runtime (or
   the stream hub, when the call's span ends) has ended it, :attr:`ToolCall.ended` is true
@@ -164,16 +164,33 @@ def _end_inherited_calls() -> None:
 _fork.call_in_child(_end_inherited_calls)
 
 
-def current_tool_call() -> ToolCall | None:
-    """The tool call whose code is running in this context, or ``None`` outside any."""
-    return _CURRENT_CALL.get()
+current_tool_call = _CURRENT_CALL.get
+"""``current_tool_call() -> ToolCall | None``: the tool call whose code is running in this
+context, or ``None`` outside any.
 
+Bound directly to ``ContextVar.get`` (a C call, no Python frame): the package's hot paths
+(:meth:`kernel_ext.stream.StreamHub.publish`, :func:`kernel_ext.resolve.attribute`, the span
+processor) read the active call through it.
+"""
 
 current_call_id = _CURRENT_CALL_ID.get
 """``current_call_id() -> str | None``: the call id of :func:`current_tool_call`, or ``None``.
 
 Bound directly to ``ContextVar.get`` so that the hot path costs a single lookup.
 """
+
+# set_tool_call / reset_tool_call in halves, without their ToolCallToken (a NamedTuple costs
+# ~0.3 µs to build): the contextvars' own bound methods (C calls), for the instrumented
+# runtime's per-call path (kernel_ext.instrument). Set both, reset both in reverse order;
+# tool code and integrations use use_tool_call / set_tool_call instead.
+set_call = _CURRENT_CALL.set
+"""Make a call the active one (``set_call(call) -> Token``); pair with :data:`set_call_id`."""
+reset_call = _CURRENT_CALL.reset
+"""Undo :data:`set_call` with its token."""
+set_call_id = _CURRENT_CALL_ID.set
+"""Make a call id the active one (``set_call_id(call.call_id) -> Token``)."""
+reset_call_id = _CURRENT_CALL_ID.reset
+"""Undo :data:`set_call_id` with its token."""
 
 
 class ToolCallToken(NamedTuple):
@@ -189,16 +206,13 @@ def set_tool_call(call: ToolCall | None) -> ToolCallToken:
     Prefer :func:`use_tool_call`; this pair is for runtimes whose enter and exit happen
     in different places (hooks). Reset in the same context, in reverse order.
     """
-    return ToolCallToken(
-        _CURRENT_CALL.set(call),
-        _CURRENT_CALL_ID.set(call.call_id if call is not None else None),
-    )
+    return ToolCallToken(set_call(call), set_call_id(call.call_id if call is not None else None))
 
 
 def reset_tool_call(token: ToolCallToken) -> None:
     """Restore the tool call that was active before the matching :func:`set_tool_call`."""
-    _CURRENT_CALL_ID.reset(token.call_id)
-    _CURRENT_CALL.reset(token.call)
+    reset_call_id(token.call_id)
+    reset_call(token.call)
 
 
 @contextmanager

@@ -74,7 +74,7 @@ from kernel_ext._conventions import (
     openinference_tool_name,
 )
 from kernel_ext._telemetry import RareLog
-from kernel_ext.context import _CURRENT_CALL, span_id_hex
+from kernel_ext.context import current_tool_call, span_id_hex
 from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
 
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ class ToolSpanProcessor(SpanProcessor):
             if parent is None:
                 # An ancestor tool call further up (a tool that runs an agent that runs
                 # tools): the contextvar holds it while its code runs.
-                active = _current_tool_call()
+                active = current_tool_call()
                 if active is not None:
                     parent = tap.get(active.call_id)
                     if conversation_id is None:
@@ -396,7 +396,6 @@ class ToolSpanProcessor(SpanProcessor):
 # LiveCall is a NamedTuple; its generated __new__ costs twice what tuple.__new__ does.
 _new_live_call = tuple.__new__
 _MAX_SPAN_ID = (1 << 64) - 1
-_current_tool_call = _CURRENT_CALL.get  # current_tool_call() without its call
 # Read once: an attribute of an Enum class goes through EnumType's __getattr__ hook.
 _ERROR = StatusCode.ERROR
 

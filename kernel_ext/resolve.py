@@ -28,12 +28,11 @@ from dataclasses import dataclass
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import BatchedCount
-from kernel_ext.context import _CURRENT_CALL, ToolCall
+from kernel_ext.context import ToolCall, current_tool_call
 from kernel_ext.tap import Tap, default_tap
 
 __all__ = ["Resolution", "ResolutionPath", "attribute", "flush_metrics", "resolve_call_id"]
 
-_current_call = _CURRENT_CALL.get  # current_tool_call() without its call
 CONTEXT = "context"
 NEAR_MATCH = "near_match"
 
@@ -69,7 +68,9 @@ class Resolution:
 
 
 _COUNTS = {path: BatchedCount(metrics.resolutions, {"path": path.value}) for path in ResolutionPath}
-_count_context = _COUNTS[ResolutionPath.CONTEXT].add_one
+count_context = _COUNTS[ResolutionPath.CONTEXT].add_one
+"""``count_context()``: count one attribution by the active call (path ``context``), for
+:meth:`kernel_ext.stream.StreamHub.publish`, which takes that case of :func:`attribute` inline."""
 
 # Resolutions of the context path by call id: the same call publishes many blocks, and a
 # frozen dataclass costs ~0.5 µs to build. Bounded; cleared whole when full.
@@ -94,9 +95,9 @@ def attribute(
     :meth:`kernel_ext.stream.StreamHub.publish` takes the first case (the active call)
     inline, for speed, and calls this for the rest.
     """
-    call = _current_call()
+    call = current_tool_call()
     if call is not None:
-        _count_context()
+        count_context()
         return call.call_id, call.conversation_id or conversation_id, CONTEXT, call
     try:
         live, count = (tap if tap is not None else default_tap()).near_match(

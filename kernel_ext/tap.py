@@ -150,7 +150,7 @@ class Tap:
         self._clock = clock
         self._rare = RareLog(_log)
         self._fresh_state()
-        _fork.reset_in_child(self)
+        _fork.reset_in_child(self._reset_after_fork)
 
     def _fresh_state(self) -> None:
         """The lock, the live calls and the ended calls' tool-call ids, new and empty."""

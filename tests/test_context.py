@@ -184,3 +184,17 @@ def test_a_tool_call_is_an_immutable_value_whose_life_is_shared_not_compared() -
         one.call_id = "x"  # type: ignore[misc]
     shared = ToolCall("a" * 16, "t", life=one.life)
     assert shared.ended
+
+
+def test_the_hot_paths_setters_set_and_restore_what_the_getters_read() -> None:
+    from kernel_ext.context import reset_call, reset_call_id, set_call, set_call_id
+
+    call_token, id_token = set_call(OUTER), set_call_id(OUTER.call_id)
+    try:
+        assert current_tool_call() is OUTER
+        assert current_call_id() == OUTER.call_id
+    finally:
+        reset_call_id(id_token)
+        reset_call(call_token)
+    assert current_tool_call() is None
+    assert current_call_id() is None

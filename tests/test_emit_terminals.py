@@ -3,7 +3,9 @@ attempts, each give-up counted and logged; a refused terminal degraded one step 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Iterator
 
 import pytest
 from timing import FakeClock
@@ -17,7 +19,7 @@ from kernel_ext.protocol import (
     block_size,
     text_block,
 )
-from kernel_ext.stream import OutgoingBlock, StreamHub
+from kernel_ext.stream import HubConsumer, OutgoingBlock, StreamHub
 from kernel_ext.tap import Tap
 
 CALL = "00f067aa0ba902b7"
@@ -29,7 +31,7 @@ def terminal(task: str = "t", text: str = "the answer") -> OutgoingBlock:
 
 
 def held(
-    hub: StreamHub,
+    port: HubConsumer,
     clock: FakeClock,
     *,
     count: int = 10,
@@ -37,7 +39,7 @@ def held(
     attempts: int = 3,
 ) -> HeldTerminals:
     return HeldTerminals(
-        lambda: hub,
+        lambda: port,
         max_pending_terminals=count,
         terminal_max_age=age,
         terminal_max_attempts=attempts,
@@ -50,9 +52,21 @@ def hub() -> StreamHub:
     return StreamHub(tap=Tap())
 
 
-def test_held_terminals_come_back_oldest_first_and_are_no_longer_held(hub: StreamHub) -> None:
+@pytest.fixture
+def port(hub: StreamHub) -> Iterator[HubConsumer]:
+    """The hub's port, as a sender holds it (its loop never runs: nothing waits on it)."""
+    loop = asyncio.new_event_loop()
+    try:
+        yield hub.consumer(loop)
+    finally:
+        loop.close()
+
+
+def test_held_terminals_come_back_oldest_first_and_are_no_longer_held(
+    hub: StreamHub, port: HubConsumer
+) -> None:
     clock = FakeClock()
-    owed = held(hub, clock)
+    owed = held(port, clock)
     entries = [owed.new(terminal(f"t{i}"), attempts=1) for i in range(3)]
     for entry in entries:
         owed.hold(entry)
@@ -63,10 +77,10 @@ def test_held_terminals_come_back_oldest_first_and_are_no_longer_held(hub: Strea
 
 
 def test_beyond_the_count_bound_the_oldest_is_given_up_counted_and_logged(
-    hub: StreamHub, caplog: pytest.LogCaptureFixture
+    hub: StreamHub, port: HubConsumer, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()
-    owed = held(hub, clock, count=2)
+    owed = held(port, clock, count=2)
     entries = [owed.new(terminal(f"t{i}"), attempts=1) for i in range(3)]
     with caplog.at_level(logging.ERROR, logger="kernel_ext.emit"):
         for entry in entries:
@@ -76,9 +90,11 @@ def test_beyond_the_count_bound_the_oldest_is_given_up_counted_and_logged(
     assert "terminal of (00f067aa0ba902b7, t0) given up" in caplog.text
 
 
-def test_age_counts_from_the_first_attempt_even_when_held_again_later(hub: StreamHub) -> None:
+def test_age_counts_from_the_first_attempt_even_when_held_again_later(
+    hub: StreamHub, port: HubConsumer
+) -> None:
     clock = FakeClock()
-    owed = held(hub, clock, age=60.0, attempts=100)
+    owed = held(port, clock, age=60.0, attempts=100)
     entry = owed.new(terminal(), attempts=1)
     owed.hold(entry)
     clock.now += 59.0
@@ -92,9 +108,10 @@ def test_age_counts_from_the_first_attempt_even_when_held_again_later(hub: Strea
 
 def test_a_spent_terminal_is_given_up_when_held_and_expire_keeps_the_rest(
     hub: StreamHub,
+    port: HubConsumer,
 ) -> None:
     clock = FakeClock()
-    owed = held(hub, clock, age=60.0, attempts=3)
+    owed = held(port, clock, age=60.0, attempts=3)
     spent = owed.new(terminal("spent"), attempts=3)
     owed.hold(spent)
     assert len(owed) == 0
@@ -110,27 +127,27 @@ def test_a_spent_terminal_is_given_up_when_held_and_expire_keeps_the_rest(
     assert owed.take() == [young]
 
 
-def test_abandon_forgets_without_counting(hub: StreamHub) -> None:
-    owed = held(hub, FakeClock())
+def test_abandon_forgets_without_counting(hub: StreamHub, port: HubConsumer) -> None:
+    owed = held(port, FakeClock())
     owed.hold(owed.new(terminal(), attempts=1))
     assert owed.abandon() == 1
     assert len(owed) == 0
     assert not any(k.startswith("terminal_") for k in hub.stats().counts)
 
 
-def test_bad_bounds_are_refused_naming_the_senders_argument(hub: StreamHub) -> None:
+def test_bad_bounds_are_refused_naming_the_senders_argument(port: HubConsumer) -> None:
     with pytest.raises(ConfigError, match="max_pending_terminals"):
-        held(hub, FakeClock(), count=0)
+        held(port, FakeClock(), count=0)
     with pytest.raises(ConfigError, match="terminal_max_age"):
-        held(hub, FakeClock(), age=-1.0)
+        held(port, FakeClock(), age=-1.0)
     with pytest.raises(ConfigError, match="terminal_max_attempts"):
-        held(hub, FakeClock(), attempts=0)
+        held(port, FakeClock(), attempts=0)
 
 
 def test_a_terminal_refused_as_too_large_is_cut_to_the_bound_then_replaced_then_lost(
-    hub: StreamHub, caplog: pytest.LogCaptureFixture
+    hub: StreamHub, port: HubConsumer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    owed = held(hub, FakeClock())
+    owed = held(port, FakeClock())
     entry = owed.new(terminal(text="x" * 5_000), attempts=1)
     assert owed.refused(entry, "too_large", 1_000)
     cut = entry.item.block
@@ -148,8 +165,10 @@ def test_a_terminal_refused_as_too_large_is_cut_to_the_bound_then_replaced_then_
     assert "refused the terminal of (00f067aa0ba902b7, t) even degraded" in caplog.text
 
 
-def test_a_terminal_refused_as_invalid_goes_straight_to_the_fallback(hub: StreamHub) -> None:
-    owed = held(hub, FakeClock())
+def test_a_terminal_refused_as_invalid_goes_straight_to_the_fallback(
+    hub: StreamHub, port: HubConsumer
+) -> None:
+    owed = held(port, FakeClock())
     entry = owed.new(terminal(), attempts=1)
     assert owed.refused(entry, "invalid", 1_000)
     assert entry.item.block["state"] == "done"

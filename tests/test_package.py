@@ -85,3 +85,12 @@ def test_a_name_that_moved_still_resolves_with_a_deprecation_warning() -> None:
         assert kernel_ext.publish is kernel_ext.publish  # a root name: no warning
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         kernel_ext.nothing  # type: ignore[attr-defined]  # noqa: B018
+
+
+def test_the_senders_port_keeps_its_import_paths() -> None:
+    from kernel_ext.stream import HubConsumer
+    from kernel_ext.stream.consumer import HubConsumer as from_consumer
+    from kernel_ext.stream.hub import HubConsumer as from_hub
+
+    assert from_consumer is HubConsumer
+    assert from_hub is HubConsumer

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from timing import FakeClock
 
 from kernel_ext.context import ToolCall, use_tool_call
+from kernel_ext.ledger import REJECTED, UNFLUSHED
 from kernel_ext.protocol import (
     FALLBACK_INVALID,
     Envelope,
@@ -1037,3 +1038,52 @@ def test_a_blocks_ts_is_when_it_was_published_not_when_the_sender_took_it(
     [taken] = hub._take(10)
     assert isinstance(taken, OutgoingBlock)
     assert int((before - 5.0) * 1000) <= taken.block["ts"] <= int((after - 5.0) * 1000) + 1
+
+
+# -- the sender's port --------------------------------------------------------------------
+
+
+async def test_a_sender_reports_outcomes_on_its_port_counted_on_the_hub_and_the_call(
+    hub: StreamHub,
+) -> None:
+    consumer = hub.consumer()
+    with in_call():
+        hub.publish("a")
+        hub.publish("b", task_id="t2")
+    assert consumer.queue_size == hub.queue_size == 2
+    taken = await consumer.get(10)
+    assert [item.task_id for item in taken if isinstance(item, OutgoingBlock)] == [CALL, "t2"]
+    consumer.delivered(1)
+    consumer.dropped(REJECTED, 1, CALL)
+    consumer.dropped(REJECTED, 2, "ffffffffffffffff")  # a call the hub does not hold
+    stats = hub.stats()
+    assert stats["delivered"] == 1
+    assert stats["rejected"] == 3
+    assert hub.call_attributes(CALL)[ATTR_BLOCKS_DROPPED] == 1
+
+
+async def test_what_a_closed_port_reports_still_counts(hub: StreamHub) -> None:
+    consumer = hub.consumer()
+    with in_call():
+        hub.publish("a")
+    taken = consumer.take_nowait()
+    assert len(taken) == 1
+    consumer.close()
+    assert consumer.closed
+    consumer.dropped(UNFLUSHED)
+    consumer.delivered(0)
+    stats = hub.stats()
+    assert stats["unflushed"] == 1
+    assert stats.counts.get("delivered", 0) == 0
+    assert consumer.take_nowait() == []
+
+
+async def test_a_sender_has_its_port_from_attach_on(hub: StreamHub) -> None:
+    sender = MemoryEmitter(hub=hub)
+    with pytest.raises(RuntimeError, match="MemoryEmitter: not attached to a hub yet"):
+        sender.consumer  # noqa: B018
+    sender.attach()
+    assert sender.consumer.hub is hub
+    assert not sender.consumer.closed
+    await sender.stop(timeout=1)
+    assert sender.consumer.closed  # the last one, so what was taken can still be reported

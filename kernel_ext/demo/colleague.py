@@ -34,7 +34,7 @@ from typing import Any
 
 from a2a.helpers import new_text_part
 
-from kernel_ext.a2a_peer import ScriptedColleague, ScriptedPeer, _Play
+from kernel_ext.a2a_peer import Play, ScriptedColleague, ScriptedPeer
 from kernel_ext.demo.script import DEFAULT_BEAT, DEFAULT_LANG, LANG_KEY
 
 __all__ = [
@@ -362,14 +362,14 @@ class DemoColleague(ScriptedColleague):
     """The demo's colleague: :data:`ORDERS_DESK` for ``work``, :data:`CARRIER` for
     ``text``, in the language the request asks for, ``delay`` seconds per beat."""
 
-    async def _work(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _work(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await self._play(play, ORDERS_DESK[_lang_of(meta)], question)
 
-    async def _text(self, play: _Play, question: str, meta: Mapping[str, Any]) -> None:
+    async def _text(self, play: Play, question: str, meta: Mapping[str, Any]) -> None:
         await self._play(play, CARRIER[_lang_of(meta)], question)
 
     @staticmethod
-    async def _play(play: _Play, script: Script, question: str) -> None:
+    async def _play(play: Play, script: Script, question: str) -> None:
         beat = play.delay
         steps, answer = script.reply(question)
         for step in steps:

@@ -17,8 +17,11 @@ while it runs. Guarantees common to all senders:
   outside :meth:`Emitter.stop` is also counted (the sender's ``up_event``/``down_event``)
   and logged in the sender's words.
 
-Blocks that leave are reported with ``hub.record_delivered(n)``; blocks lost after the hub
-let them through with ``hub.record_dropped(reason, n, call_id)``, with the reasons below.
+A sender uses the hub only through its port, :attr:`Emitter.consumer` (a
+:class:`~kernel_ext.stream.HubConsumer`): it takes batches from it, and reports there the
+blocks that leave (``consumer.delivered(n)``) and those lost after the hub let them through
+(``consumer.dropped(reason, n, call_id)``, with the reasons of
+:mod:`kernel_ext.ledger`; the senders' own are re-exported below).
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ from kernel_ext import metrics
 from kernel_ext._backoff import Backoff
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.ledger import (  # the drop reasons counted by the senders, re-exported
+    DISCONNECTED,
+    NO_LISTENER,
+    REDIS_DOWN,
+    REJECTED,
+    TERMINAL_EXPIRED,
+    TERMINAL_OVERFLOW,
+)
 from kernel_ext.protocol import NAMESPACE, WORKER_ID_PATTERN
 from kernel_ext.stream import UNFLUSHED, HubConsumer, Outgoing, StreamHub, get_default_hub
 
@@ -59,17 +70,11 @@ __all__ = [
 
 logger = logging.getLogger("kernel_ext.emit")
 """The one logger of the senders (``kernel_ext.emit``)."""
-_rare = RareLog(logger)
+rare = RareLog(logger)
+"""The senders' log of what may repeat often (``rare(event, message, *args)``: its 1st, 2nd,
+4th … occurrence of each event, :class:`~kernel_ext._telemetry.RareLog`)."""
 
 DEFAULT_NAMESPACE = NAMESPACE
-
-# Drop reasons counted by the senders (``kernel_ext.blocks`` outcome ``dropped``).
-DISCONNECTED = "disconnected"
-REJECTED = "rejected"
-TERMINAL_EXPIRED = "terminal_expired"
-TERMINAL_OVERFLOW = "terminal_overflow"
-REDIS_DOWN = "redis_down"
-NO_LISTENER = "no_listener"
 
 
 def check_worker_id(given: str | None) -> str:
@@ -187,6 +192,20 @@ class Emitter(abc.ABC):
         if self._hub is None:
             self._hub = get_default_hub()
         return self._hub
+
+    @property
+    def consumer(self) -> HubConsumer:
+        """The hub's port this sender takes from and reports to (:class:`HubConsumer`: a
+        sender uses nothing else of the hub), from :meth:`attach` on; after :meth:`stop` the
+        last one, so that what was taken can still be reported.
+
+        Raises:
+            RuntimeError: before :meth:`attach`.
+        """
+        consumer = self._consumer
+        if consumer is None:
+            raise RuntimeError(f"{type(self).__name__}: not attached to a hub yet")
+        return consumer
 
     @property
     def given_hub(self) -> StreamHub | None:
@@ -321,7 +340,7 @@ class Emitter(abc.ABC):
         deadline = loop.time() + timeout
         while True:
             consumer = self._consumer
-            queued = consumer.hub.queue_size if consumer is not None else 0
+            queued = consumer.queue_size if consumer is not None else 0
             if not queued and not self._busy and not self._pending():
                 return True
             if loop.time() >= deadline:
@@ -336,11 +355,11 @@ class Emitter(abc.ABC):
         lost = 0
         consumer = self._consumer
         if consumer is not None and not consumer.closed:
-            lost += consumer.hub.queue_size
+            lost += consumer.queue_size
             consumer.close(UNFLUSHED)  # the hub counts what was queued, logs its terminals
         pending = self._abandon_pending()
         if pending:
-            self.hub.record_dropped(UNFLUSHED, pending)
+            self.consumer.dropped(UNFLUSHED, pending)
             logger.error(
                 "emitter %s: %d terminal(s) not confirmed delivered are given up", why, pending
             )
@@ -368,7 +387,7 @@ class Emitter(abc.ABC):
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    _rare("send_error", "emitter: sending a batch failed", exc_info=True)
+                    rare("send_error", "emitter: sending a batch failed", exc_info=True)
                 finally:
                     self._busy = False
         except asyncio.CancelledError:

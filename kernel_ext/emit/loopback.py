@@ -32,14 +32,26 @@ from kernel_ext.emit.base import (
     DISCONNECTED,
     REJECTED,
     Emitter,
-    _rare,
     backoff,
     check_worker_id,
     logger,
+    rare,
     remembers_arguments,
 )
 from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.ledger import (
+    ACK_TIMEOUTS,
+    ACKS,
+    CONNECT_FAILURES,
+    CONNECT_REFUSED,
+    CONNECTS,
+    DISCONNECTS,
+    NACKS,
+    TERMINAL_RESENDS,
+    TERMINALS_DEGRADED,
+    WINDOW_FULL,
+)
 from kernel_ext.protocol import (
     ACKS_PACED,
     FRAME_ROOMS,
@@ -181,8 +193,8 @@ class LoopbackEmitter(Emitter):
     """
 
     sender = "loopback"
-    up_event = "connects"
-    down_event = "disconnects"
+    up_event = CONNECTS
+    down_event = DISCONNECTS
 
     # The keyword parameters are this sender's documented API; alike in shape (not a copy)
     # of RedisEmitter's and the relay's. HeldTerminals checks the terminal bounds.
@@ -237,7 +249,7 @@ class LoopbackEmitter(Emitter):
         self.reconnect_delay_max = self._backoff.maximum
         self.connect_timeout = float(connect_timeout)
         self._terminals = HeldTerminals(
-            lambda: self.hub,
+            lambda: self.consumer,
             max_pending_terminals=max_pending_terminals,
             terminal_max_age=terminal_max_age,
             terminal_max_attempts=terminal_max_attempts,
@@ -259,7 +271,7 @@ class LoopbackEmitter(Emitter):
     @property
     def connections(self) -> int:
         """How many times a connection was established (1 + reconnects)."""
-        return self.counts["connects"]
+        return self.counts[CONNECTS]
 
     @property
     def sid(self) -> str | None:
@@ -357,7 +369,7 @@ class LoopbackEmitter(Emitter):
         # Not awaited here: the client reads the answer on the loop this handler runs in.
         # The answer counts for this connection only (the connection count it started at).
         self._hello_task = asyncio.get_running_loop().create_task(
-            self._hello(self._client, self.counts["connects"])
+            self._hello(self._client, self.counts[CONNECTS])
         )
         if self._consumer is not None:
             self._consumer.poke()  # re-send held terminals now
@@ -380,7 +392,7 @@ class LoopbackEmitter(Emitter):
             return
         if not isinstance(answer, Mapping) or answer.get("ok") is not True:
             return
-        if client is not self._client or not self._healthy or self.counts["connects"] != connection:
+        if client is not self._client or not self._healthy or self.counts[CONNECTS] != connection:
             return
         frames = answer.get("frames")
         if isinstance(frames, list) and FRAME_ROOMS in frames:
@@ -396,7 +408,7 @@ class LoopbackEmitter(Emitter):
 
     def _report_refusal(self, reason: str) -> None:
         """Count a refused attempt; log it when the answer changed since the last log."""
-        self._count("connect_refused")
+        self._count(CONNECT_REFUSED)
         if reason == self._reported:
             return
         self._reported = reason
@@ -456,11 +468,11 @@ class LoopbackEmitter(Emitter):
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # ConnectionError, OSError, refused auth, …
-                self._count("connect_failures")
+                self._count(CONNECT_FAILURES)
                 if self._refusal is not None:  # the relay answered: no
                     self._report_refusal(self._refusal)
                 else:
-                    _rare(
+                    rare(
                         "connect_failed",
                         "loopback emitter: cannot connect to %s: %s",
                         self.url,
@@ -491,7 +503,7 @@ class LoopbackEmitter(Emitter):
             if self._inflight:
                 oldest = min(frame.sent for frame in self._inflight.values())
                 if _now() - oldest > self.ack_timeout:
-                    self._count("ack_timeouts")
+                    self._count(ACK_TIMEOUTS)
                     logger.warning(
                         "loopback emitter: no acknowledgement from %s within %.1f s; reconnecting",
                         self.url,
@@ -554,18 +566,18 @@ class LoopbackEmitter(Emitter):
         if self._healthy and len(self._terminals):
             retry = self._terminals.take()
             if retry:
-                self._count("terminal_resends", len(retry))
+                self._count(TERMINAL_RESENDS, len(retry))
                 await self._send_frames(self._frames([h.item for h in retry]), retry)
         if items:
             await self._send_frames(self._frames(items), None)
 
     async def _send_frames(self, frames: list[Frame], retry: list[HeldTerminal] | None) -> None:
-        hub = self.hub
+        consumer = self.consumer
         held_by_item = {id(h.item): h for h in retry} if retry else {}
         for frame in frames:
             if isinstance(frame, OutgoingChatEvent):
                 if not self._healthy:
-                    hub.record_dropped(DISCONNECTED)
+                    consumer.dropped(DISCONNECTED)
                     continue
                 try:
                     await self._client.emit(
@@ -574,14 +586,14 @@ class LoopbackEmitter(Emitter):
                         namespace=self.namespace,
                     )
                 except Exception:
-                    hub.record_dropped(DISCONNECTED)
+                    consumer.dropped(DISCONNECTED)
                 continue
             blocks = [b for _, section in frame for b in section]
             terminals = [
                 held_by_item.get(id(b)) or self._terminals.new(b) for b in blocks if b.terminal
             ]
             if self._paced and not self._window.is_set():
-                self._count("window_full")
+                self._count(WINDOW_FULL)
                 self._holding_back = True
                 try:
                     await self._window.wait()
@@ -608,9 +620,9 @@ class LoopbackEmitter(Emitter):
                     )
                 else:
                     await self._client.emit(KX_BLOCKS, payload, namespace=self.namespace)
-                    hub.record_delivered(len(blocks))
+                    consumer.delivered(len(blocks))
             except Exception as exc:
-                _rare("emit_failed", "loopback emitter: emit failed: %s", exc)
+                rare("emit_failed", "loopback emitter: emit failed: %s", exc)
                 if frame_id and self._inflight.pop(frame_id, None) is None:
                     continue  # the disconnect handler lost or held them already
                 self._window_changed()
@@ -618,10 +630,10 @@ class LoopbackEmitter(Emitter):
 
     def _lose(self, blocks: list[OutgoingBlock], terminals: list[HeldTerminal]) -> None:
         """Blocks that cannot go now: running ones are dropped, terminals held."""
-        hub = self.hub
+        consumer = self.consumer
         for block in blocks:
             if not block.terminal:
-                hub.record_dropped(DISCONNECTED, 1, block.call_id)
+                consumer.dropped(DISCONNECTED, 1, block.call_id)
         for entry in terminals:
             self._terminals.hold(entry)
 
@@ -639,19 +651,19 @@ class LoopbackEmitter(Emitter):
         held, blocks = frame.terminals, frame.blocks
         bound: Any = None
         if isinstance(ack, Mapping) and ack.get("ok") is True:
-            self._count("acks")
+            self._count(ACKS)
             rejected = ack.get("rejected")
             if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
                 rejected = 0
-            self.hub.record_delivered(n_blocks - min(rejected, n_blocks))
+            self.consumer.delivered(n_blocks - min(rejected, n_blocks))
             if not rejected:
                 return
             refused = _refused_indexes(ack.get("refused"), len(blocks))
             for index in refused:
                 if not blocks[index].terminal:
-                    self.hub.record_dropped(REJECTED, 1, blocks[index].call_id)
+                    self.consumer.dropped(REJECTED, 1, blocks[index].call_id)
             if len(refused) < rejected:  # the relay did not say which
-                self.hub.record_dropped(REJECTED, rejected - len(refused))
+                self.consumer.dropped(REJECTED, rejected - len(refused))
                 again = [(h, "invalid") for h in held]
             else:
                 position = {id(block): index for index, block in enumerate(blocks)}
@@ -662,8 +674,8 @@ class LoopbackEmitter(Emitter):
                 ]
             bound = ack.get("maxBlockBytes")
         else:
-            self._count("nacks")
-            _rare("nack", "loopback emitter: relay refused a frame: %r", ack)
+            self._count(NACKS)
+            rare("nack", "loopback emitter: relay refused a frame: %r", ack)
             if isinstance(ack, Mapping) and ack.get("error") == "busy":
                 for entry in held:
                     self._terminals.hold(entry)
@@ -673,7 +685,7 @@ class LoopbackEmitter(Emitter):
             again = [(h, "invalid") for h in held]
         for entry, reason in again:
             if self._terminals.refused(entry, reason, bound if isinstance(bound, int) else None):
-                self._count("terminals_degraded")
+                self._count(TERMINALS_DEGRADED)
         if again and self._consumer is not None:
             self._consumer.poke()
 

@@ -33,6 +33,7 @@ from kernel_ext.emit.base import (
 )
 from kernel_ext.emit.terminals import HeldTerminals
 from kernel_ext.errors import check_positive_numbers
+from kernel_ext.ledger import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.settings import check_redis_url, redacted_url
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
@@ -109,7 +110,7 @@ class RedisEmitter(Emitter):
     """
 
     sender = "redis"
-    down_event = "outages"
+    down_event = OUTAGES
 
     # The keyword parameters are this sender's documented API; alike in shape (not a copy)
     # of LoopbackEmitter's and the relay's. HeldTerminals checks the terminal bounds.
@@ -159,7 +160,7 @@ class RedisEmitter(Emitter):
             **(redis_options or {}),
         }
         self._terminals = HeldTerminals(
-            lambda: self.hub,
+            lambda: self.consumer,
             max_pending_terminals=max_pending_terminals,
             terminal_max_age=terminal_max_age,
             terminal_max_attempts=terminal_max_attempts,
@@ -172,7 +173,7 @@ class RedisEmitter(Emitter):
     @property
     def outages(self) -> int:
         """How many times Redis was found unreachable."""
-        return self.counts["outages"]
+        return self.counts[OUTAGES]
 
     def _pending(self) -> int:
         return len(self._terminals)
@@ -257,7 +258,7 @@ class RedisEmitter(Emitter):
         except Exception as exc:
             self._set_healthy(False, f"heartbeat failed: {exc}")
             return
-        self._count("heartbeats")
+        self._count(HEARTBEATS)
 
     async def _watch(self) -> None:
         try:
@@ -308,13 +309,13 @@ class RedisEmitter(Emitter):
         return counts
 
     async def _send(self, items: list[Outgoing]) -> None:
-        hub = self.hub
+        consumer = self.consumer
         if self._healthy and len(self._terminals) and _now() >= self._retry_at:
             await self._retry_terminals()
         if not self._healthy:
             for item in items:
                 if isinstance(item, OutgoingChatEvent):
-                    hub.record_dropped(REDIS_DOWN)
+                    consumer.dropped(REDIS_DOWN)
                 else:
                     self._drop_or_hold(item, REDIS_DOWN)
             return
@@ -330,23 +331,23 @@ class RedisEmitter(Emitter):
         for item, receivers in zip(items, results, strict=True):
             if isinstance(item, OutgoingChatEvent):
                 if receivers is None:
-                    hub.record_dropped(REDIS_DOWN)
+                    consumer.dropped(REDIS_DOWN)
             elif receivers is None:
                 self._drop_or_hold(item, REDIS_DOWN)
             elif receivers == 0:
-                self._count("no_listener")
+                self._count(NO_LISTENER)
                 self._drop_or_hold(item, NO_LISTENER)
             else:
                 delivered += 1
         if delivered:
-            hub.record_delivered(delivered)
+            consumer.delivered(delivered)
 
     def _drop_or_hold(self, item: OutgoingBlock, reason: str) -> None:
         if item.terminal:
             self._terminals.hold(self._terminals.new(item, attempts=1))
             self._schedule_retry()
         else:
-            self.hub.record_dropped(reason, 1, item.call_id)
+            self.consumer.dropped(reason, 1, item.call_id)
 
     def _schedule_retry(self) -> None:
         self._retry_at = _now() + self._backoff.next()
@@ -366,8 +367,8 @@ class RedisEmitter(Emitter):
             else:
                 self._terminals.hold(entry)
         if delivered:
-            self.hub.record_delivered(delivered)
-            self._count("terminal_resends", delivered)
+            self.consumer.delivered(delivered)
+            self._count(TERMINAL_RESENDS, delivered)
         if len(self._terminals):
             self._schedule_retry()
         else:

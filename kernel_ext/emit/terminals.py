@@ -30,10 +30,10 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from kernel_ext._bounded import OVERFLOW, BoundedMap
-from kernel_ext.emit.base import REJECTED, TERMINAL_EXPIRED, TERMINAL_OVERFLOW, _rare
+from kernel_ext.emit.base import REJECTED, TERMINAL_EXPIRED, TERMINAL_OVERFLOW, rare
 from kernel_ext.errors import BlockTooLargeError, check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import encode_wire, fallback_terminal
-from kernel_ext.stream import OutgoingBlock, StreamHub
+from kernel_ext.stream import HubConsumer, OutgoingBlock
 
 __all__ = ["HeldTerminal", "HeldTerminals"]
 
@@ -93,7 +93,8 @@ class HeldTerminals:
     The bounds are the senders' arguments of the same names.
 
     Args:
-        hub: returns the hub to count on (read when something is given up).
+        port: returns the sender's :class:`~kernel_ext.stream.HubConsumer`, where a
+            terminal given up is reported (read when that happens).
         max_pending_terminals: terminals held at most.
         terminal_max_age: seconds after its first attempt a terminal is given up.
         terminal_max_attempts: attempts after which a terminal is given up.
@@ -105,7 +106,7 @@ class HeldTerminals:
 
     def __init__(
         self,
-        hub: Callable[[], StreamHub],
+        port: Callable[[], HubConsumer],
         *,
         max_pending_terminals: int,
         terminal_max_age: float,
@@ -117,7 +118,7 @@ class HeldTerminals:
             terminal_max_attempts=terminal_max_attempts,
         )
         check_positive_numbers(terminal_max_age=terminal_max_age)
-        self._hub = hub
+        self._port = port
         self.max_age = float(terminal_max_age)
         self.max_attempts = terminal_max_attempts
         self._clock = clock
@@ -176,8 +177,8 @@ class HeldTerminals:
         if entry.degrade(reason, relay_bound):
             self.hold(entry)
             return True
-        self._hub().record_dropped(REJECTED, 1, entry.item.call_id)
-        _rare(
+        self._port().dropped(REJECTED, 1, entry.item.call_id)
+        rare(
             "terminal_refused",
             "emitter: the relay refused the terminal of (%s, %s) even degraded (%s); it is lost",
             entry.item.call_id,
@@ -195,8 +196,8 @@ class HeldTerminals:
 
     def _give_up(self, entry: HeldTerminal, reason: str) -> None:
         item = entry.item
-        self._hub().record_dropped(reason, 1, item.call_id)
-        _rare(
+        self._port().dropped(reason, 1, item.call_id)
+        rare(
             reason,
             "emitter: terminal of (%s, %s) given up after %d attempt(s) (%s)",
             item.call_id,

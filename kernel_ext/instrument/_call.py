@@ -62,10 +62,13 @@ from kernel_ext._conventions import (
 from kernel_ext._telemetry import RareLog
 from kernel_ext._version import __version__
 from kernel_ext.context import (
-    _CURRENT_CALL,
-    _CURRENT_CALL_ID,
     CallLife,
     ToolCall,
+    current_tool_call,
+    reset_call,
+    reset_call_id,
+    set_call,
+    set_call_id,
     span_id_hex,
 )
 from kernel_ext.tap import CallSink, LiveCall
@@ -212,16 +215,16 @@ class ActiveCall:
         if call is None:
             return otel_token, None, None
         # set_tool_call() without its ToolCallToken (a NamedTuple costs ~0.3 µs to build).
-        return otel_token, _CURRENT_CALL.set(call), _CURRENT_CALL_ID.set(call.call_id)
+        return otel_token, set_call(call), set_call_id(call.call_id)
 
     @staticmethod
     def deactivate(tokens: _Tokens) -> None:
         """Undo :meth:`activate` (same context, reverse order)."""
         otel_token, call_token, call_id_token = tokens
         if call_id_token is not None:
-            _CURRENT_CALL_ID.reset(call_id_token)
+            reset_call_id(call_id_token)
         if call_token is not None:
-            _CURRENT_CALL.reset(call_token)
+            reset_call(call_token)
         otel_context.detach(otel_token)
 
     def returned(self, result: _T) -> _T:
@@ -347,7 +350,7 @@ def begin(
     """Find the runtime's ``execute_tool`` span for this call or start one; build the call
     (module docstring). ``current``: the current OpenTelemetry context, if the caller has
     it. May raise what the tracer raises."""
-    parent = _CURRENT_CALL.get()
+    parent = current_tool_call()
     # The current context once, handed on: the tracer and its sampler would each look it
     # up again otherwise (the same context either way).
     if current is None:

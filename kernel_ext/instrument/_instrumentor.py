@@ -82,7 +82,7 @@ class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             self.sink = None
             self._wrapped = []
             self._lock = threading.RLock()
-            _fork.reset_in_child(self)
+            _fork.reset_in_child(self._reset_after_fork)
 
     def _reset_after_fork(self) -> None:
         """In a forked child: a new lock (another thread of the parent may have held it)."""

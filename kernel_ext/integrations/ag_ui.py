@@ -51,6 +51,11 @@ from ag_ui.core import (
 
 from kernel_ext.emit.base import NO_LISTENER, Emitter, remembers_arguments
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.ledger import (  # counted in AGUIBridge.counts, re-exported
+    NO_TOOL_CALL_ID,
+    RUN_ENDED_OPEN,
+    RUN_LIMIT,
+)
 from kernel_ext.relay.auth import JoinAuth, call_hook
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 from kernel_ext.tap import Tap, default_tap
@@ -75,16 +80,6 @@ logger = logging.getLogger("kernel_ext.emit")
 
 ACTIVITY_TYPE = "kernel_ext.pane"
 """The ``activityType`` of a pane's activity messages."""
-
-# Counted in AGUIBridge.counts (and kernel_ext.sender.events, sender "ag_ui").
-NO_TOOL_CALL_ID = "no_tool_call_id"
-"""A pane whose call has no tool-call id when the bridge takes its first block (its span
-carried none, it ended ``ended_ttl`` seconds or more before, or it was evicted from a full
-tap): its ``toolCallId`` is ``null`` and its colleagues have no parent tool call."""
-RUN_ENDED_OPEN = "run_ended_open"
-"""A colleague still open when its run closed: ended with ``SUBAGENT_ERROR``."""
-RUN_LIMIT = "run_limit"
-"""A run registered past ``max_runs``: it gets no panes."""
 
 _RUN_END_MESSAGE = "the run ended before the colleague's stream did"
 _CLOSING = frozenset({EventType.RUN_FINISHED, EventType.RUN_ERROR})
@@ -259,7 +254,7 @@ class AGUIBridge(Emitter):
             if not isinstance(item, OutgoingBlock):
                 continue
             if not runs:
-                self.hub.record_dropped(NO_LISTENER, 1, item.call_id)
+                self.consumer.dropped(NO_LISTENER, 1, item.call_id)
                 continue
             delivered += 1
             for run in runs:
@@ -267,7 +262,7 @@ class AGUIBridge(Emitter):
                 if applied.call_id is not None and applied.outcome in ("item", "terminal"):
                     self._touch(run, applied.call_id)
         if delivered:
-            self.hub.record_delivered(delivered)
+            self.consumer.delivered(delivered)
 
     def _touch(self, run: _Run, call_id: str) -> None:
         """Mark ``call_id``'s pane changed in ``run``; on its first change, read its

@@ -41,6 +41,15 @@ import engineio
 import socketio
 
 from kernel_ext._telemetry import RareLog, is_rare
+from kernel_ext.ledger import (
+    BAD_ARGUMENTS,
+    BAD_EVENT_NAME,
+    BAD_PACKET,
+    CONNECT_ERROR,
+    REJECTED_PREFIX,
+    SUPPRESSED_LOG_RECORDS,
+    UNKNOWN_EVENT,
+)
 from kernel_ext.protocol import REFUSED_UNAUTHORIZED
 from kernel_ext.relay._log import count_frame, logger, rare
 
@@ -69,7 +78,7 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc]
 
     def _reject(self, sid: str, reason: str, what: str, *, exc_info: bool = False) -> None:
         """Count and rarely log ``what`` from ``sid``, dropped for ``reason``."""
-        self._count("rejected_" + reason)
+        self._count(REJECTED_PREFIX + reason)
         count_frame(reason)
         level = logging.ERROR if exc_info else logging.WARNING
         rare(
@@ -95,7 +104,7 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc]
         sid = args[0] if args else "?"
         if not isinstance(event, str):  # a client may name an event 5, true or {"a": 1}
             self._reject(
-                sid, "bad_event_name", f"an event with a non-string name ({type(event).__name__})"
+                sid, BAD_EVENT_NAME, f"an event with a non-string name ({type(event).__name__})"
             )
             return None
         if event in ("connect", "disconnect"):
@@ -103,12 +112,12 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc]
         else:
             forged = not hasattr(self, "on_" + event)
         if forged:
-            self._reject(sid, "unknown_event", f"event {event[:64]!r} from a {self._who(sid)}")
+            self._reject(sid, UNKNOWN_EVENT, f"event {event[:64]!r} from a {self._who(sid)}")
             return None
         if event == "connect":
             return await self._connect(args)
         if event != "disconnect" and not self._takes(event, len(args)):
-            self._reject(sid, "bad_arguments", f"event {event!r} with {len(args) - 1} arguments")
+            self._reject(sid, BAD_ARGUMENTS, f"event {event!r} with {len(args) - 1} arguments")
             return None
         return await super().trigger_event(event, *args)
 
@@ -124,7 +133,7 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc]
             if isinstance(exc, TypeError) and not self._takes("connect", len(args)):
                 raise  # python-socketio retries a legacy on_connect(sid, environ)
             sid = args[0] if args else "?"
-            self._reject(sid, "connect_error", "a connection (on_connect failed)", exc_info=True)
+            self._reject(sid, CONNECT_ERROR, "a connection (on_connect failed)", exc_info=True)
             raise socketio.exceptions.ConnectionRefusedError(REFUSED_UNAUTHORIZED) from None
 
     def _takes(self, event: str, count: int) -> bool:
@@ -154,11 +163,11 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc]
         (``suppressed_log_records``)."""
         error = record.exc_info[1] if record.exc_info else None
         kind = type(error).__name__
-        self._count("rejected_bad_packet")
-        count_frame("bad_packet")
+        self._count(REJECTED_PREFIX + BAD_PACKET)
+        count_frame(BAD_PACKET)
         seen = self._packet_log.note(kind)
         if not is_rare(seen):
-            self._count("suppressed_log_records")
+            self._count(SUPPRESSED_LOG_RECORDS)
             return False
         detail = str(error)[:200]
         note = f"a malformed packet from a client: {kind}: {detail}; seen {seen} times"

@@ -53,6 +53,38 @@ from kernel_ext.errors import (
     check_positive_ints,
     check_positive_numbers,
 )
+from kernel_ext.ledger import (
+    ACCEPTED,
+    ACK_PACE_TIMEOUTS,
+    AFTER_WORKER_ABORTED,
+    BAD_CURSOR,
+    BAD_FRAME,
+    BAD_JOIN,
+    BAD_LEAVE,
+    BAD_SECRET,
+    BAD_WORKER,
+    BLOCKS_EMITTED,
+    BROWSER_QUEUE_FULL,
+    BROWSER_REFUSED,
+    BROWSERS,
+    BUSY,
+    CHAT_EVENTS,
+    DUPLICATE_TERMINAL,
+    FRAME_TOO_LARGE,
+    FRAMES,
+    IGNORED_CURSORS,
+    INTERNAL,
+    INTERNAL_CONNECTS,
+    JOIN_REFUSED,
+    JOINS,
+    LATE_TERMINALS,
+    NOT_BROWSER,
+    NOT_INTERNAL,
+    PACED_ACKS,
+    REPLAY_BLOCKS,
+    REPLAY_MISSING,
+    WORKERS_IN_GRACE,
+)
 from kernel_ext.protocol import (
     ACKS_PACED,
     CHAT_EVENT,
@@ -311,11 +343,11 @@ class ChatRelay(GuardedNamespace):
         back."""
         counts = dict(self._counts)
         counts.update(getattr(getattr(self.server, "manager", None), "counts", None) or {})
-        counts["internal"] = len(self._internal)
-        counts["browsers"] = len(self._browsers)
+        counts[INTERNAL] = len(self._internal)
+        counts[BROWSERS] = len(self._browsers)
         if self._streams is not None:
             counts.update(self._streams.sizes())
-            counts["workers_in_grace"] = self._streams.in_grace()
+            counts[WORKERS_IN_GRACE] = self._streams.in_grace()
         manager = getattr(self.server, "manager", None)
         if isinstance(manager, RelayRedisManager):
             counts.update(manager.worker_sizes())
@@ -354,16 +386,16 @@ class ChatRelay(GuardedNamespace):
         if isinstance(auth, Mapping) and "internal" in auth:
             given = auth.get("internal")
             if not self._secret.matches(given):
-                self._reject(sid, "bad_secret", "an internal connection")
+                self._reject(sid, BAD_SECRET, "an internal connection")
                 raise socketio.exceptions.ConnectionRefusedError(REFUSED_UNAUTHORIZED)
             worker = worker_of(sid, auth)
             if worker is None:
-                self._reject(sid, "bad_worker", "an internal connection")
+                self._reject(sid, BAD_WORKER, "an internal connection")
                 raise socketio.exceptions.ConnectionRefusedError(REFUSED_BAD_WORKER)
             conn = _Internal(worker)
             conn.task = asyncio.get_running_loop().create_task(self._worker(sid, conn))
             self._internal[sid] = conn
-            self._count("internal_connects")
+            self._count(INTERNAL_CONNECTS)
             if self._grace is not None:
                 self._grace.arrived(worker)
             return True
@@ -372,13 +404,13 @@ class ChatRelay(GuardedNamespace):
             try:
                 identity = await call_hook(self._authenticate, auth, environ)
             except socketio.exceptions.ConnectionRefusedError:
-                self._count("browser_refused")
+                self._count(BROWSER_REFUSED)
                 raise
             except Exception:
                 logger.exception("relay: browser authentication hook failed")
                 identity = None
         if identity is None or identity is False:
-            self._count("browser_refused")
+            self._count(BROWSER_REFUSED)
             raise socketio.exceptions.ConnectionRefusedError(REFUSED_UNAUTHORIZED)
         self._browsers[sid] = identity
         return True
@@ -400,10 +432,10 @@ class ChatRelay(GuardedNamespace):
         """Put a browser into the room of ``data["conversationId"]`` if the hook allows."""
         room = self._room_of(data)
         if sid not in self._browsers:
-            self._reject(sid, "not_browser", JOIN_EVENT)
+            self._reject(sid, NOT_BROWSER, JOIN_EVENT)
             return {"ok": False, "error": "only browsers join conversations"}
         if room is None:
-            self._reject(sid, "bad_join", JOIN_EVENT)
+            self._reject(sid, BAD_JOIN, JOIN_EVENT)
             return {"ok": False, "error": "conversationId must be a non-empty string"}
         try:
             allowed = await call_hook(self._authorize_join, self._browsers[sid], room)
@@ -411,7 +443,7 @@ class ChatRelay(GuardedNamespace):
             logger.exception("relay: authorize_join hook failed")
             allowed = False
         if not allowed:
-            self._count("join_refused")
+            self._count(JOIN_REFUSED)
             return {"ok": False, "error": "forbidden"}
         manager = self.server.manager
         # Behind Redis with room routing, this process subscribes to the room (and reads its
@@ -424,22 +456,22 @@ class ChatRelay(GuardedNamespace):
         if self.replay is None:
             async with joining:
                 await self.enter_room(sid, room)
-            self._count("joins")
+            self._count(JOINS)
             late = self.terminals.late(sid, room)
             for raw in late:
                 await self.emit(TOOL_EVENT_STREAM, raw, to=sid)
             if late:
-                self._count("late_terminals", len(late))
+                self._count(LATE_TERMINALS, len(late))
             return {"ok": True}
         cursors, ignored = read_cursors(data.get("have"), self.max_cursors)
         if ignored:  # counted and rarely logged; the join itself goes on
-            self._reject(sid, "bad_cursor", f"{ignored} cursor(s) of {JOIN_EVENT}")
-            self._count("ignored_cursors", ignored)
+            self._reject(sid, BAD_CURSOR, f"{ignored} cursor(s) of {JOIN_EVENT}")
+            self._count(IGNORED_CURSORS, ignored)
         async with joining:
             if self._in_room(sid, room):
                 await self.leave_room(sid, room)  # joined again: caught up anew, then live
             replay = await self._catch_up(sid, room, cursors)
-        self._count("joins")
+        self._count(JOINS)
         # What the catch-up sent is told to a browser that asked (it sent ``have``, an empty
         # list included); any other gets the acknowledgement it always got.
         return {"ok": True, "replay": replay} if "have" in data else {"ok": True}
@@ -483,9 +515,9 @@ class ChatRelay(GuardedNamespace):
             if entered:
                 break
         if sent:
-            self._count("replay_blocks", sent)
+            self._count(REPLAY_BLOCKS, sent)
         if missing:
-            self._count("replay_missing", len(missing))
+            self._count(REPLAY_MISSING, len(missing))
         return {
             "blocks": sent,
             "streams": len(streams),
@@ -499,7 +531,7 @@ class ChatRelay(GuardedNamespace):
         """Take a browser out of a conversation's room."""
         room = self._room_of(data)
         if sid not in self._browsers or room is None:
-            self._reject(sid, "bad_leave", LEAVE_EVENT)
+            self._reject(sid, BAD_LEAVE, LEAVE_EVENT)
             return {"ok": False, "error": "conversationId must be a non-empty string"}
         await self.leave_room(sid, room)
         return {"ok": True}
@@ -527,7 +559,7 @@ class ChatRelay(GuardedNamespace):
         (unless ``browser_queue_max`` is ``None``): every frame's acknowledgement is paced
         by the browsers (:meth:`on_kx_blocks`); a sender not told so sends as before."""
         if sid not in self._internal:
-            self._reject(sid, "not_internal", KX_HELLO)
+            self._reject(sid, NOT_INTERNAL, KX_HELLO)
             return {"ok": False, "error": "forbidden"}
         answer: dict[str, Any] = {
             "ok": True,
@@ -556,16 +588,16 @@ class ChatRelay(GuardedNamespace):
         it has), or after ``ack_pace_timeout`` seconds (counted ``ack_pace_timeouts``)."""
         conn = self._internal.get(sid)
         if conn is None:
-            self._reject(sid, "not_internal", KX_BLOCKS)
+            self._reject(sid, NOT_INTERNAL, KX_BLOCKS)
             return {"ok": False, "error": "forbidden"}
         # Everything up to the enqueue is synchronous: frames queue in arrival order even
         # when the server runs each event as its own task (async_handlers=True).
         sections = self._sections(data)
         if isinstance(sections, str):
-            self._reject(sid, "bad_frame", KX_BLOCKS)
+            self._reject(sid, BAD_FRAME, KX_BLOCKS)
             return {"ok": False, "error": sections}
         if sum(len(blocks) for _, blocks in sections) > self.max_frame_blocks:
-            self._reject(sid, "frame_too_large", KX_BLOCKS)
+            self._reject(sid, FRAME_TOO_LARGE, KX_BLOCKS)
             return {"ok": False, "error": f"more than {self.max_frame_blocks} blocks in a frame"}
         valid: list[tuple[str, list[tuple[Any, bytes]]]] = []
         refused: list[dict[str, Any]] = []
@@ -582,10 +614,10 @@ class ChatRelay(GuardedNamespace):
                 index += 1
             valid.append((room, kept))
         if conn.queue.qsize() >= self.max_pending_frames:
-            self._reject(sid, "busy", KX_BLOCKS)
+            self._reject(sid, BUSY, KX_BLOCKS)
             return {"ok": False, "error": "busy"}
-        self._count("frames")
-        count_frame("accepted")
+        self._count(FRAMES)
+        count_frame(ACCEPTED)
         await self._submit(conn, "blocks", "", valid)
         if self.browser_queue_max is not None:
             await self._pace([room for room, _ in valid])
@@ -622,7 +654,7 @@ class ChatRelay(GuardedNamespace):
         assert self.browser_queue_max is not None
         if not self._behind(rooms, self.browser_queue_max // 4):
             return
-        self._count("acks_paced")
+        self._count(PACED_ACKS)
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._pacing.append((rooms, waiter, loop.time() + self.ack_pace_timeout))
@@ -648,7 +680,7 @@ class ChatRelay(GuardedNamespace):
                     waiting.append((rooms, waiter, deadline))
                     continue
                 if behind:
-                    self._count("ack_pace_timeouts")
+                    self._count(ACK_PACE_TIMEOUTS)
                     self._lagging.update(behind)
                     rare(
                         "ack_pace_timeout",
@@ -682,7 +714,7 @@ class ChatRelay(GuardedNamespace):
                 sending[sid] = sending.get(sid, 0) + going
                 reserved[sid] = going
             if going < len(running):
-                self._count("browser_queue_full", len(running) - going)
+                self._count(BROWSER_QUEUE_FULL, len(running) - going)
                 for i in running[going:]:
                     skip = skips[i]
                     if skip is None:
@@ -738,12 +770,12 @@ class ChatRelay(GuardedNamespace):
         """Relay the kernel's ``chat_event`` snapshot from an internal sender to the room."""
         conn = self._internal.get(sid)
         if conn is None:
-            self._reject(sid, "not_internal", KX_CHAT_EVENT)
+            self._reject(sid, NOT_INTERNAL, KX_CHAT_EVENT)
             return {"ok": False, "error": "forbidden"}
         room = data.get("room") if isinstance(data, Mapping) else None
         event = data.get("event") if isinstance(data, Mapping) else None
         if not isinstance(room, str) or not room or not isinstance(event, Mapping):
-            self._reject(sid, "bad_frame", KX_CHAT_EVENT)
+            self._reject(sid, BAD_FRAME, KX_CHAT_EVENT)
             return {"ok": False, "error": "a chat event frame is {room, event}"}
         await self._submit(conn, "chat_event", room, dict(event))
         return {"ok": True}
@@ -826,7 +858,7 @@ class ChatRelay(GuardedNamespace):
         if kind != "blocks":
             try:
                 await self.emit(CHAT_EVENT, payload, room=room)
-                self._count("chat_events")
+                self._count(CHAT_EVENTS)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -853,7 +885,7 @@ class ChatRelay(GuardedNamespace):
                 if raw.get("state") in TERMINAL_STATES and not self.terminals.admit(
                     raw, room, self._listeners(room), self._browsers
                 ):
-                    self._count("duplicate_terminal")
+                    self._count(DUPLICATE_TERMINAL)
                     continue
                 blocks.append((raw, data))
             try:
@@ -864,7 +896,7 @@ class ChatRelay(GuardedNamespace):
                 rare("emit_failed", "relay: emitting to room %r failed", room, exc_info=True)
                 continue
             emitted += len(blocks)
-            self._count("blocks_emitted", len(blocks))
+            self._count(BLOCKS_EMITTED, len(blocks))
         return emitted
 
     async def _worker(self, sid: str, conn: _Internal) -> None:
@@ -902,7 +934,7 @@ class ChatRelay(GuardedNamespace):
             return True
         if raw.get("state") != "running":
             return True  # a terminal: the terminal dedup decides
-        self._count("after_worker_aborted")
+        self._count(AFTER_WORKER_ABORTED)
         rare(
             "after_worker_aborted",
             "relay: dropped a running block of (%s, %s), ended when its worker was gone",

@@ -33,7 +33,11 @@ import socketio
 
 from kernel_ext._backoff import Backoff
 from kernel_ext._bounded import BoundedMap
-from kernel_ext._compat import publish_pipeline_supported, publish_result_supported
+from kernel_ext._compat import (
+    connect_redis,
+    publish_pipeline_supported,
+    publish_result_supported,
+)
 from kernel_ext._redis_routing import (
     RoutedPublish,
     marker_channel,
@@ -43,6 +47,18 @@ from kernel_ext._redis_routing import (
 )
 from kernel_ext._telemetry import is_rare
 from kernel_ext.errors import check_positive_numbers
+from kernel_ext.ledger import (
+    REDIS_AFTER_WORKER_ABORTED,
+    REDIS_GIVEN_UP,
+    REDIS_JOIN_UNSUBSCRIBED,
+    REDIS_LOG_BLOCKS,
+    REDIS_LOG_UNREAD,
+    REDIS_PREFIX,
+    REDIS_PUBLISH_FAILED,
+    REDIS_REPUBLISHED,
+    REDIS_UNREACHABLE,
+    REDIS_WATCH_RESUMED,
+)
 from kernel_ext.protocol import TERMINAL_STATES, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.relay._log import logger, rare
 from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, is_worker_id, track_workers
@@ -136,7 +152,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
         workers = track_workers(
             worker_grace,
             self._bump,
-            "redis_",
+            REDIS_PREFIX,
             max_workers=max_workers,
             max_worker_streams=max_worker_streams,
         )
@@ -196,7 +212,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
             if not self._pending:
                 self._listeners = receivers
         elif _is_terminal_emit(data):
-            self._bump("redis_publish_failed")
+            self._bump(REDIS_PUBLISH_FAILED)
             rare(
                 "redis_down",
                 "relay: a terminal did not reach Redis; retrying",
@@ -207,7 +223,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                 self._retrying = asyncio.get_running_loop().create_task(self._retry())
 
     def _given_up(self, key: int, data: Any, reason: str) -> None:
-        self._bump("redis_given_up")
+        self._bump(REDIS_GIVEN_UP)
 
     async def _retry(self) -> None:
         """Publish the pending terminals again, oldest first, once Redis answers and as
@@ -236,7 +252,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                 if self.last_receivers is None:
                     break
                 pending.pop(key)
-                self._bump("redis_republished")
+                self._bump(REDIS_REPUBLISHED)
 
     # -- gone workers on the write-only path ----------------------------------------------
 
@@ -249,7 +265,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
         workers = self._workers
         worker = message.get(WORKER_TAG) if workers is not None else None
         if worker is not None and not self._note_worker_emit(worker, message):
-            self._bump("redis_after_worker_aborted")
+            self._bump(REDIS_AFTER_WORKER_ABORTED)
             rare(
                 "redis_after_worker_aborted",
                 "relay: dropped a block of a stream ended when its worker was gone",
@@ -337,7 +353,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
             # This process heard nothing for a while (Redis was down for it): heartbeats may
             # have been lost on the way, so every worker's grace starts again now.
             workers.restart_graces(now)
-            self._bump("redis_watch_resumed")
+            self._bump(REDIS_WATCH_RESUMED)
         self._heard = now  # the channel works for this process
         worker = data.get("worker")
         record = workers.workers.get(worker) if isinstance(worker, str) else None
@@ -357,10 +373,9 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
         while workers.workers:
             try:
                 with contextlib.suppress(Exception):
-                    if not self.connected:
-                        # python-socketio's publishing client, made as its publish makes it
-                        # (the subscription is a client of this manager's own).
-                        self._redis_connect()
+                    # python-socketio's publishing client, made as its publish makes it
+                    # (the subscription is a client of this manager's own).
+                    connect_redis(self)
                     await asyncio.wait_for(
                         self.redis.publish(self.channel, probe), self._watch_step
                     )
@@ -486,7 +501,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
             channel = room_channel(self.channel, namespace, room)
             if self.routing:
                 if not await self._until_subscribed(channel):
-                    self._bump("redis_join_unsubscribed")
+                    self._bump(REDIS_JOIN_UNSUBSCRIBED)
                 elif channel not in self._read_logs:
                     await self._read_log(namespace, room, channel)
             yield
@@ -538,8 +553,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
         taken: list[Mapping[str, Any]] = []
         try:
             try:
-                if not self.connected:
-                    self._redis_connect()
+                connect_redis(self)
                 pipe = self.redis.pipeline(transaction=False)
                 pipe.time()
                 pipe.xrange(room_log(self.channel, namespace, room))
@@ -549,7 +563,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
             except asyncio.CancelledError:
                 raise
             except Exception:
-                self._bump("redis_log_unread")
+                self._bump(REDIS_LOG_UNREAD)
                 rare("redis_log", "relay: reading a room's log on Redis failed", exc_info=True)
                 return
             blocks = []
@@ -568,7 +582,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                 blocks.append(block)
             taken = replay.merge(room, blocks)
             if taken:
-                self._bump("redis_log_blocks", len(taken))
+                self._bump(REDIS_LOG_BLOCKS, len(taken))
             if channel in self._asked:
                 self._read_logs.add(channel)
         finally:
@@ -685,7 +699,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                 failures += 1
                 self.redis_state = "unreachable"
                 self._tried.set()
-                self._bump("redis_unreachable")
+                self._bump(REDIS_UNREACHABLE)
                 if is_rare(failures):
                     logger.warning(
                         "relay: Redis at %s does not answer (%s); %s until it does, not "

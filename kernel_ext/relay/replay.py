@@ -37,6 +37,14 @@ from typing import Any
 
 from kernel_ext._bounded import BoundedMap
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
+from kernel_ext.ledger import (
+    REPLAY_BYTES,
+    REPLAY_DROPPED_STREAMS,
+    REPLAY_GAVE_WAY,
+    REPLAY_IDLE_RELEASED,
+    REPLAY_ROOMS,
+    REPLAY_STREAMS,
+)
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, REPLAY_IDLE, compact_bytes
 
 __all__ = [
@@ -354,14 +362,14 @@ class ReplayMemory:
         if not stream.running:
             self._rooms[stream.room].running.pop(stream.key, None)
             self._running.pop((stream.room, stream.key), None)
-        self._count("replay_gave_way", 1)
+        self._count(REPLAY_GAVE_WAY, 1)
 
     def _drop_oldest(self, streams: Mapping[StreamKey, _Stream]) -> None:
         """Release the oldest stream (ended ones first) of ``streams``."""
         oldest = next((s for s in streams.values() if s.terminal is not None), None)
         if oldest is None:
             oldest = next(iter(streams.values()))
-        self._release(oldest, "replay_dropped_streams")
+        self._release(oldest, REPLAY_DROPPED_STREAMS)
 
     def _shrink(self, stream: _Stream, size: int) -> None:
         stream.size -= size
@@ -389,9 +397,9 @@ class ReplayMemory:
     def _forgotten(self, handle: tuple[str, StreamKey], stream: _Stream, why: str) -> None:
         """A stream's time (``hold``, ``idle``) or the stream bound is up: release it."""
         if why != "expired":
-            self._release(stream, "replay_dropped_streams")
+            self._release(stream, REPLAY_DROPPED_STREAMS)
         else:
-            self._release(stream, None if stream.terminal is not None else "replay_idle_released")
+            self._release(stream, None if stream.terminal is not None else REPLAY_IDLE_RELEASED)
 
     def expire(self) -> None:
         """Release the streams whose hold or idle time is up."""
@@ -439,7 +447,7 @@ class ReplayMemory:
         """What is held now: ``replay_rooms``, ``replay_streams``, ``replay_bytes``."""
         self.expire()
         return {
-            "replay_rooms": len(self._rooms),
-            "replay_streams": sum(len(room.streams) for room in self._rooms.values()),
-            "replay_bytes": self._size,
+            REPLAY_ROOMS: len(self._rooms),
+            REPLAY_STREAMS: sum(len(room.streams) for room in self._rooms.values()),
+            REPLAY_BYTES: self._size,
         }

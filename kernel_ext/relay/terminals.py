@@ -24,6 +24,7 @@ from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
 from kernel_ext._bounded import BoundedMap
+from kernel_ext.ledger import HELD_TERMINALS, TERMINAL_REEMITTED
 
 __all__ = ["TerminalMemory"]
 
@@ -85,14 +86,14 @@ class TerminalMemory:
             if went_to is not None:
                 if not went_to or any(sid in connected for sid in went_to):
                     return False
-                self._count("terminal_reemitted", 1)  # every connection it went to was dead
+                self._count(TERMINAL_REEMITTED, 1)  # every connection it went to was dead
             sent.set(key, sids, refresh=True)
             sent.expire()
         held = self._held
         if held is not None and not sids:
             held.set((room, *key), (raw, set()), refresh=True)
             held.expire()
-            self._count("held_terminals", 1)
+            self._count(HELD_TERMINALS, 1)
         return True
 
     def caught_up(self, raw: Mapping[str, Any], sid: str) -> None:

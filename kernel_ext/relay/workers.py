@@ -39,6 +39,15 @@ from typing import Any
 
 from kernel_ext._bounded import BoundedMap
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
+from kernel_ext.ledger import (
+    WORKER_ABORTED,
+    WORKER_STREAMS,
+    WORKER_STREAMS_DROPPED,
+    WORKERS_DROPPED,
+    WORKERS_GONE,
+    WORKERS_RESUMED,
+    WORKERS_TRACKED,
+)
 from kernel_ext.protocol import NAMESPACE, TERMINAL_STATES, WORKER_ID_PATTERN, Block, text_block
 from kernel_ext.relay._log import logger, rare
 
@@ -156,8 +165,8 @@ class OpenStreams:
         """What is held now: ``<prefix>workers_tracked`` (workers with open streams) and
         ``<prefix>worker_streams`` (their open streams)."""
         return {
-            self._prefix + "workers_tracked": len(self.workers),
-            self._prefix + "worker_streams": self.open,
+            self._prefix + WORKERS_TRACKED: len(self.workers),
+            self._prefix + WORKER_STREAMS: self.open,
         }
 
     # -- open and close --------------------------------------------------------------------
@@ -219,7 +228,7 @@ class OpenStreams:
 
     def _stream_dropped(self, worker: str, key: StreamKey, entry: object, reason: str) -> None:
         del self.owner[key]
-        self._count(self._prefix + "worker_streams_dropped", 1)
+        self._count(self._prefix + WORKER_STREAMS_DROPPED, 1)
         rare(
             "worker_streams_dropped",
             "relay: more than %d open streams for worker %s; forgot the oldest",
@@ -229,7 +238,7 @@ class OpenStreams:
 
     def _worker_dropped(self, worker: str, record: WorkerRecord, reason: str) -> None:
         self._release(record)
-        self._count(self._prefix + "workers_dropped", 1)
+        self._count(self._prefix + WORKERS_DROPPED, 1)
         rare(
             "workers_dropped",
             "relay: more than %d workers with open streams; forgot the oldest (%s)",
@@ -311,8 +320,8 @@ class OpenStreams:
         for room, raw in ended:
             if await emit(room, raw):
                 emitted += 1
-        self._count(self._prefix + "workers_gone", 1)
-        self._count(self._prefix + "worker_aborted", emitted)
+        self._count(self._prefix + WORKERS_GONE, 1)
+        self._count(self._prefix + WORKER_ABORTED, emitted)
         logger.warning(
             "relay: worker %s %s for %.1f s; ended its %d open stream(s) with aborted%s",
             worker,
@@ -352,7 +361,7 @@ class ConnectionGrace:
         if record is not None and record.timer is not None:
             record.timer.cancel()
             record.timer = None
-            self._count("workers_resumed", 1)
+            self._count(WORKERS_RESUMED, 1)
             logger.info("relay: worker %s is back within the grace period", worker)
 
     def left(self, worker: str) -> None:

@@ -7,8 +7,10 @@ through :meth:`StreamHub.consumer`. The modules, downhill:
 
 * :mod:`.counts` — the three words (admitted, delivered, dropped by reason) and their totals;
 * :mod:`.state` — what the hub holds per call and per stream, and :class:`HubStats`;
-* :mod:`.consumer` — queue items, building their wire form, :class:`HubConsumer`;
-* :mod:`.hub` — :class:`StreamHub`, the rules (its docstring lists every guarantee);
+* :mod:`.consumer` — queue items and building their wire form;
+* :mod:`.hub` — :class:`StreamHub`, the rules (its docstring lists every guarantee), and
+  :class:`HubConsumer`, the one port a sender uses (take a batch, wait for more, report
+  what became of it: :meth:`HubConsumer.delivered` / :meth:`HubConsumer.dropped`);
 * :mod:`.registry` — the process-wide hub and :func:`publish`.
 
 Guarantees of :meth:`StreamHub.publish` (and the module-level :func:`kernel_ext.publish`):
@@ -58,7 +60,6 @@ Counts (:mod:`.counts`: admitted, delivered, dropped by reason) are in
 from __future__ import annotations
 
 from kernel_ext.stream.consumer import (
-    HubConsumer,
     Outgoing,
     OutgoingBlock,
     OutgoingChatEvent,
@@ -70,6 +71,7 @@ from kernel_ext.stream.hub import (
     ATTR_BLOCKS_DROPPED,
     ATTR_CALL_ID_PATH,
     ATTR_STREAMS,
+    HubConsumer,
     HubStats,
     PublishItem,
     PublishState,

@@ -1,7 +1,9 @@
-"""The sender's side of a hub: queue items, their wire form, and :class:`HubConsumer`.
+"""The sender's side of a hub: queue items and their wire form.
 
 Publishers queue a :class:`QueueItem` (cheap: nothing is built or validated on the tool's
-thread); the one sender takes them through its :class:`HubConsumer`, which turns each into
+thread); the one sender takes them through its
+:class:`~kernel_ext.stream.hub.HubConsumer` (the hub's port, defined with the hub and
+importable from here too), which turns each with :func:`take` into
 an :class:`OutgoingBlock` (the block's wire form, valid and within the size bound) or an
 :class:`OutgoingChatEvent`, in publish order. Building happens here, on the sender's loop:
 
@@ -16,17 +18,16 @@ an :class:`OutgoingBlock` (the block's wire form, valid and within the size boun
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import sys
-import threading
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
+from kernel_ext._lazy import module_getattr
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 from kernel_ext.protocol import (
@@ -42,23 +43,8 @@ from kernel_ext.protocol import (
 )
 from kernel_ext.stream.counts import DEGRADED, ERROR, INVALID, TOO_LARGE
 
-
-class _Source(Protocol):
-    """What a consumer needs of its hub (:class:`~kernel_ext.stream.StreamHub`)."""
-
-    _idle: bool
-
-    @property
-    def queue_size(self) -> int: ...
-
-    def _take(self, max_items: int) -> list[Outgoing]: ...
-
-    def _detach(self, consumer: HubConsumer, reason: str = ...) -> int: ...
-
-
 __all__ = [
     "CHAT_EVENT_STATE",
-    "HubConsumer",
     "Outgoing",
     "OutgoingBlock",
     "OutgoingChatEvent",
@@ -446,77 +432,4 @@ def _wire(
     return wire, len(encode_wire(wire, max_bytes=max_block_bytes))
 
 
-class HubConsumer:
-    """The sender's end of a :class:`~kernel_ext.stream.StreamHub`: :meth:`get` batches of
-    outgoing items.
-
-    Runs on one event loop. A publisher on another thread wakes it only when it is idle
-    (one ``call_soon_threadsafe`` per idle→busy transition, not per block).
-    """
-
-    def __init__(self, hub: _Source, loop: asyncio.AbstractEventLoop) -> None:
-        self._hub = hub
-        self._loop = loop
-        self._event = asyncio.Event()
-        self._loop_thread: int | None = None
-        self._closed = False
-        self._poked = False
-
-    @property
-    def hub(self) -> Any:
-        """The :class:`~kernel_ext.stream.StreamHub` this consumer takes from."""
-        return self._hub
-
-    @property
-    def closed(self) -> bool:
-        """Whether this consumer was detached (by :meth:`close` or a newer consumer)."""
-        return self._closed
-
-    async def get(self, max_items: int = 256) -> list[Outgoing]:
-        """Wait for and return up to ``max_items`` items in publish order; ``[]`` when
-        :meth:`poke` was called or the consumer is closed."""
-        hub = self._hub
-        self._loop_thread = threading.get_ident()
-        while True:
-            if self._closed:
-                return []
-            items = hub._take(max_items)
-            if items:
-                return items
-            if self._poked:
-                self._poked = False
-                return []
-            hub._idle = True
-            if hub.queue_size or self._poked or self._closed:
-                hub._idle = False
-                continue
-            await self._event.wait()
-            self._event.clear()
-
-    def take_nowait(self, max_items: int = 256) -> list[Outgoing]:
-        """What is queued now (up to ``max_items``), without waiting."""
-        return [] if self._closed else self._hub._take(max_items)
-
-    def poke(self) -> None:
-        """Make a waiting :meth:`get` return (``[]`` if nothing is queued); loop thread only."""
-        self._poked = True
-        self._event.set()
-
-    def close(self, reason: str = "no_sender") -> int:
-        """Detach from the hub: later blocks count ``no_sender``; queued ones are dropped,
-        counted ``reason``. Returns how many of those were terminals."""
-        lost = 0
-        if not self._closed:
-            self._closed = True
-            lost = self._hub._detach(self, reason)
-            self._wake()
-        return lost
-
-    def _wake(self) -> None:
-        try:
-            if threading.get_ident() == self._loop_thread:
-                self._event.set()
-            else:
-                self._loop.call_soon_threadsafe(self._event.set)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
+__getattr__ = module_getattr(__name__, {"HubConsumer": "kernel_ext.stream.hub"})

@@ -1,4 +1,5 @@
-"""What the stream layer counts, in three words: admitted, delivered, dropped.
+"""What the stream layer counts, in three words: admitted, delivered, dropped (the names:
+:mod:`kernel_ext.ledger`).
 
 * **admitted** — a block the hub's rules let through (attributed, within the throttle and
   the bounds) and queued for the sender; counted on its call too.
@@ -23,6 +24,27 @@ from collections import Counter
 from collections.abc import Callable
 
 from kernel_ext import metrics
+from kernel_ext.ledger import (
+    ADMITTED,
+    CALL_LIMIT,
+    CLOSED,
+    DEGRADED,
+    DELIVERED,
+    DROPPED,
+    DUPLICATE_TERMINAL,
+    ERROR,
+    EXPIRED,
+    INVALID,
+    NO_ROOM,
+    NO_SENDER,
+    NO_TASK_ID,
+    QUEUE_FULL,
+    STREAM_LIMIT,
+    THROTTLED,
+    TOO_LARGE,
+    UNATTRIBUTED,
+    UNFLUSHED,
+)
 
 __all__ = [
     "ADMITTED",
@@ -46,29 +68,9 @@ __all__ = [
     "Counts",
 ]
 
-# Outcomes that are not drops.
-ADMITTED = "admitted"
-DELIVERED = "delivered"
-DEGRADED = "degraded"
-
-# Senders count more reasons of their own; docs/operations.md lists them all.
-# Drop reasons counted by the stream layer (``kernel_ext.blocks``, outcome ``dropped``):
-THROTTLED = "throttled"
-CLOSED = "closed"
-DUPLICATE_TERMINAL = "duplicate_terminal"
-UNATTRIBUTED = "unattributed"
-NO_ROOM = "no_room"
-NO_SENDER = "no_sender"
-NO_TASK_ID = "no_task_id"
-QUEUE_FULL = "queue_full"
-STREAM_LIMIT = "stream_limit"
-INVALID = "invalid"
-TOO_LARGE = "too_large"
-EXPIRED = "expired"
-CALL_LIMIT = "call_limit"
-UNFLUSHED = "unflushed"
-ERROR = "error"
-
+# The names are the ledger's (kernel_ext.ledger: every count name, once); re-exported here
+# for the stream layer. Senders count more reasons of their own; docs/operations.md lists them
+# all.
 _NOT_DROPS = frozenset({ADMITTED, DELIVERED, DEGRADED})
 
 
@@ -134,6 +136,6 @@ class Counts:
                 if what in _NOT_DROPS:
                     metrics.blocks.add(delta, {"outcome": what})
                 else:
-                    metrics.blocks.add(delta, {"outcome": "dropped", "reason": what})
+                    metrics.blocks.add(delta, {"outcome": DROPPED, "reason": what})
         except Exception:
             pass

@@ -5,7 +5,8 @@ of about 550 lines, and one module, on purpose: its methods share one lock and o
 (open streams, live calls, the queue), and each rule that touches that state — attribution
 and admission on publish, the one terminal per stream, the call's end, idle streams — is
 written once, here, under that lock. Building what is queued, and counting, live in
-:mod:`.consumer` and :mod:`.counts`.
+:mod:`.consumer` and :mod:`.counts`. :class:`HubConsumer`, the sender's port (take, wait,
+report), is here too: it shares the hub's state (the queue, the idle flag, the detach).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kernel_ext import _fork
 from kernel_ext._telemetry import RareLog
-from kernel_ext.context import _CURRENT_CALL, CallLife, ToolCall
+from kernel_ext.context import CallLife, ToolCall, current_tool_call
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import (
     DEFAULT_MAX_BLOCK_BYTES,
@@ -28,10 +29,9 @@ from kernel_ext.protocol import (
     text_block_fast_limit,
     trace_id_hex,
 )
-from kernel_ext.resolve import CONTEXT, _count_context, attribute
+from kernel_ext.resolve import CONTEXT, attribute, count_context
 from kernel_ext.stream.consumer import (
     CHAT_EVENT_STATE,
-    HubConsumer,
     Outgoing,
     Progress,
     QueueItem,
@@ -68,6 +68,7 @@ __all__ = [
     "ATTR_BLOCKS_DROPPED",
     "ATTR_CALL_ID_PATH",
     "ATTR_STREAMS",
+    "HubConsumer",
     "HubStats",
     "PublishItem",
     "PublishState",
@@ -85,7 +86,7 @@ ATTR_STREAMS = "kernel_ext.stream.streams"
 PublishState = Literal["running", "done", "aborted"]
 PublishItem = Envelope | Mapping[str, Any] | Progress | str
 
-_current_tool_call = _CURRENT_CALL.get  # kernel_ext.current_tool_call without its call
+_current_tool_call = current_tool_call  # ContextVar.get: a C call
 _wall_time = time.time
 _DEFAULT_ABORT_MESSAGE = "the tool call ended before its stream did"
 _RETURNED_TEXT = "the tool call finished"  # docs/tool-authors.md, docs/protocol.md
@@ -170,7 +171,7 @@ class StreamHub:
         self._tap = tap
         self._clock = clock
         self._fresh_state()
-        _fork.reset_in_child(self)
+        _fork.reset_in_child(self._reset_after_fork)
 
     def _fresh_state(self) -> None:
         """The hub's lock, counts, streams, calls and queue, new and empty."""
@@ -215,7 +216,7 @@ class StreamHub:
             # without the call: a Python call costs this path a sixth (callgrind counts).
             call = _current_tool_call()
             if call is not None:
-                _count_context()
+                count_context()
                 call_id: str | None = call.call_id
                 room = call.conversation_id or conversation_id
                 path = CONTEXT
@@ -457,12 +458,14 @@ class StreamHub:
         return len(self._queue)
 
     def record_delivered(self, n: int = 1) -> None:
-        """For senders: ``n`` blocks left this process (counted ``delivered``)."""
+        """``n`` blocks left this process (counted ``delivered``); a sender reports this on
+        its port, :meth:`HubConsumer.delivered`."""
         self._counts.add(DELIVERED, n)
 
     def record_dropped(self, reason: str, n: int = 1, call_id: str | None = None) -> None:
-        """For senders and the consumer side: ``n`` blocks will not reach a browser, counted
-        ``reason`` — and on ``call_id`` too while the hub still holds that call."""
+        """``n`` blocks will not reach a browser, counted ``reason`` — and on ``call_id`` too
+        while the hub still holds that call; a sender reports this on its port,
+        :meth:`HubConsumer.dropped`."""
         with self._lock:
             self._counts.add_locked(reason, n)
             stats = self._calls.get(call_id) if call_id is not None else None
@@ -724,3 +727,97 @@ class StreamHub:
         if now >= self._next_flush:
             self._next_flush = now + _SWEEP_EVERY
             self._counts.flush_metrics()
+
+
+class HubConsumer:
+    """The sender's end of a :class:`StreamHub`, and the only part of the hub a sender uses
+    (made by :meth:`StreamHub.consumer`): :meth:`get` a batch of outgoing items (waiting for
+    more), or :meth:`take_nowait` what is queued; then report what became of each block
+    taken, :meth:`delivered` or :meth:`dropped`.
+
+    Runs on one event loop. A publisher on another thread wakes it only when it is idle
+    (one ``call_soon_threadsafe`` per idle→busy transition, not per block).
+    """
+
+    def __init__(self, hub: StreamHub, loop: asyncio.AbstractEventLoop) -> None:
+        self._hub = hub
+        self._loop = loop
+        self._event = asyncio.Event()
+        self._loop_thread: int | None = None
+        self._closed = False
+        self._poked = False
+
+    @property
+    def hub(self) -> StreamHub:
+        """The :class:`StreamHub` this consumer takes from."""
+        return self._hub
+
+    @property
+    def closed(self) -> bool:
+        """Whether this consumer was detached (by :meth:`close` or a newer consumer)."""
+        return self._closed
+
+    @property
+    def queue_size(self) -> int:
+        """Blocks queued in the hub right now (:attr:`StreamHub.queue_size`)."""
+        return len(self._hub._queue)
+
+    async def get(self, max_items: int = 256) -> list[Outgoing]:
+        """Wait for and return up to ``max_items`` items in publish order; ``[]`` when
+        :meth:`poke` was called or the consumer is closed."""
+        hub = self._hub
+        self._loop_thread = threading.get_ident()
+        while True:
+            if self._closed:
+                return []
+            items = hub._take(max_items)
+            if items:
+                return items
+            if self._poked:
+                self._poked = False
+                return []
+            hub._idle = True
+            if hub._queue or self._poked or self._closed:
+                hub._idle = False
+                continue
+            await self._event.wait()
+            self._event.clear()
+
+    def take_nowait(self, max_items: int = 256) -> list[Outgoing]:
+        """What is queued now (up to ``max_items``), without waiting."""
+        return [] if self._closed else self._hub._take(max_items)
+
+    def delivered(self, n: int = 1) -> None:
+        """Report ``n`` blocks taken here as having left the process (counted
+        ``delivered``, as :meth:`StreamHub.record_delivered`). Also after :meth:`close`."""
+        self._hub.record_delivered(n)
+
+    def dropped(self, reason: str, n: int = 1, call_id: str | None = None) -> None:
+        """Report ``n`` blocks taken here as never reaching a browser, counted ``reason``
+        (a name of :mod:`kernel_ext.ledger`) and on ``call_id`` while the hub holds
+        that call (as :meth:`StreamHub.record_dropped`). Also after :meth:`close`."""
+        self._hub.record_dropped(reason, n, call_id)
+
+    def poke(self) -> None:
+        """Make a waiting :meth:`get` return (``[]`` if nothing is queued); loop thread only."""
+        self._poked = True
+        self._event.set()
+
+    def close(self, reason: str = NO_SENDER) -> int:
+        """Detach from the hub: later blocks count ``no_sender``; queued ones are dropped,
+        counted ``reason``. Returns how many of those were terminals."""
+        lost = 0
+        if not self._closed:
+            self._closed = True
+            lost = self._hub._detach(self, reason)
+            self._wake()
+        return lost
+
+    def _wake(self) -> None:
+        try:
+            if threading.get_ident() == self._loop_thread:
+                self._event.set()
+            else:
+                self._loop.call_soon_threadsafe(self._event.set)
+        except RuntimeError:  # the loop is closed: nobody is waiting any more
+            pass

@@ -65,7 +65,7 @@ class HubStats:
     """A snapshot of a hub: counts since it was made, and its current sizes.
 
     ``counts`` keys are ``admitted``, ``delivered``, ``degraded`` and the drop reasons
-    (``throttled``, ``closed``, …, :mod:`kernel_ext.stream.counts`). ``closed`` is the number
+    (``throttled``, ``closed``, …, :mod:`kernel_ext.ledger`). ``closed`` is the number
     of closed streams remembered (with their live calls).
     """
 

@@ -41,7 +41,7 @@ class MemoryEmitter(Emitter):
         self._changed = asyncio.Event()
 
     async def _send(self, items: list[Outgoing]) -> None:
-        hub = self.hub
+        consumer = self.consumer
         sent = 0
         for item in items:
             if isinstance(item, OutgoingBlock):
@@ -52,7 +52,7 @@ class MemoryEmitter(Emitter):
                 self.chat_events.append((item.room, item.event))
                 self.order.append(("chat_event", item.room, item.event))
         if sent:
-            hub.record_delivered(sent)
+            consumer.delivered(sent)
         if items:
             self._changed.set()
 

@@ -1,0 +1,241 @@
+"""The ledger: every name kernel_ext counts under, once (strings; no dependency).
+
+The hub, the senders, the relay and the metrics count with these names and nothing else;
+they are what users read — values of the ``outcome``, ``reason`` and ``event`` attributes of
+the OpenTelemetry counters, keys of :meth:`kernel_ext.stream.StreamHub.stats`,
+``Emitter.counts`` and the relay's stats (docs/operations.md lists them) — so a value never
+changes. Other modules re-export the names they own by meaning (:mod:`kernel_ext.stream.counts`
+the block outcomes and drop reasons, :mod:`kernel_ext.emit.base` the senders' drop reasons,
+:mod:`kernel_ext.integrations.ag_ui` the bridge's events): the same objects.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ACCEPTED",
+    "ACKS",
+    "ACK_PACE_TIMEOUTS",
+    "ACK_TIMEOUTS",
+    "ADMITTED",
+    "AFTER_WORKER_ABORTED",
+    "BAD_ARGUMENTS",
+    "BAD_CURSOR",
+    "BAD_EVENT_NAME",
+    "BAD_FRAME",
+    "BAD_JOIN",
+    "BAD_LEAVE",
+    "BAD_PACKET",
+    "BAD_SECRET",
+    "BAD_WORKER",
+    "BLOCKS_EMITTED",
+    "BROWSERS",
+    "BROWSER_QUEUE_FULL",
+    "BROWSER_REFUSED",
+    "BUSY",
+    "CALL_LIMIT",
+    "CHAT_EVENTS",
+    "CLOSED",
+    "CONNECTS",
+    "CONNECT_ERROR",
+    "CONNECT_FAILURES",
+    "CONNECT_REFUSED",
+    "DEGRADED",
+    "DELIVERED",
+    "DISCONNECTED",
+    "DISCONNECTS",
+    "DROPPED",
+    "DUPLICATE_TERMINAL",
+    "ERROR",
+    "EXPIRED",
+    "FRAMES",
+    "FRAME_TOO_LARGE",
+    "HEARTBEATS",
+    "HELD_TERMINALS",
+    "IGNORED_CURSORS",
+    "INTERNAL",
+    "INTERNAL_CONNECTS",
+    "INVALID",
+    "JOINS",
+    "JOIN_REFUSED",
+    "LATE_TERMINALS",
+    "NACKS",
+    "NOT_BROWSER",
+    "NOT_INTERNAL",
+    "NO_LISTENER",
+    "NO_ROOM",
+    "NO_SENDER",
+    "NO_TASK_ID",
+    "NO_TOOL_CALL_ID",
+    "OUTAGES",
+    "PACED_ACKS",
+    "QUEUE_FULL",
+    "REDIS_AFTER_WORKER_ABORTED",
+    "REDIS_DOWN",
+    "REDIS_GIVEN_UP",
+    "REDIS_JOIN_UNSUBSCRIBED",
+    "REDIS_LOG_BLOCKS",
+    "REDIS_LOG_UNREAD",
+    "REDIS_PREFIX",
+    "REDIS_PUBLISH_FAILED",
+    "REDIS_REPUBLISHED",
+    "REDIS_UNREACHABLE",
+    "REDIS_WATCH_RESUMED",
+    "REJECTED",
+    "REJECTED_PREFIX",
+    "REPLAY_BLOCKS",
+    "REPLAY_BYTES",
+    "REPLAY_DROPPED_STREAMS",
+    "REPLAY_GAVE_WAY",
+    "REPLAY_IDLE_RELEASED",
+    "REPLAY_MISSING",
+    "REPLAY_ROOMS",
+    "REPLAY_STREAMS",
+    "RUN_ENDED_OPEN",
+    "RUN_LIMIT",
+    "STREAM_LIMIT",
+    "SUPPRESSED_LOG_RECORDS",
+    "TERMINALS_DEGRADED",
+    "TERMINAL_EXPIRED",
+    "TERMINAL_OVERFLOW",
+    "TERMINAL_REEMITTED",
+    "TERMINAL_RESENDS",
+    "THROTTLED",
+    "TOO_LARGE",
+    "UNATTRIBUTED",
+    "UNFLUSHED",
+    "UNKNOWN_EVENT",
+    "WINDOW_FULL",
+    "WORKERS_DROPPED",
+    "WORKERS_GONE",
+    "WORKERS_IN_GRACE",
+    "WORKERS_RESUMED",
+    "WORKERS_TRACKED",
+    "WORKER_ABORTED",
+    "WORKER_STREAMS",
+    "WORKER_STREAMS_DROPPED",
+]
+
+# -- Blocks: ``kernel_ext.blocks`` ``outcome`` (and HubStats counts) --------------------------
+ADMITTED = "admitted"
+DELIVERED = "delivered"
+DEGRADED = "degraded"
+DROPPED = "dropped"
+"""The ``outcome`` of a drop; its ``reason`` is one of the names below."""
+
+# Drop reasons of the stream layer (before admission, or while building):
+THROTTLED = "throttled"
+CLOSED = "closed"
+DUPLICATE_TERMINAL = "duplicate_terminal"
+"""Also the relay's count of a second terminal of a stream it dropped."""
+UNATTRIBUTED = "unattributed"
+NO_ROOM = "no_room"
+NO_SENDER = "no_sender"
+NO_TASK_ID = "no_task_id"
+QUEUE_FULL = "queue_full"
+STREAM_LIMIT = "stream_limit"
+INVALID = "invalid"
+TOO_LARGE = "too_large"
+EXPIRED = "expired"
+CALL_LIMIT = "call_limit"
+UNFLUSHED = "unflushed"
+ERROR = "error"
+
+# Drop reasons of the senders (after admission):
+DISCONNECTED = "disconnected"
+REJECTED = "rejected"
+TERMINAL_EXPIRED = "terminal_expired"
+TERMINAL_OVERFLOW = "terminal_overflow"
+REDIS_DOWN = "redis_down"
+NO_LISTENER = "no_listener"
+"""Also the Redis sender's event of a publish no web process received."""
+
+# -- Sender events: ``Emitter.counts`` and ``kernel_ext.sender.events`` ``event`` -----------
+CONNECTS = "connects"
+DISCONNECTS = "disconnects"
+CONNECT_FAILURES = "connect_failures"
+CONNECT_REFUSED = "connect_refused"
+ACK_TIMEOUTS = "ack_timeouts"
+ACKS = "acks"
+NACKS = "nacks"
+WINDOW_FULL = "window_full"
+TERMINAL_RESENDS = "terminal_resends"
+TERMINALS_DEGRADED = "terminals_degraded"
+OUTAGES = "outages"
+HEARTBEATS = "heartbeats"
+NO_TOOL_CALL_ID = "no_tool_call_id"
+"""A pane whose call has no tool-call id when the AG-UI bridge takes its first block (its
+span carried none, it ended ``ended_ttl`` seconds or more before, or it was evicted from a
+full tap): its ``toolCallId`` is ``null`` and its colleagues have no parent tool call."""
+RUN_ENDED_OPEN = "run_ended_open"
+"""A colleague still open when its AG-UI run closed: ended with ``SUBAGENT_ERROR``."""
+RUN_LIMIT = "run_limit"
+"""An AG-UI run registered past ``max_runs``: it gets no panes."""
+
+# -- Relay counters: the relay's stats ----------------------------------------------------
+INTERNAL = "internal"
+BROWSERS = "browsers"
+WORKERS_IN_GRACE = "workers_in_grace"
+INTERNAL_CONNECTS = "internal_connects"
+BROWSER_REFUSED = "browser_refused"
+JOIN_REFUSED = "join_refused"
+JOINS = "joins"
+LATE_TERMINALS = "late_terminals"
+IGNORED_CURSORS = "ignored_cursors"
+REPLAY_BLOCKS = "replay_blocks"
+REPLAY_MISSING = "replay_missing"
+REPLAY_GAVE_WAY = "replay_gave_way"
+FRAMES = "frames"
+PACED_ACKS = "acks_paced"
+ACK_PACE_TIMEOUTS = "ack_pace_timeouts"
+BROWSER_QUEUE_FULL = "browser_queue_full"
+CHAT_EVENTS = "chat_events"
+BLOCKS_EMITTED = "blocks_emitted"
+AFTER_WORKER_ABORTED = "after_worker_aborted"
+TERMINAL_REEMITTED = "terminal_reemitted"
+HELD_TERMINALS = "held_terminals"
+WORKERS_RESUMED = "workers_resumed"
+WORKERS_TRACKED = "workers_tracked"
+WORKER_STREAMS = "worker_streams"
+WORKER_STREAMS_DROPPED = "worker_streams_dropped"
+WORKERS_DROPPED = "workers_dropped"
+WORKERS_GONE = "workers_gone"
+WORKER_ABORTED = "worker_aborted"
+SUPPRESSED_LOG_RECORDS = "suppressed_log_records"
+REPLAY_ROOMS = "replay_rooms"
+REPLAY_STREAMS = "replay_streams"
+REPLAY_BYTES = "replay_bytes"
+REPLAY_DROPPED_STREAMS = "replay_dropped_streams"
+REPLAY_IDLE_RELEASED = "replay_idle_released"
+REJECTED_PREFIX = "rejected_"
+"""A refused frame or connection is counted ``rejected_<its outcome below>``."""
+
+# -- The relay's Redis manager: its counts ------------------------------------------------
+REDIS_PREFIX = "redis_"
+"""The gone-worker counts of the write-only path are the relay's, prefixed so."""
+REDIS_PUBLISH_FAILED = "redis_publish_failed"
+REDIS_GIVEN_UP = "redis_given_up"
+REDIS_REPUBLISHED = "redis_republished"
+REDIS_AFTER_WORKER_ABORTED = "redis_after_worker_aborted"
+REDIS_WATCH_RESUMED = "redis_watch_resumed"
+REDIS_JOIN_UNSUBSCRIBED = "redis_join_unsubscribed"
+REDIS_LOG_UNREAD = "redis_log_unread"
+REDIS_LOG_BLOCKS = "redis_log_blocks"
+REDIS_UNREACHABLE = "redis_unreachable"
+
+# -- Relay frames: ``kernel_ext.relay.frames`` ``outcome`` --------------------------------
+ACCEPTED = "accepted"
+BAD_SECRET = "bad_secret"
+BAD_WORKER = "bad_worker"
+NOT_BROWSER = "not_browser"
+NOT_INTERNAL = "not_internal"
+BAD_JOIN = "bad_join"
+BAD_CURSOR = "bad_cursor"
+BAD_LEAVE = "bad_leave"
+BAD_FRAME = "bad_frame"
+FRAME_TOO_LARGE = "frame_too_large"
+BUSY = "busy"
+UNKNOWN_EVENT = "unknown_event"
+BAD_EVENT_NAME = "bad_event_name"
+BAD_ARGUMENTS = "bad_arguments"
+CONNECT_ERROR = "connect_error"
+BAD_PACKET = "bad_packet"
