@@ -104,17 +104,13 @@ class _EncodedFrame:
     def of(cls, frame: list[Section]) -> _EncodedFrame:
         """The frame's data: ``{v, room, blocks}`` for one room, ``{v, rooms}`` for more
         (docs/protocol.md), as python-socketio would encode it."""
-        if len(frame) == 1:
-            room, blocks = frame[0]
-            joined = ",".join([b.text for b in blocks])
-            return cls(f'{{"v":1,"room":{wire_text(room)},"blocks":[{joined}]}}')
-        sections = ",".join(
-            [
-                f'{{"room":{wire_text(room)},"blocks":[{",".join([b.text for b in blocks])}]}}'
-                for room, blocks in frame
-            ]
-        )
-        return cls(f'{{"v":1,"rooms":[{sections}]}}')
+        sections = [
+            f'"room":{wire_text(room)},"blocks":[{",".join([b.text for b in blocks])}]'
+            for room, blocks in frame
+        ]
+        if len(sections) == 1:
+            return cls(f'{{"v":1,{sections[0]}}}')
+        return cls('{"v":1,"rooms":[{' + "},{".join(sections) + "}]}")
 
 
 @functools.cache
@@ -338,7 +334,7 @@ class LoopbackEmitter(Emitter):
         import socketio
 
         self._first_attempt = asyncio.Event()
-        # reconnection ours: module docstring; frames sent as their blocks' text (_Packet)
+        # reconnection ours: module docstring; frames sent as their blocks' text (_packet_class)
         client = socketio.AsyncClient(reconnection=False, serializer=_packet_class())
         client.on("connect", self._on_connect, namespace=self.namespace)
         client.on("disconnect", self._on_disconnect, namespace=self.namespace)

@@ -472,7 +472,7 @@ class StreamHub:
 
     def _detach(self, consumer: HubConsumer, reason: str = ledger.NO_SENDER) -> int:
         """Detach ``consumer``; what was queued is dropped, counted ``reason``. Returns the
-        number of terminals among it (logged at ledger.ERROR)."""
+        number of terminals among it (logged at ERROR)."""
         with self._lock:
             if self._consumer is not consumer:
                 return 0
