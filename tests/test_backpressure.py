@@ -374,3 +374,45 @@ async def test_aclose_sends_the_acknowledgements_that_wait_for_the_browsers():
             assert emitter.counts["ack_timeouts"] == 0
         finally:
             await emitter.stop(1)
+
+
+async def test_a_paced_acknowledgement_holds_none_of_its_frames_blocks():
+    """While the relay holds a frame's acknowledgement back, the frame's blocks are out and
+    released: the handler has emptied the frame's block lists (a saturated relay kept every
+    waiting frame's blocks alive through the wait, so the garbage collector moved them into
+    its oldest generation). The acknowledgement still counts them."""
+    from kernel_ext.protocol import text_block
+
+    async with (
+        relay_server(browser_queue_max=40, ack_pace_timeout=60) as (port, relay),
+        browsers(port, ROOM) as (stalled, _),
+    ):
+        internal = socketio.AsyncClient(reconnection=False)
+        await internal.connect(
+            f"http://127.0.0.1:{port}",
+            namespaces=[NS],
+            transports=["websocket"],
+            auth={"internal": SECRET},
+            wait_timeout=10,
+        )
+        try:
+            sid = internal.get_sid(NS)
+            seq = 0
+            waiting: list[tuple[dict[str, Any], asyncio.Task[dict[str, Any]]]] = []
+            while not relay.stats().get("acks_paced"):
+                assert seq < 400, "the relay never paced an acknowledgement"
+                seq += 1
+                block = text_block("0e0e0e0e0e0e0e0e", "task-0", "running", 1, seq, TEXT)
+                frame = {"v": 1, "rooms": [{"room": ROOM, "blocks": [block, dict(block)]}]}
+                task = asyncio.ensure_future(relay.on_kx_blocks(sid, frame))
+                waiting.append((frame, task))
+                await asyncio.sleep(0)
+                await asyncio.sleep(0)
+            frame, task = waiting[-1]
+            assert not task.done()  # its acknowledgement waits for the stalled browser
+            assert frame["rooms"][0]["blocks"] == []
+            stalled.drain()
+            acks = await asyncio.wait_for(asyncio.gather(*(t for _, t in waiting)), 30)
+            assert all(ack["ok"] and ack["accepted"] == 2 for ack in acks)
+        finally:
+            await internal.disconnect()

@@ -104,6 +104,7 @@ from kernel_ext.protocol import (
     check_block,
 )
 from kernel_ext.relay._log import count_frame, logger, rare
+from kernel_ext.relay._send import local_sends, send_local
 from kernel_ext.relay.auth import (
     BrowserAuth,
     InternalSecret,
@@ -505,8 +506,12 @@ class ChatRelay(GuardedNamespace):
                 entered = True
             for key, n in gone.items():
                 missing.setdefault(key, n)
+            local = local_sends(self.server.manager, ignore_queue=True)
             for raw in blocks:
-                await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
+                if local:
+                    await send_local(self.server, self.namespace, TOOL_EVENT_STREAM, raw, sid)
+                else:
+                    await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
                 if raw.get("state") in TERMINAL_STATES:
                     self.terminals.caught_up(raw, sid)
             sent += len(blocks)
@@ -585,7 +590,9 @@ class ChatRelay(GuardedNamespace):
         and send it again. With ``browser_queue_max`` the acknowledgement is paced: it comes
         once every browser of the frame's rooms on this process has fewer than a quarter of
         that queued (a browser this relay gave up waiting for is not waited for again until
-        it has), or after ``ack_pace_timeout`` seconds (counted ``ack_pace_timeouts``)."""
+        it has), or after ``ack_pace_timeout`` seconds (counted ``ack_pace_timeouts``).
+        Once a frame's blocks are emitted, its ``blocks`` lists are emptied: the blocks are
+        released while the acknowledgement waits."""
         conn = self._internal.get(sid)
         if conn is None:
             self._reject(sid, NOT_INTERNAL, KX_BLOCKS)
@@ -599,6 +606,41 @@ class ChatRelay(GuardedNamespace):
         if sum(len(blocks) for _, blocks in sections) > self.max_frame_blocks:
             self._reject(sid, FRAME_TOO_LARGE, KX_BLOCKS)
             return {"ok": False, "error": f"more than {self.max_frame_blocks} blocks in a frame"}
+        valid, refused = self._checked_sections(sid, sections)
+        if conn.queue.qsize() >= self.max_pending_frames:
+            self._reject(sid, BUSY, KX_BLOCKS)
+            return {"ok": False, "error": "busy"}
+        self._count(FRAMES)
+        count_frame(ACCEPTED)
+        await self._submit(conn, "blocks", "", valid)
+        rooms = [room for room, _ in valid]
+        accepted = sum(len(blocks) for _, blocks in valid)
+        # The frame's blocks are out: release them before the acknowledgement waits (the
+        # server holds the frame until the handler returns). Kept alive through that wait,
+        # a saturated relay's frames outlived two collections, and every block's dicts
+        # then counted towards a collection of the whole heap (docs/operations.md, "Where
+        # it saturates first").
+        valid = []
+        for _, blocks in sections:
+            blocks.clear()
+        if self.browser_queue_max is not None:
+            await self._pace(rooms)
+        ack: dict[str, Any] = {
+            "ok": True,
+            "accepted": accepted,
+            "rejected": len(refused),
+        }
+        if refused:
+            ack["refused"] = refused
+            ack["maxBlockBytes"] = self.max_block_bytes
+        return ack
+
+    def _checked_sections(
+        self, sid: str, sections: list[tuple[str, list[Any]]]
+    ) -> tuple[list[tuple[str, list[tuple[Any, bytes]]]], list[dict[str, Any]]]:
+        """A frame's sections with only their valid blocks, each with its compact JSON
+        (:meth:`_check_block`); and the refused ones (``index`` over the whole frame, and
+        the reason), each counted."""
         valid: list[tuple[str, list[tuple[Any, bytes]]]] = []
         refused: list[dict[str, Any]] = []
         index = 0
@@ -613,23 +655,7 @@ class ChatRelay(GuardedNamespace):
                     self._reject(sid, checked, "a block")
                 index += 1
             valid.append((room, kept))
-        if conn.queue.qsize() >= self.max_pending_frames:
-            self._reject(sid, BUSY, KX_BLOCKS)
-            return {"ok": False, "error": "busy"}
-        self._count(FRAMES)
-        count_frame(ACCEPTED)
-        await self._submit(conn, "blocks", "", valid)
-        if self.browser_queue_max is not None:
-            await self._pace([room for room, _ in valid])
-        ack: dict[str, Any] = {
-            "ok": True,
-            "accepted": index - len(refused),
-            "rejected": len(refused),
-        }
-        if refused:
-            ack["refused"] = refused
-            ack["maxBlockBytes"] = self.max_block_bytes
-        return ack
+        return valid, refused
 
     def _queued(self, eio_sid: str) -> int:
         """Packets python-engineio holds for one browser's connection, not yet written."""
@@ -796,20 +822,23 @@ class ChatRelay(GuardedNamespace):
     async def _emit_in_order(self, blocks: list[tuple[Any, bytes | None]], room: str) -> None:
         """One ``tool_event_stream`` per block, in order.
 
-        With the in-process client manager every emit is queued to each participant's
-        connection synchronously when its task first runs, and asyncio runs new tasks in
-        creation order: the emits of a frame overlap and keep their order. A pub/sub manager
-        (Redis) publishes after an await, so there they go one after the other (collected
-        into one pipeline per frame by :class:`RelayRedisManager`: :meth:`_run`).
+        With the in-process client manager each block is queued to its browsers'
+        connections in the step that picks them (:func:`~kernel_ext.relay._send.send_local`),
+        one after the other. Another manager of the same kind keeps its own ``emit``, each
+        block's as a task: asyncio runs new tasks in creation order, so they overlap and keep
+        their order. A pub/sub manager (Redis) publishes after an await, so there they go one
+        after the other (collected into one pipeline per frame by
+        :class:`RelayRedisManager`: :meth:`_run`).
         """
-        pubsub = isinstance(self.server.manager, AsyncPubSubManager)
+        manager = self.server.manager
+        pubsub = isinstance(manager, AsyncPubSubManager)
         if self.browser_queue_max is None or pubsub:
             skips: list[list[str] | None] = [None] * len(blocks)
             reserved: dict[str, int] = {}
         else:
             skips, reserved = self._reserve(blocks, room)
         try:
-            if len(blocks) > 1 and not pubsub:
+            if len(blocks) > 1 and not pubsub and not local_sends(manager):
                 loop = asyncio.get_running_loop()
                 tasks = [
                     loop.create_task(self._emit_block(raw, room, data, skip))
@@ -835,7 +864,13 @@ class ChatRelay(GuardedNamespace):
         compact JSON when the relay has it already; ``skip``: the browsers it does not go to
         (:meth:`_reserve`)."""
         replay = self.replay
-        if replay is not None and not isinstance(self.server.manager, RelayRedisManager):
+        manager = self.server.manager
+        if local_sends(manager):
+            if replay is not None:
+                replay.add(room, raw, data)
+            await send_local(self.server, self.namespace, TOOL_EVENT_STREAM, raw, room, skip)
+            return
+        if replay is not None and not isinstance(manager, RelayRedisManager):
             replay.add(room, raw, data)
         await self.emit(TOOL_EVENT_STREAM, raw, room=room, skip_sid=skip)
 

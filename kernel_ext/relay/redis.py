@@ -61,6 +61,7 @@ from kernel_ext.ledger import (
 )
 from kernel_ext.protocol import TERMINAL_STATES, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.relay._log import logger, rare
+from kernel_ext.relay._send import send_local
 from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, is_worker_id, track_workers
 from kernel_ext.settings import check_redis_url, redacted_url
 
@@ -272,6 +273,25 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
             )
             return
         self._hold(message)
+        data = message.get("data")
+        if (
+            message.get("callback") is None
+            and not message.get("binary")
+            and isinstance(data, list)
+            and len(data) == 1
+        ):
+            # python-socketio's own step for an emit without a callback, without its task
+            # per browser (kernel_ext.relay._send).
+            skip = message.get("skip_sid")
+            await send_local(
+                self.server,
+                message.get("namespace") or "/",
+                message.get("event"),
+                data[0],
+                message.get("room"),
+                skip if isinstance(skip, list) else None if skip is None else [skip],
+            )
+            return
         await super()._handle_emit(message)
 
     def _hold(self, message: Mapping[str, Any]) -> None:
