@@ -19,7 +19,7 @@ open.
   conversation's default bound (4 MiB of wire bytes) about four fifths of the way through,
   so the last ones make the oldest give way: that cost is in. Latency: 100 streams × 10
   blocks/s for ``LATENCY_SECONDS`` s, from ``publish()`` to the receiver's handler — p99
-  on / off ≤ 1.05. CPU: the relay's CPU time (``/proc``) per delivered block over the
+  on / off ≤ 1.05. CPU: the relay's CPU time (user + system) per delivered block over the
   throughput runs — on / off ≤ 1.05. The throughput of three processes sharing two cores is
   bounded by the receiver as much as by the relay, so it hides part of the relay's cost; its
   CPU per block does not (the issue's "the live path pays for catch-up only in memory").
@@ -368,7 +368,7 @@ def live_figures(
             "cpu",
             CPU_TARGET,
             "≤ 1.05× (pays only in memory)",
-            f"{medians(cpus, 1)} µs of the relay's CPU (user + system, /proc) per block over "
+            f"{medians(cpus, 1)} µs of the relay's CPU (user + system) per block over "
             "the throughput runs (medians)",
         ),
     ]

@@ -31,20 +31,21 @@ Two loads per point, on the same connected browsers:
 * **burst**: the worker publishes ``N`` blocks round-robin over the streams as fast as it
   can; delivered blocks/s counted at the browsers from the first publish to the last
   delivery (a full run: three bursts, the median kept). This is the capacity figure the
-  ≥ 1.0× throughput ratio is held against. The relay's CPU time (``/proc``) over it,
+  ≥ 1.0× throughput ratio is held against. The relay's CPU time (user + system) over it,
   divided by the deliveries, is its CPU per delivered block.
 
 The curves: (1) fan-out — one conversation, 10 streams, watched by 1–200 browsers;
 (2) breadth — 1–5,000 conversations with one stream and one browser each (the offered load
-grows with them, up to and past saturation); (3) scale-out — 1,000 conversations, one
+grows with them, up to and past saturation; what decides the largest point, profiled, is
+named in docs/operations.md, "Where it saturates first"); (3) scale-out — 1,000 conversations, one
 browser each, through one web process without Redis, through 1, 2 and 4 web processes behind
 one ``redis-server`` with the worker on the ``RedisEmitter`` path (the web-process curve:
 each web process has an even share of the conversations' browsers; kernel_ext's web
 processes run ``RelayRedisManager``, which routes each room's blocks to the web processes
 with a browser in it, the plain relay python-socketio's ``AsyncRedisManager``, which sends
 every block to every web process, and its worker a write-only one), and through two behind
-Redis with the worker looping back into one. Over each burst the CPU time (``/proc``, user +
-system) of every web process is summed, and it and redis-server's are divided by the
+Redis with the worker looping back into one. Over each burst the CPU time (user + system)
+of every web process is summed, and it and redis-server's are divided by the
 delivered blocks; kernel_ext's sum at 2 and 4 web processes is held to 1.2× its own at one
 (issue 25), the plain relay's growth is reported beside it; (4) workers — one worker
 with 10–1,000 concurrent tool calls at 10 blocks/s each: its CPU share, and the hub's memory
@@ -1013,7 +1014,7 @@ class Curves:
         curve = self.web_process_curve()
         by_label = {WEB_PROCESSES[n]: n for n in curve}
         rows = [
-            "Behind Redis: the sum of the web processes' CPU (`/proc`, user + system) and "
+            "Behind Redis: the sum of the web processes' CPU (user + system) and "
             "redis-server's CPU per delivered block over the burst; × 1: against the same "
             "contender with one web process.",
             "",

@@ -200,24 +200,19 @@ def enable(
     global _state
     targets = tuple(targets) if targets is not None else None
     with _lock:
-        options = {
-            k: v
-            for k, v in dict(
-                relay_url=relay_url,
-                redis_url=redis_url,
-                emitter=emitter,
-                hub=hub,
-                targets=targets,
-                tracer_provider=tracer_provider,
-            ).items()
-            if v is not None
-        }
+        options = _given(
+            relay_url=relay_url,
+            redis_url=redis_url,
+            emitter=emitter,
+            hub=hub,
+            targets=targets,
+            tracer_provider=tracer_provider,
+        )
         if _state is not None:
             if options and options != {k: _state.options.get(k) for k in options}:
                 logger.warning("kernel_ext.enable: already enabled; call disable() first")
             return _state
-
-        # -- configuration (may raise ConfigError; nothing changed yet) ----------------
+        # Configuration: may raise ConfigError, with nothing changed yet.
         settings = load_settings(
             relay_url=relay_url,
             secret=secret,
@@ -229,59 +224,100 @@ def enable(
             max_queue=max_queue,
         )
         check_positive_numbers(shutdown_timeout=shutdown_timeout)
-        if hub is None and emitter is not None:
-            hub = emitter.given_hub  # an emitter made for a hub brings it along
-        if hub is None:
-            hub = StreamHub(
-                max_running_per_second=settings.max_running_per_second,
-                max_streams=settings.max_streams,
-                max_queue=settings.max_queue,
-                tap=tap,
-            )
-        if emitter is None:
-            emitter = _emitter_from(settings, hub, emitter_options)
-        elif emitter.given_hub is not hub:
-            emitter.use_hub(hub)
+        hub, emitter = _hub_and_sender(settings, hub, emitter, tap, emitter_options)
         if targets is None and settings.targets:
             targets = settings.targets
             describe = describe or settings.describe_hook()
-        provider = _sdk_provider(tracer_provider)
-        instrumentor = ToolRuntimeInstrumentor()
-        state = Enabled(
-            hub=hub,
-            emitter=emitter,
-            processor=ToolSpanProcessor(tap=tap, sink=hub),
-            tracer_provider=provider,
-            instrumentor=instrumentor,
-            options=options,
-            timeout=float(shutdown_timeout),
-            _previous_sink=instrumentor.sink,
-        )
-
-        # -- wiring ----------------------------------------------------------------------
-        state._previous_hub = set_default_hub(hub)
-        try:
-            provider.add_span_processor(state.processor)
-            _instrument(state, targets, describe)
-            if emitter is not None:
-                _start_emitter(state, emitter, loop)
-            else:
-                logger.warning(
-                    "kernel_ext.enable: no sender configured (%s / %s); blocks are counted "
-                    "no_sender",
-                    env_name("relay_url"),
-                    env_name("redis_url"),
-                )
-            if emitter is not None and handle_sigterm and not in_multiprocessing_child():
-                state._sigterm = SigtermFlush(_sigterm_disable, _sigterm_adisable, state.timeout)
-                state._sigterm.install(state.loop)
-        except BaseException:
-            _undo(state, timeout=1.0)
-            raise
+        state = _planned(hub, emitter, tap, tracer_provider, options, shutdown_timeout)
+        # Wiring: undone as a whole if any step fails.
+        _wire(state, targets, describe, loop, handle_sigterm)
         _state = state
         at_exit(_at_exit)
         at_multiprocessing_start(_in_multiprocessing_child, _at_exit)
         return state
+
+
+def _given(**arguments: Any) -> dict[str, Any]:
+    """The arguments of :func:`enable` that tell one setup from another, those given."""
+    return {name: value for name, value in arguments.items() if value is not None}
+
+
+def _hub_and_sender(
+    settings: Settings,
+    hub: StreamHub | None,
+    emitter: Emitter | None,
+    tap: Tap | None,
+    emitter_options: Mapping[str, Any] | None,
+) -> tuple[StreamHub, Emitter | None]:
+    """The hub (given, the given emitter's, or new with the settings' stream rules) and the
+    sender (given, attached to that hub, or made from the settings' URLs; may be none)."""
+    if hub is None and emitter is not None:
+        hub = emitter.given_hub  # an emitter made for a hub brings it along
+    if hub is None:
+        hub = StreamHub(
+            max_running_per_second=settings.max_running_per_second,
+            max_streams=settings.max_streams,
+            max_queue=settings.max_queue,
+            tap=tap,
+        )
+    if emitter is None:
+        emitter = _emitter_from(settings, hub, emitter_options)
+    elif emitter.given_hub is not hub:
+        emitter.use_hub(hub)
+    return hub, emitter
+
+
+def _planned(
+    hub: StreamHub,
+    emitter: Emitter | None,
+    tap: Tap | None,
+    tracer_provider: TracerProvider | None,
+    options: dict[str, Any],
+    shutdown_timeout: float,
+) -> Enabled:
+    """What :func:`enable` is about to set up, nothing of it wired yet."""
+    provider = _sdk_provider(tracer_provider)  # may raise ConfigError: first
+    instrumentor = ToolRuntimeInstrumentor()
+    return Enabled(
+        hub=hub,
+        emitter=emitter,
+        processor=ToolSpanProcessor(tap=tap, sink=hub),
+        tracer_provider=provider,
+        instrumentor=instrumentor,
+        options=options,
+        timeout=float(shutdown_timeout),
+        _previous_sink=instrumentor.sink,
+    )
+
+
+def _wire(
+    state: Enabled,
+    targets: Iterable[str | ToolTarget] | None,
+    describe: Describe | None,
+    loop: asyncio.AbstractEventLoop | None,
+    handle_sigterm: bool,
+) -> None:
+    """Install the hub, the processor, the instrumentation, the sender and its loop, and
+    the ``SIGTERM`` flush; if any step raises, undo the steps before it and re-raise."""
+    state._previous_hub = set_default_hub(state.hub)
+    emitter = state.emitter
+    try:
+        state.tracer_provider.add_span_processor(state.processor)
+        _instrument(state, targets, describe)
+        if emitter is None:
+            logger.warning(
+                "kernel_ext.enable: no sender configured (%s / %s); blocks are counted no_sender",
+                env_name("relay_url"),
+                env_name("redis_url"),
+            )
+            return
+        _start_emitter(state, emitter, loop)
+        if handle_sigterm and not in_multiprocessing_child():
+            state._sigterm = SigtermFlush(_sigterm_disable, _sigterm_adisable, state.timeout)
+            state._sigterm.install(state.loop)
+    except BaseException:
+        _undo(state, timeout=1.0)
+        raise
 
 
 def _instrument(

@@ -347,106 +347,151 @@ async def follow(
     (:meth:`TailPrinter.joining`, :meth:`TailPrinter.joined`); a join superseded by a newer
     one leaves the catch-up to the newer. Cancelling it disconnects.
     """
-    import socketio
-
     err = err if err is not None else sys.stderr
-    # handle_sigint=False: SIGINT is ours (a clean exit), not engineio's cancel-everything.
-    sio = socketio.AsyncClient(reconnection=True, reconnection_delay_max=5, handle_sigint=False)
-    refused: list[Any] = []
-    joined_once = False
-    closing = False
-    joins = 0  # the latest join ends the catch-up, not one it superseded
-
-    def say(message: str) -> None:
-        try:
-            err.write(f"kernel-ext tail: {message}\n")
-            err.flush()
-        except (BrokenPipeError, ValueError):
-            pass
-
-    async def join() -> Any:
-        nonlocal joins
-        joins += 1
-        this_join = joins
-        # ``have`` even when empty: a relay that catches up answers it with ``replay``.
-        request = {"conversationId": conversation_id, "have": printer.joining()}
-        ack: Any = None
-        try:
-            ack = await sio.call(JOIN_EVENT, request, namespace=namespace, timeout=timeout)
-        finally:
-            if this_join == joins:
-                printer.joined(ack)
-        return ack
-
-    async def rejoin() -> None:
-        try:
-            ack = await join()
-        except Exception as exc:  # reported, and the next reconnect tries again
-            say(f"re-joining {conversation_id!r} failed: {exc or type(exc).__name__}")
-            return
-        if _ok(ack):
-            say(f"reconnected; following {conversation_id!r} again{_caught_up(ack)}")
-        else:
-            say(f"re-joining {conversation_id!r} was refused: {_error_of(ack)}")
-
-    def on_connect() -> None:
-        if joined_once:
-            sio.start_background_task(rejoin)
-
-    def on_disconnect(*args: Any) -> None:
-        if joined_once and not closing:
-            say("connection lost; reconnecting…")
-
-    def on_connect_error(data: Any = None) -> None:
-        refused.append(data)
-
-    sio.on("connect", on_connect, namespace=namespace)
-    sio.on("disconnect", on_disconnect, namespace=namespace)
-    sio.on("connect_error", on_connect_error, namespace=namespace)
-    sio.on(TOOL_EVENT_STREAM, printer.block, namespace=namespace)
-    sio.on(CHAT_EVENT, printer.snapshot, namespace=namespace)
+    follower = _Follower(url, conversation_id, printer, namespace, timeout, err)
     host = urlsplit(url).hostname or ""
     if never_resolves(host):
         reason = f"the host name {host!r} does not resolve (no name under .invalid does)"
-        say(f"cannot connect to {url}: {reason}")
+        follower.say(f"cannot connect to {url}: {reason}")
         return EXIT_USAGE
     try:
-        try:
-            await sio.connect(
-                url,
-                namespaces=[namespace],
-                auth={"token": token} if token is not None else None,
-                wait_timeout=timeout,
-                retry=False,
-            )
-        except socketio.exceptions.ConnectionError as exc:
-            if refused and isinstance(refused[-1], Mapping):  # the server said no
-                reason = _refusal_of(refused[-1])
-                hint = " (check --token)" if "auth" in reason.lower() else ""
-                say(f"the relay at {url} refused the connection: {reason}{hint}")
-            else:
-                say(f"cannot connect to {url}: {await _why_unreachable(url, timeout, exc)}")
-                return EXIT_USAGE
-            return EXIT_FAILED
-        try:
-            ack = await join()
-        except socketio.exceptions.TimeoutError:
-            say(f"the relay did not answer join_conversation within {timeout:g} s")
-            return EXIT_FAILED
-        if not _ok(ack):
-            say(f"joining conversation {conversation_id!r} was refused: {_error_of(ack)}")
-            return EXIT_FAILED
-        joined_once = True
-        say(
-            f"following conversation {conversation_id!r} at {url}{_caught_up(ack)} (Ctrl-C to stop)"
-        )
+        failed = await follower.connect(token)
+        if failed is None:
+            failed = await follower.first_join()
+        if failed is not None:
+            return failed
         while not printer.broken:
             await asyncio.sleep(tick_interval)  # the viewer's clock, not synchronisation
             printer.tick()
         return 0
     finally:
-        closing = True
-        await _quietly(sio.disconnect(), timeout)
+        await follower.close()
+
+
+class _Follower:
+    """One :func:`follow`: its Socket.IO client, its joins, what it tells the person."""
+
+    def __init__(
+        self,
+        url: str,
+        conversation_id: str,
+        printer: TailPrinter,
+        namespace: str,
+        timeout: float,
+        err: TextIO,
+    ) -> None:
+        import socketio
+
+        self.url = url
+        self.conversation_id = conversation_id
+        self.printer = printer
+        self.namespace = namespace
+        self.timeout = timeout
+        self.err = err
+        # handle_sigint=False: SIGINT is ours (a clean exit), not engineio's cancel-everything.
+        self.sio = socketio.AsyncClient(
+            reconnection=True, reconnection_delay_max=5, handle_sigint=False
+        )
+        self.refused: list[Any] = []
+        self.joined_once = False
+        self.closing = False
+        self.joins = 0  # the latest join ends the catch-up, not one it superseded
+        self.sio.on("connect", self.on_connect, namespace=namespace)
+        self.sio.on("disconnect", self.on_disconnect, namespace=namespace)
+        self.sio.on("connect_error", self.on_connect_error, namespace=namespace)
+        self.sio.on(TOOL_EVENT_STREAM, printer.block, namespace=namespace)
+        self.sio.on(CHAT_EVENT, printer.snapshot, namespace=namespace)
+
+    def say(self, message: str) -> None:
+        try:
+            self.err.write(f"kernel-ext tail: {message}\n")
+            self.err.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    async def connect(self, token: str | None) -> int | None:
+        """Connect; ``None``, else the exit status (the reason said)."""
+        import socketio
+
+        try:
+            await self.sio.connect(
+                self.url,
+                namespaces=[self.namespace],
+                auth={"token": token} if token is not None else None,
+                wait_timeout=self.timeout,
+                retry=False,
+            )
+        except socketio.exceptions.ConnectionError as exc:
+            if self.refused and isinstance(self.refused[-1], Mapping):  # the server said no
+                reason = _refusal_of(self.refused[-1])
+                hint = " (check --token)" if "auth" in reason.lower() else ""
+                self.say(f"the relay at {self.url} refused the connection: {reason}{hint}")
+                return EXIT_FAILED
+            why = await _why_unreachable(self.url, self.timeout, exc)
+            self.say(f"cannot connect to {self.url}: {why}")
+            return EXIT_USAGE
+        return None
+
+    async def first_join(self) -> int | None:
+        """Join the room; ``None``, else the exit status (the reason said)."""
+        import socketio
+
+        try:
+            ack = await self.join()
+        except socketio.exceptions.TimeoutError:
+            self.say(f"the relay did not answer join_conversation within {self.timeout:g} s")
+            return EXIT_FAILED
+        if not _ok(ack):
+            self.say(f"joining conversation {self.conversation_id!r} was refused: {_error_of(ack)}")
+            return EXIT_FAILED
+        self.joined_once = True
+        self.say(
+            f"following conversation {self.conversation_id!r} at {self.url}"
+            f"{_caught_up(ack)} (Ctrl-C to stop)"
+        )
+        return None
+
+    async def join(self) -> Any:
+        self.joins += 1
+        this_join = self.joins
+        # ``have`` even when empty: a relay that catches up answers it with ``replay``.
+        request = {"conversationId": self.conversation_id, "have": self.printer.joining()}
+        ack: Any = None
+        try:
+            ack = await self.sio.call(
+                JOIN_EVENT, request, namespace=self.namespace, timeout=self.timeout
+            )
+        finally:
+            if this_join == self.joins:
+                self.printer.joined(ack)
+        return ack
+
+    async def rejoin(self) -> None:
+        conversation = self.conversation_id
+        try:
+            ack = await self.join()
+        except Exception as exc:  # reported, and the next reconnect tries again
+            self.say(f"re-joining {conversation!r} failed: {exc or type(exc).__name__}")
+            return
+        if _ok(ack):
+            self.say(f"reconnected; following {conversation!r} again{_caught_up(ack)}")
+        else:
+            self.say(f"re-joining {conversation!r} was refused: {_error_of(ack)}")
+
+    def on_connect(self) -> None:
+        if self.joined_once:
+            self.sio.start_background_task(self.rejoin)
+
+    def on_disconnect(self, *args: Any) -> None:
+        if self.joined_once and not self.closing:
+            self.say("connection lost; reconnecting…")
+
+    def on_connect_error(self, data: Any = None) -> None:
+        self.refused.append(data)
+
+    async def close(self) -> None:
+        self.closing = True
+        await _quietly(self.sio.disconnect(), self.timeout)
 
 
 async def _why_unreachable(url: str, timeout: float, error: Exception) -> str:

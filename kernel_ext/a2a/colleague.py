@@ -108,6 +108,42 @@ async def _cancel_remote(client: Client, task_ids: tuple[str, ...]) -> None:
             logger.debug("a2a: could not cancel task %s: %s", task_id, error)
 
 
+async def _ask(
+    colleague: Client | AgentCard | str,
+    request: SendMessageRequest,
+    adapter: A2AStreamAdapter,
+    stack: AsyncExitStack,
+    clients: list[Client],
+    http_client: httpx.AsyncClient | None,
+    connect_timeout: float,
+    idle_timeout: float | None,
+) -> None:
+    """:func:`stream_colleague`'s work within its deadline: connect (a client made here is
+    closed with ``stack``; the one used is appended to ``clients``), send the message and
+    feed the colleague's events to ``adapter`` until it has the final state."""
+    client: Client
+    if isinstance(colleague, (str, AgentCard)):
+        http = http_client
+        if http is None:
+            http = colleague_http_client(connect_timeout=connect_timeout, idle_timeout=idle_timeout)
+            stack.push_async_callback(http.aclose)
+        client = await create_client(
+            colleague, client_config=ClientConfig(streaming=True, httpx_client=http)
+        )
+        stack.push_async_callback(client.close)
+    else:
+        client = colleague
+    clients.append(client)
+    events = client.send_message(request)
+    try:
+        async for event in events:
+            adapter.feed(event)
+            if adapter.finished:
+                return
+    finally:  # release the HTTP stream now, also when leaving early
+        await _aclose(events)
+
+
 async def stream_colleague(
     colleague: Client | AgentCard | str,
     text: str,
@@ -150,36 +186,21 @@ async def stream_colleague(
     adapter = A2AStreamAdapter(publish, conversation_id=conversation_id, tool_name=tool_name)
     request = SendMessageRequest(message=_user_message(text, context_id, task_id, metadata))
     clients: list[Client] = []
-
     async with AsyncExitStack() as stack:
-
-        async def run() -> None:
-            client: Client
-            if isinstance(colleague, (str, AgentCard)):
-                http = http_client
-                if http is None:
-                    http = colleague_http_client(
-                        connect_timeout=connect_timeout, idle_timeout=idle_timeout
-                    )
-                    stack.push_async_callback(http.aclose)
-                client = await create_client(
-                    colleague, client_config=ClientConfig(streaming=True, httpx_client=http)
-                )
-                stack.push_async_callback(client.close)
-            else:
-                client = colleague
-            clients.append(client)
-            events = client.send_message(request)
-            try:
-                async for event in events:
-                    adapter.feed(event)
-                    if adapter.finished:
-                        return
-            finally:  # release the HTTP stream now, also when leaving early
-                await _aclose(events)
-
         try:
-            await asyncio.wait_for(run(), timeout)
+            await asyncio.wait_for(
+                _ask(
+                    colleague,
+                    request,
+                    adapter,
+                    stack,
+                    clients,
+                    http_client,
+                    connect_timeout,
+                    idle_timeout,
+                ),
+                timeout,
+            )
         except asyncio.CancelledError:
             adapter.close("the call was cancelled", "error")
             raise

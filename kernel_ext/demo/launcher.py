@@ -401,22 +401,8 @@ def _url_host(host: str) -> str:
 
 
 async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> int:
-    import httpx
-
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    stopped_by: list[int] = []
-
-    def on_signal(signum: int) -> None:
-        stopped_by.append(signum)
-        stop.set()
-
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        signum = getattr(signal, name, None)
-        if signum is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signum, on_signal, signum)
-
+    stopped_by = _stop_on_signals(stop)
     if options.redis:
         await _check_redis(options.redis)
     env = {
@@ -426,73 +412,13 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
     }
     supervisor = Supervisor(log_dir, env)
     url = f"http://{_url_host(options.host)}:{options.port}"
-    colleague_urls: list[str] = []
     try:
-        for spec in COLLEAGUES:
-            port = _free_port()
-            supervisor.start(
-                f"colleague-{spec.key}",
-                "kernel_ext.demo.colleague",
-                "--port", str(port),
-                "--name", spec.title,
-                "--delay", str(options.step_delay),
-            )  # fmt: skip
-            colleague_urls.append(f"http://127.0.0.1:{port}/")
-        web_args = ["--host", options.host, "--port", str(options.port)]
-        if options.lang is not None:
-            web_args += ["--lang", options.lang]
-        if options.redis:
-            web_args += ["--redis", options.redis]
-        supervisor.start("web", "kernel_ext.demo.web", *web_args)
-        # Every message says its language; the worker's --lang is for one that would not.
-        worker_args = ["--relay", url, "--kernel", options.kernel]
-        for spec, colleague_url in zip(COLLEAGUES, colleague_urls, strict=True):
-            worker_args += ["--colleague", f"{spec.key}={colleague_url}"]
-        supervisor.start("worker", "kernel_ext.demo.worker", *worker_args)
+        colleague_urls = _start_children(supervisor, options, url)
         for child in supervisor.children:
             err.write(f"kernel-ext demo: {child.name} started (pid {child.pid})\n")
         err.flush()
-
-        async def run() -> int:
-            deadline = loop.time() + _STARTUP_LIMIT
-            for colleague_url in colleague_urls:
-                port = int(colleague_url.rsplit(":", 1)[1].strip("/"))
-                await _until(
-                    supervisor, "a colleague", functools.partial(_listening, port), deadline
-                )
-            async with httpx.AsyncClient(timeout=2.0) as client:
-                await _until(supervisor, "the web process", lambda: _ready(client, url), deadline)
-                await _until(
-                    supervisor,
-                    f"the agent (on {options.kernel})",
-                    lambda: _agent_connected(client, url, options.kernel),
-                    deadline,
-                )
-            if options.headless:
-                err.write(
-                    f"kernel-ext demo: ready at {url}, the agent on {options.kernel}; "
-                    "running the scripted conversation\n"
-                )
-                err.flush()
-                lang = options.lang or lang_of_locale(os.environ)
-                return await _converse(url, out, err, lang)
-            out.write(
-                f"kernel-ext demo is running. Open {url}/ in a browser.\n"
-                "The page starts a conversation by itself; Ctrl-C stops everything.\n"
-            )
-            out.flush()
-            await asyncio.Event().wait()  # until a signal, the time limit or a child's death
-            return EXIT_OK  # pragma: no cover
-
-        async def watch() -> int:
-            while True:
-                dead = supervisor.dead()
-                if dead is not None:
-                    raise DemoFailed(_died(dead))
-                await asyncio.sleep(0.2)  # watching the children, not synchronising
-
-        job = asyncio.ensure_future(run())
-        watcher = asyncio.ensure_future(watch())
+        job = asyncio.ensure_future(_run(supervisor, options, url, colleague_urls, out, err))
+        watcher = asyncio.ensure_future(_watch(supervisor))
         stopper = asyncio.ensure_future(stop.wait())
         done, _ = await asyncio.wait(
             {job, watcher, stopper},
@@ -517,6 +443,100 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
         return EXIT_OK
     finally:
         supervisor.stop()
+
+
+def _stop_on_signals(stop: asyncio.Event) -> list[int]:
+    """Set ``stop`` on SIGINT, SIGTERM or SIGHUP; the list it returns gets the signal."""
+    loop = asyncio.get_running_loop()
+    stopped_by: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        stopped_by.append(signum)
+        stop.set()
+
+    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
+        signum = getattr(signal, name, None)
+        if signum is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(signum, on_signal, signum)
+    return stopped_by
+
+
+def _start_children(supervisor: Supervisor, options: Options, url: str) -> list[str]:
+    """Start the colleagues, the web process and the worker; the colleagues' URLs."""
+    colleague_urls: list[str] = []
+    for spec in COLLEAGUES:
+        port = _free_port()
+        supervisor.start(
+            f"colleague-{spec.key}",
+            "kernel_ext.demo.colleague",
+            "--port", str(port),
+            "--name", spec.title,
+            "--delay", str(options.step_delay),
+        )  # fmt: skip
+        colleague_urls.append(f"http://127.0.0.1:{port}/")
+    web_args = ["--host", options.host, "--port", str(options.port)]
+    if options.lang is not None:
+        web_args += ["--lang", options.lang]
+    if options.redis:
+        web_args += ["--redis", options.redis]
+    supervisor.start("web", "kernel_ext.demo.web", *web_args)
+    # Every message says its language; the worker's --lang is for one that would not.
+    worker_args = ["--relay", url, "--kernel", options.kernel]
+    for spec, colleague_url in zip(COLLEAGUES, colleague_urls, strict=True):
+        worker_args += ["--colleague", f"{spec.key}={colleague_url}"]
+    supervisor.start("worker", "kernel_ext.demo.worker", *worker_args)
+    return colleague_urls
+
+
+async def _run(
+    supervisor: Supervisor,
+    options: Options,
+    url: str,
+    colleague_urls: list[str],
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Wait until every child is ready, then run the scripted conversation (headless) or
+    tell the person where to look and wait."""
+    import httpx
+
+    deadline = asyncio.get_running_loop().time() + _STARTUP_LIMIT
+    for colleague_url in colleague_urls:
+        port = int(colleague_url.rsplit(":", 1)[1].strip("/"))
+        await _until(supervisor, "a colleague", functools.partial(_listening, port), deadline)
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        await _until(supervisor, "the web process", lambda: _ready(client, url), deadline)
+        await _until(
+            supervisor,
+            f"the agent (on {options.kernel})",
+            lambda: _agent_connected(client, url, options.kernel),
+            deadline,
+        )
+    if options.headless:
+        err.write(
+            f"kernel-ext demo: ready at {url}, the agent on {options.kernel}; "
+            "running the scripted conversation\n"
+        )
+        err.flush()
+        lang = options.lang or lang_of_locale(os.environ)
+        return await _converse(url, out, err, lang)
+    out.write(
+        f"kernel-ext demo is running. Open {url}/ in a browser.\n"
+        "The page starts a conversation by itself; Ctrl-C stops everything.\n"
+    )
+    out.flush()
+    await asyncio.Event().wait()  # until a signal, the time limit or a child's death
+    return EXIT_OK  # pragma: no cover
+
+
+async def _watch(supervisor: Supervisor) -> int:
+    """Raise :class:`DemoFailed` once a child has died."""
+    while True:
+        dead = supervisor.dead()
+        if dead is not None:
+            raise DemoFailed(_died(dead))
+        await asyncio.sleep(0.2)  # watching the children, not synchronising
 
 
 def launch(options: Options, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -22,6 +22,7 @@ return value, is what the call is said to have returned (:meth:`ActiveCall.retur
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import AsyncGenerator, Awaitable, Callable, Generator
 from typing import Any, TypeVar
@@ -81,78 +82,14 @@ def make_wrapper(
     """The wrapt wrapper for one target of function ``kind`` (module docstring). Its
     faults are logged rarely, counted per wrapping."""
     rare = RareLog(log)
-
-    async def run_async(
-        wrapped: Callable[..., Awaitable[_T]],
-        instance: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> _T:
-        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs)
-        if active is None:
-            return await wrapped(*args, **kwargs)
-        with active:
-            return active.returned(await wrapped(*args, **kwargs))
-
-    def run_generator(
-        wrapped: Callable[..., Generator[Any, Any, Any]],
-        instance: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Generator[Any, Any, Any]:
-        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs)
-        if active is None:
-            return (yield from wrapped(*args, **kwargs))
-        with active.ending():  # closed early (GeneratorExit): ends without an error
-            return active.returned((yield from _stepped(active, wrapped(*args, **kwargs))))
-
-    async def run_async_generator(
-        wrapped: Callable[..., AsyncGenerator[Any, Any]],
-        instance: Any,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> AsyncGenerator[Any, Any]:
-        active = begin_described(tracer, describe, rare, sink_of, instance, args, kwargs)
-        with active.ending() if active is not None else contextlib.nullcontext():
-            # The async twin of _stepped (there is no `yield from` for async generators;
-            # the two loops cannot share code across `await`): change both together.
-            inner = wrapped(*args, **kwargs)
-            to_send: Any = None
-            to_throw: BaseException | None = None
-            while True:
-                tokens = active.activate() if active is not None else None
-                try:
-                    if to_throw is not None:
-                        thrown, to_throw = to_throw, None
-                        item = await inner.athrow(thrown)
-                    else:
-                        item = await inner.asend(to_send)
-                except StopAsyncIteration:
-                    return
-                finally:
-                    if tokens is not None:
-                        ActiveCall.deactivate(tokens)
-                try:
-                    to_send = yield item
-                except GeneratorExit:
-                    tokens = active.activate() if active is not None else None
-                    try:
-                        await inner.aclose()
-                    finally:
-                        if tokens is not None:
-                            ActiveCall.deactivate(tokens)
-                    raise
-                except BaseException as exc:
-                    to_throw = exc
-
     # The other kinds begin later (the first step, the first await), in the context of then;
     # a sync call is run by the wrapper itself (one frame less per call).
-    runs: dict[str, Wrapper] = {
-        "async": run_async,
-        "generator": run_generator,
-        "async_generator": run_async_generator,
-    }
-    run = runs.get(kind)
+    runner = _RUNS.get(kind)
+    run = (
+        functools.partial(runner, _Begin(tracer, describe, rare, sink_of))
+        if runner is not None
+        else None
+    )
     deactivate = ActiveCall.deactivate
     # Suppressed (OpenTelemetry's suppress_instrumentation()): read from the context the
     # call is described in, when the probe found its keys; else asked the public way.
@@ -192,9 +129,104 @@ def make_wrapper(
     return wrapper
 
 
+class _Begin:
+    """:func:`begin_described` with one wrapping's hook, tracer, log and sink."""
+
+    __slots__ = ("describe", "rare", "sink_of", "tracer")
+
+    def __init__(self, tracer: Tracer, describe: Describe, rare: RareLog, sink_of: SinkOf) -> None:
+        self.tracer = tracer
+        self.describe = describe
+        self.rare = rare
+        self.sink_of = sink_of
+
+    def __call__(
+        self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> ActiveCall | None:
+        return begin_described(
+            self.tracer, self.describe, self.rare, self.sink_of, instance, args, kwargs
+        )
+
+
+async def _run_async(
+    begin: _Begin,
+    wrapped: Callable[..., Awaitable[_T]],
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> _T:
+    active = begin(instance, args, kwargs)
+    if active is None:
+        return await wrapped(*args, **kwargs)
+    with active:
+        return active.returned(await wrapped(*args, **kwargs))
+
+
+def _run_generator(
+    begin: _Begin,
+    wrapped: Callable[..., Generator[Any, Any, Any]],
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Generator[Any, Any, Any]:
+    active = begin(instance, args, kwargs)
+    if active is None:
+        return (yield from wrapped(*args, **kwargs))
+    with active.ending():  # closed early (GeneratorExit): ends without an error
+        return active.returned((yield from _stepped(active, wrapped(*args, **kwargs))))
+
+
+async def _run_async_generator(
+    begin: _Begin,
+    wrapped: Callable[..., AsyncGenerator[Any, Any]],
+    instance: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> AsyncGenerator[Any, Any]:
+    active = begin(instance, args, kwargs)
+    with active.ending() if active is not None else contextlib.nullcontext():
+        # The async twin of _stepped (there is no `yield from` for async generators;
+        # the two loops cannot share code across `await`): change both together.
+        inner = wrapped(*args, **kwargs)
+        to_send: Any = None
+        to_throw: BaseException | None = None
+        while True:
+            tokens = active.activate() if active is not None else None
+            try:
+                if to_throw is not None:
+                    thrown, to_throw = to_throw, None
+                    item = await inner.athrow(thrown)
+                else:
+                    item = await inner.asend(to_send)
+            except StopAsyncIteration:
+                return
+            finally:
+                if tokens is not None:
+                    ActiveCall.deactivate(tokens)
+            try:
+                to_send = yield item
+            except GeneratorExit:
+                tokens = active.activate() if active is not None else None
+                try:
+                    await inner.aclose()
+                finally:
+                    if tokens is not None:
+                        ActiveCall.deactivate(tokens)
+                raise
+            except BaseException as exc:
+                to_throw = exc
+
+
+_RUNS: dict[str, Callable[..., Any]] = {
+    "async": _run_async,
+    "generator": _run_generator,
+    "async_generator": _run_async_generator,
+}
+
+
 def _stepped(active: ActiveCall, inner: Generator[Any, Any, _T]) -> Generator[Any, Any, _T]:
     """Delegate to ``inner`` like ``yield from``, with the call active around each step.
-    (``run_async_generator`` above is its async twin: change both together.)"""
+    (:func:`_run_async_generator` above is its async twin: change both together.)"""
     to_send: Any = None
     to_throw: BaseException | None = None
     while True:

@@ -31,6 +31,7 @@ from kernel_ext._lazy import module_getattr
 from kernel_ext._telemetry import RareLog
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 from kernel_ext.protocol import (
+    CHAT_EVENT,
     PROTOCOL_VERSION,
     Block,
     Envelope,
@@ -60,8 +61,8 @@ logger = logging.getLogger("kernel_ext.stream")
 _rare = RareLog(logger)
 
 MAX_TASK_ID = 512
-CHAT_EVENT_STATE = "chat_event"
-"""The ``state`` of a queued ``chat_event`` snapshot (not a block)."""
+CHAT_EVENT_STATE = CHAT_EVENT
+"""The ``state`` of a queued ``chat_event`` snapshot (not a block): the event's name."""
 
 
 QueueItem = tuple[str, "str | None", str, str, float, Any, int, "str | None"]

@@ -13,6 +13,7 @@ from typing import Any
 
 from kernel_ext.emit import Emitter
 from kernel_ext.emit.base import remembers_arguments
+from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 
 __all__ = ["MemoryEmitter", "Record"]
@@ -46,11 +47,11 @@ class MemoryEmitter(Emitter):
         for item in items:
             if isinstance(item, OutgoingBlock):
                 self.records.append((item.room, item.block))
-                self.order.append(("tool_event_stream", item.room, item.block))
+                self.order.append((TOOL_EVENT_STREAM, item.room, item.block))
                 sent += 1
             elif isinstance(item, OutgoingChatEvent):
                 self.chat_events.append((item.room, item.event))
-                self.order.append(("chat_event", item.room, item.event))
+                self.order.append((CHAT_EVENT, item.room, item.event))
         if sent:
             consumer.delivered(sent)
         if items:
