@@ -1,43 +1,22 @@
 """Every use kernel_ext makes of another library's private names, probed once at import.
 
-kernel_ext reads a few things that other libraries do not expose publicly, each for a
-measured reason. They are all probed and documented here, so a release that renames one
-shows up in one place:
+Each is probed and documented here, so a release that renames one shows up in one place:
 
-* **OpenTelemetry SDK spans** (:data:`SDK_SPAN_FIELDS`): the span processor reads an SDK
-  span's attribute dict and its context, parent and start time directly
-  (``_attributes._dict``, ``_context``, ``_parent``, ``_start_time``) instead of through the
-  public properties, which build a new ``MappingProxyType`` per access and cost about 1 µs
-  of the processor's 2 µs budget per tool span (``benchmarks/bench_attribution.py``). The
-  processor reads them inline (the one use outside this module, for speed, and only where
-  this module's probe passed).
-* **``SpanContext`` as a tuple** (:data:`SPAN_CONTEXT_INDEXED`): its trace id, span id and
-  trace flags are items 0, 1 and 3 of the tuple it is; indexing saves the properties'
-  Python calls (:func:`sampled_trace_id` too).
-* **OpenTelemetry's suppression keys** (:data:`SUPPRESS_KEYS`): the two context keys
-  ``suppress_instrumentation()`` sets and ``is_instrumentation_enabled()`` reads
-  (``opentelemetry.context._SUPPRESS_INSTRUMENTATION_KEY`` and the plain
-  ``"suppress_instrumentation"``). The tool-call wrapper reads them from the context it
-  looks up anyway, instead of five Python calls per wrapped call.
-* **python-socketio's Redis publish** (:class:`PublishResult`, probed on first use):
-  ``AsyncRedisManager._publish`` returns what Redis's ``PUBLISH`` returned (the number of
-  subscribers that received the message), which is how a sender or a relay learns that a
-  publish failed or reached no web process; python-socketio itself only logs a failure.
-  ``_publish`` receives the pub/sub message as a dict, so an ``emit`` can carry keys of
-  kernel_ext's own (a Redis sender's worker id).
-* **python-socketio's Redis connection** (:func:`publish_pipeline_supported`, probed on
-  first use): :meth:`PublishResult.pipelined` sends the pub/sub messages python-socketio's
-  own ``emit`` built as one pipeline of ``PUBLISH`` commands on the manager's ``redis``
-  client (connected by its ``_redis_connect`` when ``connected`` is false, encoded by its
-  ``json``): one round trip for a frame's blocks instead of one per block. The message
-  format stays python-socketio's.
+* :data:`SDK_SPAN_FIELDS`: an OpenTelemetry SDK span's attributes, context, parent and
+  start time, read directly by the span processor (only where this probe passed);
+* :data:`SPAN_CONTEXT_INDEXED`: ``SpanContext`` read as the tuple it is
+  (:func:`sampled_trace_id` too);
+* :data:`SUPPRESS_KEYS`: the context keys ``suppress_instrumentation()`` sets;
+* :class:`PublishResult` (probed on first use): the subscriber count python-socketio's
+  ``AsyncRedisManager._publish`` returns;
+* :func:`publish_pipeline_supported` (probed on first use): a frame's ``PUBLISH`` commands
+  as one pipeline on python-socketio's Redis client.
 
-Each probe runs once, here, at import. When a probe fails the code that uses it takes the
-public path (slower) or reports less, and says so: the active path is in :data:`ACTIVE`
-and logged at DEBUG on the ``kernel_ext.compat`` logger. ``tests/test_compat.py`` holds the
-contracts: on the versions the test environment pins they FAIL rather than fall back, and
-pyproject caps ``opentelemetry-sdk`` and ``python-socketio`` below the next releases until
-those contracts have passed on them.
+When a probe fails, the code that uses it takes the public path (slower) or reports less,
+and says so: the active path is in :data:`ACTIVE` and logged at DEBUG on the
+``kernel_ext.compat`` logger. ``tests/test_compat.py`` holds the contracts.
+
+Design (why each is read): docs/contracts.md, "Other libraries' private names".
 """
 
 from __future__ import annotations

@@ -1,51 +1,26 @@
 """One call to wire a worker process: ``kernel_ext.enable(...)``, undone by ``disable()``.
 
-:func:`enable` puts together
+:func:`enable` puts together a :class:`~kernel_ext.stream.StreamHub` (the default hub), a
+:class:`~kernel_ext.processor.ToolSpanProcessor` on the tracer provider, the
+:class:`~kernel_ext.instrument.ToolRuntimeInstrumentor` on ``targets``, a sender and an
+event loop for it. Every setting not given as an argument comes from its ``KERNEL_EXT_*``
+variable (:mod:`kernel_ext.settings`).
 
-1. a :class:`~kernel_ext.stream.StreamHub` with the stream rules, installed as the default
-   hub (so :func:`kernel_ext.publish` uses it);
-2. a :class:`~kernel_ext.processor.ToolSpanProcessor` on the tracer provider (the given
-   one, else the global SDK provider, else a private SDK provider so that tool calls still
-   get span ids), with the hub as its sink;
-3. the :class:`~kernel_ext.instrument.ToolRuntimeInstrumentor` on ``targets`` (optional),
-   with the hub as its sink (it writes the hub's per-call attributes onto each tool span);
-4. a sender: ``emitter`` if given, else a :class:`~kernel_ext.emit.LoopbackEmitter` to the
-   relay URL, else a :class:`~kernel_ext.emit.RedisEmitter` to the Redis URL, else none
-   (blocks are then counted ``no_sender``; a warning is logged);
-5. an event loop for the sender: ``loop`` if given, else the running loop when ``enable``
-   is called from async code, else a background loop thread (daemon) it owns.
+Guarantees:
 
-Every setting not given as an argument comes from its ``KERNEL_EXT_*`` variable, read
-through :mod:`kernel_ext.settings` (which lists them).
+* :func:`enable` is idempotent (a second call returns the running :class:`Enabled` and
+  warns if its arguments differ); a bad argument or environment value raises
+  :class:`~kernel_ext.errors.ConfigError` before anything is changed.
+* :func:`disable` (sync code) and ``await`` :func:`adisable` (async code) flush the sender
+  (bounded by ``timeout``), stop it, undo what ``enable`` did and restore the previous
+  default hub. Both are idempotent.
+* Shutdown flushes on every path, within ``timeout`` (default 5 s): ``adisable``, a sync
+  ``disable`` on the sender's own loop (it warns and returns the flush task), normal
+  interpreter exit (``atexit``) and ``SIGTERM`` (unless ``handle_sigterm=False`` or the
+  application has its own handler: flush, then terminate as the default action would);
+  what stays unsent is counted and logged.
 
-Guarantees: :func:`enable` is idempotent (a second call returns the running
-:class:`Enabled` and logs a warning if its arguments differ); a bad argument or
-environment value raises :class:`~kernel_ext.errors.ConfigError` before anything is
-changed. :func:`disable` (sync code) and ``await`` :func:`adisable` (async code) flush the
-sender (bounded by ``timeout``), stop it and its loop thread, uninstrument what ``enable``
-instrumented, detach the hub from the processor and the instrumentor, shut the processor
-down (an SDK provider cannot drop a processor; a shut-down one stops taking tool spans) and
-restore the previous default hub. Both are idempotent.
-
-Shutdown flushes on every path, within ``timeout`` (default 5 s):
-
-* async code: ``await kernel_ext.adisable()`` (like python-socketio's ``await
-  disconnect()``); a sync :func:`disable` called on the sender's own event loop cannot wait
-  there: it warns (``RuntimeWarning`` and an ERROR log), starts the flush as a task it
-  returns (await it) and counts what is still unsent when that task ends or is cancelled
-  (``unflushed``);
-* normal interpreter exit: an ``atexit`` hook disables a plugin still enabled (the sender's
-  thread is still alive then); an async kernel whose event loop ended first gets the loss
-  counted and logged instead;
-* ``SIGTERM``: unless ``handle_sigterm=False`` or the application has its own handler,
-  ``enable`` called on the main thread installs one that flushes (``adisable`` on the
-  sender's loop when that is the main thread's running loop, else ``disable``) and then
-  terminates the process with ``SIGTERM`` as the default action would have (exit status
-  143 in a shell). :func:`disable` puts the previous handler back.
-
-The loop thread, the ``atexit`` hook and the ``SIGTERM`` handler are
-:mod:`kernel_ext._shutdown`'s; the ``opentelemetry-instrument`` entry point that calls
-:func:`enable` is :mod:`kernel_ext.auto`'s.
+Design: docs/contracts.md, "The worker plugin".
 """
 
 from __future__ import annotations

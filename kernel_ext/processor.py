@@ -1,50 +1,25 @@
 """The OpenTelemetry span processor that feeds the trajectory tap and the stream layer.
 
 :class:`ToolSpanProcessor` watches tool spans, whoever opened them (the kernel_ext
-instrumentor, pydantic-ai's instrumentation, any framework that follows the GenAI
-semantic conventions, and the OpenInference instrumentations). A span is a tool span when,
-at start, its ``gen_ai.operation.name`` attribute is ``execute_tool``; or, lacking that
-attribute, its ``openinference.span.kind`` attribute is ``TOOL``; or, lacking both, its
-name starts with ``"execute_tool "``.
+instrumentor, pydantic-ai, any framework that follows the GenAI semantic conventions, the
+OpenInference instrumentations). A span is a tool span when, at start, its
+``gen_ai.operation.name`` is ``execute_tool``; or, lacking that, its
+``openinference.span.kind`` is ``TOOL``; or, lacking both, its name starts with
+``"execute_tool "``. Attributes set after start are not seen.
 
-* ``on_start``: the call enters the tap (call id = the span id as 16 lower-case hex digits,
-  tool name from ``gen_ai.tool.name``, conversation from ``gen_ai.conversation.id``, the
-  model's call id from ``gen_ai.tool.call.id``; for an OpenInference span ``tool.name``,
-  ``session.id`` and ``tool.id`` or else ``tool_call.id``, the names OpenInference's own
-  GenAI conversion maps; a conversation not given is inherited from the enclosing live tool
-  call). An OpenInference tool span without ``tool.name`` at start (DSPy never writes it,
-  CrewAI's tool wrapper writes it after start) is named from its span name:
-  ``"<name>.<method>"`` gives ``<name>``, another span name is taken whole. Attributes set
-  after start are not seen (the SDK calls no processor when they change): LlamaIndex's
-  instrumentation writes the span kind only when the span ends, so its tool spans never
-  enter the tap. The enclosing call is the parent span when
-  that is a live tool span, else the active call of the contextvar (a tool that runs an
-  agent that runs tools). A tool span that starts under a live tool call (a nested call) is
-  reported to the sink: ``sink.tool_call_started(parent, child)``.
-* ``on_end``: the call leaves the tap and ``sink.tool_call_ended(call, error)`` is called,
-  ``error`` being the span's error status description (or its exception event), ``None``
-  when the span did not fail.
+* ``on_start``: the call enters the tap (call id = the span id as 16 lower-case hex
+  digits); a tool span that starts under a live tool call is reported to the sink,
+  ``sink.tool_call_started(parent, child)``.
+* ``on_end``: the call leaves the tap and ``sink.tool_call_ended(call, error)`` is called
+  (``error`` is ``None`` when the span did not fail).
 
-It never raises into the traced code (the SDK does not catch processor errors) and never
-blocks: work is bounded and in-memory under one short lock; the sink must be enqueue-only.
-Faults get a defined outcome, are counted (:attr:`ToolSpanProcessor.faults`) and logged
-(1st, 2nd, 4th, … occurrence of each kind) on the ``kernel_ext.processor`` logger:
+Guarantees: it never raises into the traced code and never blocks (bounded in-memory work
+under one short lock; the sink must be enqueue-only). Every fault gets a defined outcome,
+is counted (:attr:`ToolSpanProcessor.faults`) and logged (1st, 2nd, 4th, … occurrence of
+each kind) on the ``kernel_ext.processor`` logger.
 
-=========================  =================================================================
-fault                      outcome
-=========================  =================================================================
-``no_tool_name``           tool name taken from the span name, else ``"unknown"``
-``bad_attribute``          a non-string id/name: an int is used as its decimal string,
-                           anything else is treated as absent
-``invalid_span_id``        span ignored
-``duplicate_start``        the second start is ignored
-``ended_twice``            the second end is ignored (recently ended spans are remembered)
-``end_without_start``      the call is rebuilt from the ended span and the sink is told, so
-                           streams of an evicted call still get their terminal (also each
-                           LlamaIndex tool span: its kind is only there at its end)
-``sink_error``             the sink's exception is swallowed
-``internal_error``         anything else: swallowed
-=========================  =================================================================
+Design (the attributes read, the faults and their outcomes): docs/contracts.md, "The span
+processor".
 """
 
 from __future__ import annotations

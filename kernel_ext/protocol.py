@@ -1,49 +1,28 @@
 """The ``tool_event_stream`` wire protocol: blocks, envelopes, one encode/decode pair.
 
-(One module of about 580 lines on purpose: the wire models, the one size measure and the
-one truncation rule are read together, and every other module builds on them.)
-
-A *block* is one ``tool_event_stream`` message::
+A *block* is one ``tool_event_stream`` message; its *envelope* is the peer's progress
+object, passed through unchanged::
 
     {"v": 1, "callId": "00f067aa0ba902b7", "taskId": "…", "state": "running",
-     "ts": 1789123456789, "envelope": {…}}
+     "ts": 1789123456789, "envelope": {"v": 1, "kind": "thinking", "streamKey": "…",
+                                       "seq": 42, "status": "running", "payload": {…}}}
 
-and its *envelope* is the peer's progress object, passed through unchanged::
+Rules pinned here:
 
-    {"v": 1, "kind": "thinking", "streamKey": "…", "seq": 42, "status": "running",
-     "payload": {…}}
+* ``state`` is ``running | done | aborted``; a ``done`` block's answer is the string
+  ``envelope.payload.text``, an ``aborted`` block's the string ``envelope.payload.message``.
+* ``callId``: the tool call's span id (16 lower-case hex digits) or ``null``; ``traceId``
+  (optional): its trace id (32), never all zeros, never beside a ``null`` callId.
+* Unknown envelope kinds and fields are kept; unknown block fields are rejected.
+* ``seq`` is a non-negative integer; payloads are JSON (finite numbers, nested at most
+  :data:`MAX_PAYLOAD_DEPTH` levels).
+* :func:`block_size` is *the* size of a block, for the worker, the relay and every check.
+  :func:`encode` truncates a block over ``max_bytes`` (default
+  :data:`DEFAULT_MAX_BLOCK_BYTES`, 64 KiB) with a visible marker, else raises
+  :class:`~kernel_ext.errors.BlockTooLargeError`; :func:`decode` rejects, never truncates.
+* A terminal that cannot be sent as it is is never just lost: :func:`fallback_terminal`.
 
-Rules pinned here (spec ``tool-event-stream.zh.md``, design.md §2, §4):
-
-* ``state`` is ``running | done | aborted``; a ``done`` block carries the final answer as
-  a string in ``envelope.payload.text``, an ``aborted`` block a string in
-  ``envelope.payload.message``.
-* ``callId`` is the 16 lower-case hex digit span id of the tool call, or ``null`` (T2).
-* ``traceId`` (optional, added after v1 without a version change): the 32 lower-case hex
-  digit trace id of that span, never all zeros; absent (or ``null``) when unknown, and
-  never beside a ``null`` callId.
-* Envelope kinds ``thinking``, ``tool_call``, ``text``, ``tool_output_append`` and
-  ``progress`` are known; any other kind is kept as it is (forward compatible). Unknown
-  envelope fields are kept too; unknown block fields are rejected (the block is ours).
-* ``seq`` is a non-negative integer; an integral float (``1.0``, as A2A data parts carry
-  every number) is accepted as that integer; ``1.5``, negatives, booleans and strings
-  are rejected.
-* Payloads must be JSON: finite numbers only (no NaN/Infinity), nested at most
-  :data:`MAX_PAYLOAD_DEPTH` levels.
-* Size: :func:`block_size` is *the* size of a block, the one measure the worker, the relay
-  and every check use: the UTF-8 bytes of the block's compact JSON (separators ``,`` and
-  ``:``, non-ASCII characters as themselves; a lone surrogate counts as 3 bytes). A block
-  within ``max_bytes`` by this measure (default :data:`DEFAULT_MAX_BLOCK_BYTES`, 64 KiB) is
-  accepted everywhere that uses the same bound.
-* Size bound: :func:`encode` **truncates** a block over ``max_bytes``. Rule: the longest
-  string inside ``envelope.payload`` is cut and ends with the visible marker
-  ``…[truncated N chars]`` (a string cut again keeps one marker, with the total), repeated
-  (longest first) until the block fits. A block that cannot be brought under the bound that
-  way (its bulk is not in payload strings) is rejected with
-  :class:`~kernel_ext.errors.BlockTooLargeError`. :func:`decode` rejects a block over the
-  bound with the same error; it never truncates.
-* A terminal that cannot be sent as it is (too large, invalid, refused by a relay) is never
-  just lost: :func:`fallback_terminal` is the one short form it is degraded to.
+Design: docs/contracts.md, "The wire protocol module".
 """
 
 from __future__ import annotations

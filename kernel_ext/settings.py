@@ -1,24 +1,12 @@
 """kernel_ext's configuration: one settings object, read from ``KERNEL_EXT_*`` variables.
 
-:class:`Settings` is the one place where a variable is named, parsed and checked. It is read
-by :func:`kernel_ext.enable` (arguments win over it), by the ``opentelemetry_instrumentor``
+:class:`Settings` is the one place where a variable is named, parsed and checked (the
+variables and their defaults: docs/operations.md, "Configuration"). It is read by
+:func:`kernel_ext.enable` (arguments win over it), by the ``opentelemetry_instrumentor``
 entry point and by the ``kernel-ext relay`` command alike. A bad value raises
 :class:`~kernel_ext.errors.ConfigError` naming the variable and the value's problem.
 :func:`load_callable` is the one reader of the ``package.module:function`` specs that
 configuration values (and command-line options) name code with.
-
-==================================  ==========================================================
-``KERNEL_EXT_RELAY_URL``            the web process's base URL (``http://127.0.0.1:8000``)
-``KERNEL_EXT_SECRET``               the relay's internal shared secret (with the relay URL)
-``KERNEL_EXT_REDIS_URL``            ``redis://…``: emit through Redis instead (no relay URL)
-``KERNEL_EXT_REDIS_CHANNEL``        the Socket.IO Redis channel (default ``socketio``)
-``KERNEL_EXT_NAMESPACE``            the Socket.IO namespace (default ``/chat``)
-``KERNEL_EXT_MAX_RUNNING_PER_SECOND``  running blocks per stream per second (default 10)
-``KERNEL_EXT_MAX_STREAMS``          open streams kept (default 10000)
-``KERNEL_EXT_MAX_QUEUE``            running blocks queued for the sender (default 10000)
-``KERNEL_EXT_TARGETS``              comma-separated tool runtime targets to instrument
-``KERNEL_EXT_DESCRIBE``             ``package.module:function``, the targets' describe hook
-==================================  ==========================================================
 
 Two rules hold wherever a value is taken, here and in the constructors that take it directly:
 

@@ -1,35 +1,24 @@
 """``kernel-ext tail``: follow a conversation's tool calls live in the terminal, like ``tail -f``.
 
-(About 530 lines in one module on purpose: the printer and the connection loop are the one
-command, and every line either writes is escaped by the same rule, :func:`clean`.)
+It joins the conversation's room on the ``/chat`` relay (``auth={"token": T}`` when a token
+is given) and prints what arrives with the semantics of :mod:`kernel_ext.view`: one header
+line per tool call, every line of a call prefixed ``[<first 8 of callId>]``, the final
+answer and an end marker at the terminal. ``--json``: every ``tool_event_stream`` block as
+received, one JSON object per line.
 
-It joins the conversation's room on the ``/chat`` relay (docs/contracts.md: connect with
-``auth={"token": T}`` when a token is given, then ``join_conversation`` with an
-acknowledgement) and prints what arrives, with the semantics of :mod:`kernel_ext.view`:
+Guarantees:
 
-* one header line per tool call; every line of a call starts with ``[<first 8 of callId>]``;
-* a run of ``thinking`` blocks folds to one line (``思考中…``); a ``tool_call`` is one line
-  (marker, tool name, ``开始``); ``text`` is printed as it comes; ``tool_output_append``
-  lines are printed behind a ``│`` gutter; each ``progress`` block is one line with a bar
-  of ten cells (``▕███░░░░░░░▏ 3/10 · 30% message``; dots when the total is unknown);
-* at the terminal, the final answer and an end marker (``── 已结束 ──``); ``无过程详情`` for
-  a call without blocks (after the timeout or once the tool returned);
-* catch-up: every (re)join sends what the viewer already holds (``have``), and a relay that
-  catches up sends the rest first; lines printed before the join's acknowledgement stand
-  between ``── 同步中… ──`` and ``── 实时 ──``, and a call whose stream lacks blocks the
-  relay no longer held says so (``[00f067aa] 12 条较早的内容已不可用``);
-* ``--json``: every ``tool_event_stream`` block as received, one JSON object per line.
+* Peer text is never trusted with the terminal: control characters and bidirectional
+  overrides are printed as visible escapes (every line, by :func:`clean`).
+* stdout holds only the stream; messages about the connection go to stderr.
+* Every (re)join catches up: what the viewer lacks is printed first, between
+  ``── 同步中… ──`` and ``── 实时 ──``, and a call says how many blocks it will never get.
+* Exit codes: 2 for a command line that cannot be used (a bad option, a ``--url`` where no
+  relay can be reached at start; one line says why); 1 when the relay refuses the
+  connection or the join; 130 after Ctrl-C, 143 after SIGTERM, with no traceback; 0 when
+  stdout is closed.
 
-Peer text is never trusted with the terminal: control characters (escape sequences,
-carriage returns, C1 controls) and bidirectional overrides are printed as visible escapes.
-Messages about the connection go to stderr, so stdout holds only the stream.
-
-Exit codes: 2 for a command line that cannot be used — a bad option, or a ``--url`` where
-no relay can be reached at start (the one line says why: the host does not resolve,
-nothing listens on the port, no answer, or a server that is not a Socket.IO relay), as the
-other commands treat a ``--host``/``--port`` they cannot serve on; 1 when the relay refuses
-the connection (e.g. a bad token) or the join; 130 after Ctrl-C (SIGINT), 143 after
-SIGTERM, with no traceback; 0 when stdout is closed (a pipe into ``head``).
+Design (the line formats): docs/contracts.md, "The terminal viewer".
 """
 
 from __future__ import annotations

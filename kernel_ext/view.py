@@ -1,40 +1,20 @@
 """The detail-pane reducer: the spec's rendering semantics as plain data.
 
-(About 540 lines in one module on purpose: it mirrors ``renderer.js``'s store rule for rule,
-and the conformance vectors hold the two against each other.)
+The Python twin of ``kernel_ext/web/renderer.js``; both pass the conformance vectors in
+``tests/vectors`` (format: ``tests/vectors/README.md``). It is the one truth for
+``kernel-ext tail`` and for tests of the producer side.
 
-This is the Python twin of ``kernel_ext/web/renderer.js``; both pass the conformance
-vectors in ``tests/vectors`` (format: ``tests/vectors/README.md``). It is the one truth
-for ``kernel-ext tail`` and for tests of the producer side.
+Guarantees:
 
-Semantics (spec "生命周期" and "渲染语义", design.md §2 and §4):
-
-* Panes are grouped by ``callId``, in order of first appearance. A pane is opened by the
-  tool-event snapshot (``chat_event``, tool scene) or by the first block of its call,
-  whichever comes first; blocks may arrive before their snapshot.
-* Within a pane, each ``taskId`` is a separate stream (a *task*), in order of first
-  appearance. A task's items are ordered by ``envelope.seq`` whatever the arrival order;
-  a repeated seq is dropped (the first one wins).
-* The first terminal block (``done``/``aborted``) of a task ends it: its text becomes the
-  pane's pinned final answer and every later block of that task is dropped. Terminal
-  blocks are not items. The pinned final answer is the latest terminal's text; before any
-  terminal, the text of the tool's return value (``toolReturn`` in the snapshot).
-* A pane with no blocks shows "no process details" once the tool has returned or
-  ``timeout_ms`` has passed since the pane opened (checked by :meth:`PaneStore.tick`); a
-  block arriving later is still shown.
-* A block with ``callId: null`` belongs to no pane: a terminal one becomes a room-level
-  final answer (an *orphan*, one per taskId), a running one is dropped.
-* Catch-up (``docs/web.md``): :meth:`PaneStore.begin_replay` when ``join_conversation`` is
-  sent returns its ``have`` cursors and puts every pane, and every pane opened until
-  :meth:`PaneStore.end_replay`, in mode ``"replay"``; the acknowledgement (or a failed
-  join) puts them back to ``"live"``, and its ``replay.missing`` tells tasks how many
-  blocks they will never get.
-* A pane keeps the ``traceId`` of the first block applied to it that carries a valid one
-  (32 lower-case hex digits, not all zeros); any other ``traceId`` reads as none.
-  :func:`trace_url` makes the address of its span from a backend's URL template.
+* Panes by ``callId``, and within a pane tasks by ``taskId``, each in order of first
+  appearance; a task's items are ordered by ``envelope.seq`` whatever the arrival order (a
+  repeated seq: the first wins); blocks may arrive before their snapshot.
+* A task's first terminal ends it; every later block of that task is dropped.
 * Bad input never raises: it is dropped and counted.
+* Nothing here builds markup; every string is kept as the peer sent it.
 
-Nothing here builds markup; every string is kept as the peer sent it.
+The semantics in full (final answers, "no process details", orphans, catch-up, the trace
+id): docs/contracts.md, "The detail-pane reducer".
 """
 
 from __future__ import annotations

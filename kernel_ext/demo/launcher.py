@@ -1,36 +1,24 @@
 """``kernel-ext demo``: start the whole path as separate processes, watch them, stop them.
 
-(About 525 lines in one module on purpose: starting, watching and stopping the children share
-one process table and one exit path, which is what its no-orphans guarantee rests on.)
-
-Processes (each ``sys.executable -m …``, output to a log file in a temporary directory):
-
-* two colleagues (:mod:`kernel_ext.demo.colleague`), on free ports of 127.0.0.1;
-* the web process (:mod:`kernel_ext.demo.web`) on ``--host``/``--port``;
-* the worker (:mod:`kernel_ext.demo.worker`), connected to the web process, its agent on
-  ``--kernel`` (pydantic-ai, or LangGraph: :mod:`kernel_ext.demo.graph_agent`).
+Processes, each ``sys.executable -m …`` logging to a temporary directory: two colleagues
+(:mod:`kernel_ext.demo.colleague`), the web process (:mod:`kernel_ext.demo.web`) on
+``--host``/``--port`` and the worker (:mod:`kernel_ext.demo.worker`), its agent on
+``--kernel``.
 
 Guarantees:
 
 * No orphans: every child is stopped (SIGTERM, then SIGKILL after 5 s) and reaped when the
-  demo ends for any reason — Ctrl-C, SIGTERM, the time limit, an error, or a child that
-  died (then the demo stops the others and exits 1, showing the end of that child's log).
-  On Linux each child also gets SIGTERM if the demo process itself is killed outright.
-  Children run in their own sessions, so a terminal's Ctrl-C reaches the demo only.
-* The URL is printed once every process is ready (colleagues listening, the web process's
-  relay ready as its ``/readyz`` says, the agent connected and running on ``--kernel``, as
-  its ``/demo/health`` says).
-* ``--headless``: one scripted conversation (the questions of
-  :func:`kernel_ext.demo.script.wording` in ``--lang``, else in the locale's language:
-  :func:`~kernel_ext.demo.script.lang_of_locale`), sent over ``/chat`` as a browser would,
-  each message saying its language, printed as ``kernel-ext tail --lang`` prints (plus the
-  user's and the agent's messages, ``»``/``«``). Exit 0 once the agent answered every
-  question and every tool call has its terminal, all ``done``; 1 otherwise (time limit,
-  an aborted call, a refused message, a child that died).
-* Exit codes of every run: 2 when ``--host``/``--port`` cannot be served (one line: the
-  host does not resolve or is not this machine's, the port is in use); 130 after Ctrl-C
+  demo ends for any reason (Ctrl-C, SIGTERM, the time limit, an error, a child that died:
+  then exit 1 and the end of its log shown). On Linux each child also gets SIGTERM if the
+  demo is killed outright; Ctrl-C in a terminal reaches the demo only.
+* The URL is printed once every process is ready.
+* ``--headless``: one scripted conversation, printed as ``kernel-ext tail --lang`` prints;
+  exit 0 once the agent answered every question and every tool call ended ``done``, else 1.
+* Exit 2 when ``--host``/``--port`` cannot be served (one line says why); 130 after Ctrl-C
   (SIGINT), 143 after SIGTERM, 129 after SIGHUP.
 * Logs are removed after a clean run and kept (path printed) after a failure.
+
+Design: docs/contracts.md, "The demo's processes".
 """
 
 from __future__ import annotations

@@ -1,44 +1,23 @@
 """The demo's web process: the ``/chat`` relay plus the demo page, on one uvicorn port.
 
-* ``/`` — the page (``static/index.html``, ``app.js``, ``app.css``, and the CJK subset
-  font of :mod:`kernel_ext.demo.font` in ``static/fonts/``), ``/renderer.js`` (the
-  package's detail-pane renderer) and ``/vendor/socket.io.esm.min.js`` (the official
-  Socket.IO client, vendored in :mod:`kernel_ext.web`). Served with a
-  Content-Security-Policy that allows scripts and fonts from this origin only. The page's
-  language: its switch's choice (``?lang=``), else ``--lang``, else the browser's
-  (``navigator.languages``, :func:`~kernel_ext.demo.script.pick_lang`'s rule); its HTML
-  comes in ``--lang`` (English without it) and ``app.js`` puts in the chosen words.
-* ``/socket.io/`` — a python-socketio ``AsyncServer`` (ASGI) with :class:`DemoRelay` on
-  ``/chat``; with ``--redis URL`` its client manager is python-socketio's
-  ``AsyncRedisManager``. Browsers must come from the page's own origin.
-* ``/demo/config.json`` — ``lang`` (``--lang``, or ``null``: the browser's), ``fallback``,
-  and for each language of :mod:`kernel_ext.demo.script` its questions, colleagues and page
-  words (``langs``);
-  ``/demo/health`` — ``{"agent": bool}``, whether the worker's agent is connected, and
-  while it is, ``"kernel"``: the kernel it said it runs on (``--kernel``), else ``null``.
-* ``/healthz``, ``/readyz`` — the relay's liveness and readiness
-  (:func:`kernel_ext.relay.with_probes`).
+Serves the page (``/``, ``/renderer.js``, ``/vendor/socket.io.esm.min.js``), python-socketio
+on ``/socket.io/`` with :class:`DemoRelay` on ``/chat`` (``--redis URL``: Redis as its
+client manager), ``/demo/config.json``, ``/demo/health`` and the relay's ``/healthz`` and
+``/readyz``.
 
-The browser → worker path (the only thing a browser may send besides join/leave):
-a browser that has joined conversation ``C`` emits ``user_message`` ``{conversationId: C,
-text, lang}``; :class:`DemoRelay` checks it and forwards ``{conversationId, text, lang}`` as
-``kx_user_message`` to the agent's internal connection (the one that authenticated with
-``{"internal": <secret>, "role": "agent"}``), and hands the agent's acknowledgement back.
-The worker only ever *answers* a message: blocks and snapshots still come from internal
-senders alone, and every other browser event reaches no one (:class:`~kernel_ext.relay.
-ChatRelay`).
+Guarantees:
 
-History, as a chat application loads it: the relay catches a joining browser up on the
-conversation's blocks (ordinary ``tool_event_stream``), but the page's flow — the user's and
-the agent's messages, and the tool-call node that holds each pane — comes from ``chat_event``
-snapshots, which the relay does not replay. :class:`DemoRelay` keeps each conversation's
-``chat_event`` snapshots and sends them to a browser whose join it accepted, before the
-acknowledgement: a page reloaded (or reconnected, or opened in a second tab) in the middle of
-a call shows its messages and each pane whole.
+* Scripts and fonts come from this origin only (Content-Security-Policy); browsers must
+  come from the page's own origin.
+* A browser may send join/leave and, in a conversation it joined, ``user_message``, which
+  :class:`DemoRelay` checks and forwards to the agent's connection as ``kx_user_message``,
+  handing back the agent's acknowledgement; every other browser event reaches no one.
+* A browser whose join is accepted gets the conversation's ``chat_event`` snapshots before
+  the acknowledgement: a reloaded page shows its messages and each pane whole.
 
 Run by ``kernel-ext demo``; on its own: ``KERNEL_EXT_SECRET=… python -m
 kernel_ext.demo.web --port 8000 [--lang en]`` (binds 127.0.0.1 unless ``--host`` says
-otherwise).
+otherwise). Design: docs/contracts.md, "The demo's processes".
 """
 
 from __future__ import annotations

@@ -2,31 +2,13 @@
 LangGraph graph: :mod:`kernel_ext.demo.graph_agent`) whose ``ask_colleague`` tool streams
 each colleague's work, live, into that tool call's detail pane.
 
-* The model is a scripted :class:`~pydantic_ai.models.function.FunctionModel` (no network,
-  no API key): for a user message it calls ``ask_colleague`` once per colleague the message
-  names (:func:`kernel_ext.demo.script.colleagues_for`), all in one model response, so
-  pydantic-ai runs those calls concurrently; then it answers from what they returned, in
-  the message's language (its ``lang``, else ``--lang``), which it also asks the colleagues
-  to speak.
-* Instrumentation: :func:`kernel_ext.enable` wires the stream hub, a
-  :class:`~kernel_ext.processor.ToolSpanProcessor` on a private ``TracerProvider`` and the loopback
-  emitter; pydantic-ai's own ``Instrumentation`` capability opens each tool call's
-  ``execute_tool`` span on that provider;
-  :class:`~kernel_ext.integrations.pydantic_ai.KernelExtCapability` sets the active tool
-  call (callId = that span's id) while the tool runs.
-* :class:`ChatEventCapability` plays the kernel's part
-  (:func:`kernel_ext.demo.agent.with_tool_snapshots`): the tool-event snapshot
-  (``chat_event``, scene ``tool``, status ``calling``) is queued when the call starts, so
-  it leaves before any block of the call, and again with ``toolReturn`` (status
-  ``finished``) when it returns. User and assistant messages are ``chat_event`` snapshots
-  of scene ``message``.
-* Everything reaches the web process through one :class:`~kernel_ext.emit.LoopbackEmitter`
-  (``kx_blocks`` / ``kx_chat_event``, internal credential).
-
-User messages arrive over a second internal connection to the relay, made with
-``auth={"internal": <secret>, "role": "agent", "kernel": <kernel>}``: the web process
-forwards a joined browser's ``user_message`` to it as ``kx_user_message`` (see
-:mod:`kernel_ext.demo.web`, whose ``/demo/health`` says the kernel).
+The model is scripted (no network, no API key): it calls ``ask_colleague`` once per
+colleague a message names, all in one response, so the calls run concurrently, then answers
+in the message's language. :func:`kernel_ext.enable` wires the stream hub, the span
+processor and one :class:`~kernel_ext.emit.LoopbackEmitter`, through which everything
+reaches the web process; each call's tool-event snapshot (:class:`ChatEventCapability`)
+leaves before any block of the call. User messages arrive as ``kx_user_message`` over a
+second internal connection (:mod:`kernel_ext.demo.web`).
 
 Run by ``kernel-ext demo``; on its own::
 
@@ -36,6 +18,7 @@ Run by ``kernel-ext demo``; on its own::
 
 Requires Python ≥ 3.11 (pydantic-ai-slim) and the ``a2a`` extra; ``--kernel langgraph``
 langgraph and langchain-core (all in the ``demo`` extra).
+Design: docs/contracts.md, "The demo's processes".
 """
 
 from __future__ import annotations

@@ -8,32 +8,20 @@ Hand :func:`langchain_targets` to :func:`kernel_ext.enable` (or to
 
     kernel_ext.enable(relay_url=..., secret=..., targets=langchain_targets())
 
-The targets are the public methods ``BaseTool.run`` and ``BaseTool.arun`` of
-``langchain_core.tools``, through which every LangChain tool call runs: ``tool.invoke`` /
-``tool.ainvoke`` (sync and async, ``@tool`` functions, ``StructuredTool``, ``BaseTool``
-subclasses) and LangGraph's ``ToolNode``, which invokes each tool call of a model turn in
-its own thread (sync graphs) or task (async graphs). For each call the instrumentor
+The targets are ``BaseTool.run`` and ``BaseTool.arun``, through which every LangChain tool
+call runs (``invoke``/``ainvoke``, ``@tool``, ``StructuredTool``, subclasses, LangGraph's
+``ToolNode``). Each call reuses its current ``execute_tool`` span or starts one, and sets
+:func:`kernel_ext.current_tool_call` (the tool's ``name``, the ``ToolCall``'s id,
+LangGraph's ``thread_id`` as conversation: :func:`thread_id`); the sink's
+``call_attributes(call_id)`` are written on the span before the call returns.
 
-* reuses the current span when it is this call's ``execute_tool`` span (GenAI attributes:
-  same tool name, and same ``gen_ai.tool.call.id`` when both are known), else starts one
-  with the GenAI attributes (``execute_tool <tool name>``);
-* sets :func:`kernel_ext.current_tool_call` for the call: ``call_id`` = the span's id,
-  ``tool_name`` = the tool's ``name``, ``llm_call_id`` = the model's tool-call id (the
-  ``id`` of the ``ToolCall`` the tool was invoked with), ``conversation_id`` = LangGraph's
-  ``thread_id`` (see :func:`thread_id`), ``parent`` = the enclosing call;
-* writes the sink's ``call_attributes(call_id)`` on the span before the call returns.
-
-``BaseTool.run``/``arun`` run the tool's function in a copy of the context they are called
-in (sync functions of an async call: in a worker thread with a copy of it), made after our
-wrapper set the contextvar: the tool's code, and what it starts with a copy of its
-context, sees its own call. Exceptions from the tool propagate unchanged (LangGraph's
-``ToolNode`` may then turn them into an error ``ToolMessage``, as without kernel_ext).
-
-The describe hook is :func:`describe_tool_run`; give your own to
-:func:`langchain_targets` to change what a call is said to be (for instance another
-conversation id), typically by calling :func:`describe_tool_run` and replacing a field.
+Guarantees: the tool's code, and what it starts with a copy of its context, sees its own
+call, also for concurrent calls of one turn and sync tools in worker threads; exceptions
+propagate unchanged. The describe hook is :func:`describe_tool_run`; give your own to
+:func:`langchain_targets` to change what a call is said to be.
 
 Requires langchain-core ≥ 1.0 (LangGraph ≥ 1.0 for ``ToolNode``).
+Design: docs/contracts.md, "LangChain / LangGraph hooks".
 """
 
 from __future__ import annotations

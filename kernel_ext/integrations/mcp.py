@@ -7,39 +7,21 @@ kernel tool that calls a tool of an MCP server uses it in place of ``session.cal
 
     result = await call_mcp_tool(session, "crawl", {"url": url})
 
-``session`` is anything with the SDK's public ``call_tool(name, arguments,
-read_timeout_seconds, progress_callback)``: a ``mcp.ClientSession`` or a ``mcp.Client``.
-For the request it sends, the helper publishes (through ``kernel_ext.stream.publish``, or
-the ``publish`` given) on a stream of its own — ``task_id``, by default
-``mcp-<tool name>-<12 hex digits>``, under the calling tool's call:
+``session`` is a ``mcp.ClientSession`` or a ``mcp.Client`` (the SDK's public
+``call_tool``). The request gets a stream of its own (``task_id``, by default
+``mcp-<tool name>-<12 hex digits>``) under the calling tool's call:
 
-* each ``notifications/progress`` of that request → one ``running`` block whose envelope
-  is of kind ``progress``, payload ``{progress, total, message}`` (``total`` and
-  ``message`` only when the server sent them; docs/protocol.md), its ``seq`` from the
-  hub's counter of the stream, strictly increasing. The hub's T4 throttle applies as to
-  any stream: at most 10 running blocks per second, the newest dropped and counted
-  ``throttled`` (an MCP server may report far faster); a report with a non-finite number
-  is dropped, counted ``invalid``;
-* exactly one terminal: the result's text → ``done`` (its text contents joined by
-  newlines; when it has none, its structured content as compact JSON; else ``""``); a
-  result with ``isError`` → ``aborted`` with its text (or a default); a protocol error
-  (``MCPError``: the server's error response, the SDK's request timeout, a closed
-  transport) or any other exception, and a cancellation → ``aborted`` with what happened;
-* a progress report that arrives after the terminal is not published (counted in
-  :attr:`McpToolStream.stats`).
+* each progress notification → one ``running`` ``progress`` block, ``seq`` strictly
+  increasing; the T4 throttle applies (the rest counted ``throttled``), a non-finite
+  number is dropped (``invalid``);
+* exactly one terminal: the result's text → ``done``; an ``isError`` result, an
+  ``MCPError``, any other exception or a cancellation → ``aborted`` with what happened;
+* a report after the terminal is not published (counted in :attr:`McpToolStream.stats`).
 
-It returns the ``CallToolResult`` unchanged (an ``isError`` result too, as ``call_tool``
-does) and raises what ``call_tool`` raises, after the terminal was published.
-
-Attribution: the SDK runs a progress callback in the session's receive task, not in the
-tool's context. The helper takes the active call (:func:`kernel_ext.current_tool_call`)
-when it is called and makes it active around every publish, so the blocks belong to the
-calling tool's call; outside any call they are attributed as ``publish`` attributes
-(near-match by ``tool_name``, default the MCP tool's name, and ``conversation_id``).
-
-Only public API of the SDK is used: ``call_tool``'s ``progress_callback`` (SDK type
-``ProgressFnT``: ``async (progress: float, total: float | None, message: str | None)``),
-``CallToolResult`` and ``MCPError``. docs/contracts.md says what the tests prove.
+It returns the ``CallToolResult`` unchanged and raises what ``call_tool`` raises, after the
+terminal was published. The blocks belong to the calling tool's call, although the SDK runs
+progress callbacks elsewhere. Only the SDK's public API is used.
+Design: docs/contracts.md, "MCP".
 """
 
 from __future__ import annotations

@@ -8,56 +8,21 @@ Give the agent attributed copies of its function tools::
 
     agent = Agent(name="kernel", tools=attributed_tools([ask_colleague, lookup]))
 
-For each call the runner makes of such a tool it
+Each call of such a tool is described (:func:`describe_tool_call`, or the ``describe`` hook
+given: ``None`` leaves the call alone; a hook that raises or returns something other than a
+:class:`~kernel_ext.ToolDescription` leaves it unattributed, logged), gets one tool span
+(this call's current one, else one with the GenAI attributes) and
+:func:`kernel_ext.current_tool_call` while the tool's code runs; the sink's
+``call_attributes(call_id)`` are written on the span before the call returns.
 
-* describes the call (:func:`describe_tool_call`, or the ``describe`` hook given): the
-  tool's name, the conversation (the run's ``RunConfig.group_id``, else the ``group_id`` of
-  the SDK trace the run belongs to, e.g. ``with trace(..., group_id=...)``; none: the
-  enclosing call's, if any) and the model's call id (``ToolContext.tool_call_id``); a hook
-  that returns ``None`` leaves that call alone;
-* reuses the current span when it is this call's tool span, else starts one with the
-  GenAI attributes: the SDK's own tracing is not OpenTelemetry, but with
-  openinference-instrumentation-openai-agents the SDK's function span becomes an
-  OpenTelemetry ``TOOL`` span, current while the tool runs, and that one is reused (one
-  span per call, no nested call reported);
-* sets :func:`kernel_ext.current_tool_call` while the tool's code runs, and writes the
-  sink's ``call_attributes(call_id)`` on the span before the call returns.
-
-Where: the tool's ``FunctionTool.on_invoke_tool`` (the public field the runner awaits in
-the task that runs the tool's code). ``RunHooks``/``AgentHooks.on_tool_start`` cannot do
-it: the runner awaits those hooks in tasks of their own (``gather``) and only then creates
-the task that invokes the tool, so a contextvar a hook sets never reaches the tool
-(docs/contracts.md, checked by tests/test_openai_agents.py). Each tool call of a model turn
-runs in a task of its own (concurrently, up to ``ToolExecutionConfig.max_function_tool_
-concurrency``), and ``@function_tool`` runs a sync function in a worker thread with a copy
-of the context: each sees its own call. A tool with ``timeout_seconds`` runs in one more
-task, inside the scope too; a timeout cancels it and the call ends cancelled (its streams
-``aborted``). A tool's exception is caught by the SDK's own invoker, inside ours, and
-turned into the model-visible error text, as without kernel_ext; the call still ends
-failed with that exception (recorded on the span kernel_ext opened, and the ``aborted``
-message of its streams). A call that returns ends with what it returned (for an agent as
-a tool, the agent's answer): the ``done`` text of the stream kernel_ext opened for its
-nested tool calls. A tool declared to take a plain ``RunContextWrapper`` (a hand-made
-``FunctionTool``) is handed no ``ToolContext`` by the SDK: its calls have no model call
-id, and their conversation comes from the SDK trace only. A describe hook that raises, or
-returns something other than a :class:`~kernel_ext.ToolDescription`, leaves the call
-unattributed (logged).
-
-The attributed tool's invoker is a proxy of the SDK's (wrapt): what the runner reads from
-its invoker (its type, the argument preparation of approvals, the sync marker, its
-signature) reads through to the SDK's own. It relies on two private names of the SDK's
-invoker (contract tests in tests/test_compat.py): the ``__agents_bind_function_tool__``
-hook, which the SDK calls when a ``FunctionTool`` is copied (``copy.copy``,
-``tool_namespace()``): the proxy answers it, so a copy of an attributed tool stays
-attributed; and ``_invoke_tool_impl``, the implementation its error handling runs, which
-the attributed copy's invoker (never the tool given) gets a watch around, to see the
-exception the SDK turns into text. An invoker without it (a hand-made one) has no error
-handling to look inside: its exceptions reach the call unchanged.
-
-MCP server tools (``Agent(mcp_servers=...)``) are made anew by the runner each turn and are
-not attributed; nor are hosted tools, which do not run here.
+Guarantees: concurrent calls of one turn, and sync tools in worker threads, each see their
+own call. The tool behaves as without kernel_ext (its exception still becomes the SDK's
+model-visible error text); the call ends failed with that exception, cancelled on a
+timeout (its streams ``aborted``), or with what it returned. A copy of an attributed tool
+stays attributed. MCP server tools and hosted tools are not attributed.
 
 Requires openai-agents ≥ 0.24 (Python ≥ 3.10).
+Design: docs/contracts.md, "OpenAI Agents SDK hooks".
 """
 
 from __future__ import annotations

@@ -1,39 +1,27 @@
 """The ``/chat`` namespace: blocks from internal senders to the browsers in each room.
 
-:class:`ChatRelay` is a python-socketio ``AsyncNamespace`` to register on an existing
-``AsyncServer`` (:func:`~kernel_ext.relay.mount_relay`), or to subclass as the
-application's own ``/chat`` namespace (define more ``on_<event>`` handlers; call ``super()``
-in ``on_connect`` and ``on_disconnect``). The wire is docs/contracts.md's "Relay wire"; each
-handler's docstring says its part.
+:class:`ChatRelay` is a python-socketio ``AsyncNamespace`` to register on an ``AsyncServer``
+(:func:`~kernel_ext.relay.mount_relay`) or to subclass as the application's own (define more
+``on_<event>`` handlers; call ``super()`` in ``on_connect`` and ``on_disconnect``).
 
 Guarantees:
 
-* Only authenticated internal senders make the relay emit: anything else a browser sends
-  (``tool_event_stream``, ``kx_blocks``, unknown events) reaches no one; it is dropped,
-  logged (1st, 2nd, 4th … time per reason) and counted, as are invalid blocks and frames
-  over the bounds. Hostile packets cost a count, not a crash or a log line each
-  (:mod:`kernel_ext.relay.hostile`).
-* Order: frames of one internal connection are emitted in arrival order, one after the
-  other, whatever the server's ``async_handlers`` setting (handlers queue synchronously
-  into a per-connection worker).
-* A terminal already emitted recently is not emitted again, and one emitted into a room
-  with no browser on this process is kept for browsers that join it meanwhile
-  (:mod:`kernel_ext.relay.terminals`).
-* A browser that joins a room — late, after a reload, after a reconnect — is caught up:
-  it first receives the blocks it lacks of the conversation's held streams (the relay's
-  memory of them, :mod:`kernel_ext.relay.replay`), as ordinary ``tool_event_stream``
-  blocks, then the live ones; nothing twice within one join, nothing lost in between.
-* Back-pressure (``browser_queue_max``): a browser with that many packets queued on this
-  process gets no running block until it has read some (each skip counted
-  ``browser_queue_full``; terminals always go; not with a pub/sub manager such as Redis),
-  and a frame's acknowledgement waits until its rooms' browsers have room, so a sender
-  that keeps a window of frames awaiting acknowledgement slows down to what the relay
-  delivers (:meth:`ChatRelay.on_kx_blocks`).
-* A worker gone for longer than ``worker_grace`` has its open streams ended with
-  ``aborted`` (:mod:`kernel_ext.relay.workers`).
-* Works with ``AsyncRedisManager`` as the server's client manager: rooms then span every
-  web process on the same Redis channel (:class:`~kernel_ext.relay.RelayRedisManager`
-  also re-publishes terminals after a Redis outage).
+* Only authenticated internal senders make the relay emit; anything else a browser sends
+  reaches no one and costs a count, not a crash: dropped, logged (1st, 2nd, 4th … time per
+  reason) and counted, as are invalid blocks and frames over the bounds.
+* Frames of one internal connection are emitted in arrival order, whatever the server's
+  ``async_handlers`` setting.
+* A terminal emitted recently is not emitted again; one emitted into a room with no browser
+  on this process is kept for browsers that join it meanwhile.
+* A joining browser first gets the held blocks it lacks, then the live ones: nothing twice
+  within one join, nothing lost in between.
+* Back-pressure (``browser_queue_max``; not with a pub/sub manager): a browser that is
+  behind skips running blocks (terminals always go), and a frame's acknowledgement waits
+  for its rooms' browsers.
+* A worker gone for longer than ``worker_grace`` has its open streams ended ``aborted``.
+* Works with ``AsyncRedisManager``: rooms span every web process on the same channel.
+
+Design: docs/contracts.md, "Relay wire"; each handler's docstring says its part.
 """
 
 from __future__ import annotations

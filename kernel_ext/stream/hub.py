@@ -1,12 +1,13 @@
 """The stream hub: per-stream rules and the queue between publishers and one sender.
 
-:class:`StreamHub` keeps every guarantee listed in :mod:`kernel_ext.stream`. It is one class
-of about 550 lines, and one module, on purpose: its methods share one lock and one state
-(open streams, live calls, the queue), and each rule that touches that state — attribution
-and admission on publish, the one terminal per stream, the call's end, idle streams — is
-written once, here, under that lock. Building what is queued, and counting, live in
-:mod:`.consumer` and :mod:`.counts`. :class:`HubConsumer`, the sender's port (take, wait,
-report), is here too: it shares the hub's state (the queue, the idle flag, the detach).
+:class:`StreamHub` keeps every guarantee listed in :mod:`kernel_ext.stream` (in full:
+docs/contracts.md, "Publishing"). It is one class of about 550 lines, and one module, on
+purpose: its methods share one lock and one state (open streams, live calls, the queue),
+and each rule that touches that state — attribution and admission on publish, the one
+terminal per stream, the call's end, idle streams — is written once, here, under that lock.
+Building what is queued, and counting, live in :mod:`.consumer` and :mod:`.counts`.
+:class:`HubConsumer`, the sender's port (take, wait, report), is here too: it shares the
+hub's state (the queue, the idle flag, the detach).
 """
 
 from __future__ import annotations
