@@ -426,7 +426,7 @@ async def test_the_sdks_own_trace_is_recorded_beside_the_otel_span(
 
 
 async def test_a_contextvar_set_in_on_tool_start_never_reaches_the_tool() -> None:
-    # What the module docstring says of RunHooks: the runner awaits on_tool_start in a task
+    # What docs/contracts.md says of RunHooks: the runner awaits on_tool_start in a task
     # of its own, so what it sets stays there.
     marker: contextvars.ContextVar[str | None] = contextvars.ContextVar("marker", default=None)
     seen: list[str | None] = []
