@@ -36,10 +36,10 @@ from typing import Any, cast
 from opentelemetry.sdk.trace import Span, SpanProcessor, TracerProvider
 
 from kernel_ext import ToolCall, ToolDescription, current_call_id, use_tool_call
+from kernel_ext.attribution.processor import ToolSpanProcessor
+from kernel_ext.attribution.resolve import resolve_call_id
+from kernel_ext.attribution.tap import CallSink, LiveCall, Tap
 from kernel_ext.instrument import ToolRuntimeInstrumentor
-from kernel_ext.processor import ToolSpanProcessor
-from kernel_ext.resolve import resolve_call_id
-from kernel_ext.tap import CallSink, LiveCall, Tap
 
 REPEATS = 9
 CALL_ID = "00f067aa0ba902b7"

@@ -152,10 +152,10 @@ async def role_streams_worker(port: int) -> None:
     conversations ``<prefix>-0``, ``<prefix>-1`` …), waits until its sender has handed them
     over, and answers ``SENT {...}``; the end of the input stops it (its calls end only
     then: until then every stream is live)."""
+    from kernel_ext.attribution.tap import Tap
     from kernel_ext.context import ToolCall, use_tool_call
     from kernel_ext.emit import LoopbackEmitter
     from kernel_ext.stream import StreamHub
-    from kernel_ext.tap import Tap
 
     hub = StreamHub(max_running_per_second=None, max_queue=1_000_000, tap=Tap())
     emitter = LoopbackEmitter(f"http://127.0.0.1:{port}", SECRET, hub=hub)

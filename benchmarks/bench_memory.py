@@ -6,8 +6,8 @@ the figures as a list of dicts for the runner (``benchmarks/run.py``).
 * **Memory after 100,000 finished calls vs. before** (target: ≤ 1 MB = 1,000,000 bytes of
   growth). One call is the whole worker-side path: a real ``execute_tool`` span
   (:func:`kernel_ext.instrument.tool_call_scope` on an SDK ``TracerProvider`` whose only
-  processor is :class:`~kernel_ext.processor.ToolSpanProcessor`, feeding a
-  :class:`~kernel_ext.tap.Tap` and the :class:`~kernel_ext.stream.StreamHub`), inside it
+  processor is :class:`~kernel_ext.attribution.processor.ToolSpanProcessor`, feeding a
+  :class:`~kernel_ext.attribution.tap.Tap` and the :class:`~kernel_ext.stream.StreamHub`), inside it
   three running blocks and the ``done`` terminal through :func:`kernel_ext.stream.publish`,
   each call in a conversation of its own, with the default T4 throttle; a sender on the same
   event loop drains the hub (every 256 calls the loop waits until it has caught up) into a
@@ -43,11 +43,11 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 
 from kernel_ext import ToolDescription
+from kernel_ext.attribution.processor import ToolSpanProcessor
+from kernel_ext.attribution.tap import Tap
 from kernel_ext.emit import Emitter
 from kernel_ext.instrument import tool_call_scope
-from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.stream import Outgoing, OutgoingBlock, StreamHub, publish, set_default_hub
-from kernel_ext.tap import Tap
 from kernel_ext.testing import MemoryEmitter
 
 CALLS = 100_000

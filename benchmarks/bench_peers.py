@@ -8,7 +8,7 @@ same 64-character string, and a consumer drains every event into a no-op countin
 
 * **kernel_ext**: the tool runs on the event loop inside a real ``execute_tool`` span
   (:func:`kernel_ext.instrument.tool_call_scope`, with
-  :class:`~kernel_ext.processor.ToolSpanProcessor` feeding a tap and the hub), calls
+  :class:`~kernel_ext.attribution.processor.ToolSpanProcessor` feeding a tap and the hub), calls
   :func:`kernel_ext.stream.publish` for each event and then publishes the terminal; a sender
   (an :class:`~kernel_ext.emit.Emitter` whose ``_send`` only counts the built wire blocks,
   i.e. the point where a real emitter would hand them to Socket.IO) drains the hub on the
@@ -79,11 +79,11 @@ import peer_pydantic_ai
 from opentelemetry.sdk.trace import TracerProvider
 
 from kernel_ext import ToolDescription
+from kernel_ext.attribution.processor import ToolSpanProcessor
+from kernel_ext.attribution.tap import Tap
 from kernel_ext.emit import Emitter
 from kernel_ext.instrument import tool_call_scope
-from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.stream import Outgoing, OutgoingBlock, StreamHub, publish, set_default_hub
-from kernel_ext.tap import Tap
 
 EVENTS = 5_000
 REPEATS = 11

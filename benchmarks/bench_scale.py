@@ -322,10 +322,10 @@ async def role_worker(
             await emit(room, _block(seqs[stream], "done", task, call_ids[stream], "done"))
 
     else:
+        from kernel_ext.attribution.tap import Tap
         from kernel_ext.context import ToolCall, set_tool_call
         from kernel_ext.emit import LoopbackEmitter, RedisEmitter
         from kernel_ext.stream import StreamHub
-        from kernel_ext.tap import Tap
 
         hub = StreamHub(max_running_per_second=None, max_queue=max(100_000, n), tap=Tap())
         emitter: Any
@@ -700,9 +700,9 @@ async def side_by_side(setup: Setup, modes: Sequence[str] = ("paced", "burst")) 
 async def hub_memory_per_call(calls: int) -> float:
     """Bytes the hub holds per live call with one open stream (``tracemalloc``; the
     ``ToolCall`` records are the kernel's, made before the count starts)."""
+    from kernel_ext.attribution.tap import Tap
     from kernel_ext.context import ToolCall, use_tool_call
     from kernel_ext.stream import StreamHub
-    from kernel_ext.tap import Tap
 
     hub = StreamHub(max_running_per_second=None, max_queue=1_000_000, tap=Tap())
     consumer = hub.consumer()

@@ -82,9 +82,9 @@ def _median_per_call(fn: Any, batches: int = BATCHES, per: int = BATCH) -> float
 
 
 async def _publish_costs() -> dict[str, float]:
+    from kernel_ext.attribution.tap import Tap
     from kernel_ext.context import ToolCall, use_tool_call
     from kernel_ext.stream import StreamHub
-    from kernel_ext.tap import Tap
 
     tap = Tap()
     open_hub = StreamHub(max_running_per_second=None, max_queue=1_000_000, tap=tap)
@@ -395,10 +395,10 @@ async def role_worker(ports: Sequence[int], kind: str, mode: str, n: int, second
             await client.disconnect()
         return
 
+    from kernel_ext.attribution.tap import Tap
     from kernel_ext.context import ToolCall, use_tool_call
     from kernel_ext.emit import LoopbackEmitter
     from kernel_ext.stream import StreamHub
-    from kernel_ext.tap import Tap
 
     hubs = [
         StreamHub(max_running_per_second=None, max_queue=max(10_000, n), tap=Tap()) for _ in urls

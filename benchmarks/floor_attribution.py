@@ -180,9 +180,9 @@ def _as_enable_wires_it() -> Iterator[Variants]:
     from bench_attribution import GENAI, _Runtime, _wrapped_runtime
     from opentelemetry.sdk.trace import TracerProvider
 
-    from kernel_ext.processor import ToolSpanProcessor
+    from kernel_ext.attribution.processor import ToolSpanProcessor
+    from kernel_ext.attribution.tap import LiveCall, Tap
     from kernel_ext.stream import StreamHub
-    from kernel_ext.tap import LiveCall, Tap
 
     plain = _Runtime()
     tap = Tap()

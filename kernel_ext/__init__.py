@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kernel_ext import _moved
 from kernel_ext._lazy import module_getattr
 from kernel_ext._version import __version__
 from kernel_ext.context import (
@@ -87,13 +88,13 @@ _MOVED = {
     "decode": "kernel_ext.protocol",
     "encode": "kernel_ext.protocol",
     "pseudo_envelope": "kernel_ext.protocol",
-    "CallSink": "kernel_ext.tap",
-    "LiveCall": "kernel_ext.tap",
-    "Tap": "kernel_ext.tap",
-    "default_tap": "kernel_ext.tap",
-    "Resolution": "kernel_ext.resolve",
-    "ResolutionPath": "kernel_ext.resolve",
-    "resolve_call_id": "kernel_ext.resolve",
+    "CallSink": "kernel_ext.attribution.tap",
+    "LiveCall": "kernel_ext.attribution.tap",
+    "Tap": "kernel_ext.attribution.tap",
+    "default_tap": "kernel_ext.attribution.tap",
+    "Resolution": "kernel_ext.attribution.resolve",
+    "ResolutionPath": "kernel_ext.attribution.resolve",
+    "resolve_call_id": "kernel_ext.attribution.resolve",
     "StreamHub": "kernel_ext.stream",
     "get_default_hub": "kernel_ext.stream",
     "set_default_hub": "kernel_ext.stream",
@@ -105,11 +106,12 @@ _MOVED = {
     "create_app": "kernel_ext.relay",
     "mount_relay": "kernel_ext.relay",
     "ToolRuntimeInstrumentor": "kernel_ext.instrument",
-    "ToolSpanProcessor": "kernel_ext.processor",
+    "ToolSpanProcessor": "kernel_ext.attribution.processor",
 }
 
 
 __getattr__ = module_getattr(__name__, _LAZY, _MOVED)
+_moved.install()  # the old paths of modules that moved (kernel_ext._moved)
 
 
 def __dir__() -> list[str]:

@@ -1,6 +1,6 @@
 """The ``kernel-ext`` command: ``relay``, ``tail``, ``demo`` and ``schema``.
 
-Conventions of every subcommand (:mod:`kernel_ext._cli`): a bad command line is one line on
+Conventions of every subcommand (:mod:`kernel_ext._command_line`): a bad command line is one line on
 stderr and exit status 2, never a usage block or a traceback; ``--help`` lists every option
 with its default; a command stopped by SIGINT or SIGTERM exits with 130 or 143.
 """
@@ -14,10 +14,11 @@ import json
 import sys
 from collections.abc import Sequence
 
-from kernel_ext import demo, tail
-from kernel_ext._cli import Parser
+from kernel_ext import demo
+from kernel_ext._command_line import Parser
 from kernel_ext._version import __version__
 from kernel_ext.relay import command as relay_command
+from kernel_ext.viewing import tail
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:

@@ -169,8 +169,9 @@ current_tool_call = _CURRENT_CALL.get
 context, or ``None`` outside any.
 
 Bound directly to ``ContextVar.get`` (a C call, no Python frame): the package's hot paths
-(:meth:`kernel_ext.stream.StreamHub.publish`, :func:`kernel_ext.resolve.attribute`, the span
-processor) read the active call through it.
+(:meth:`kernel_ext.stream.StreamHub.publish`,
+:func:`kernel_ext.attribution.resolve.attribute`, the span processor) read the active call
+through it.
 """
 
 current_call_id = _CURRENT_CALL_ID.get

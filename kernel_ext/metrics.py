@@ -38,7 +38,9 @@ resolutions = _meter.create_counter(
     "kernel_ext.resolutions", unit="{resolution}", description="callId resolutions by path"
 )
 evictions = _meter.create_counter(
-    "kernel_ext.tap.evictions", unit="{call}", description="live tool calls evicted from a full tap"
+    "kernel_ext.tap.evictions",
+    unit="{call}",
+    description="live tool calls evicted from a full tap",
 )
 relay_frames = _meter.create_counter(
     "kernel_ext.relay.frames", unit="{frame}", description="frames seen by the relay by outcome"

@@ -1,7 +1,7 @@
 """One call to wire a worker process: ``kernel_ext.enable(...)``, undone by ``disable()``.
 
 :func:`enable` puts together a :class:`~kernel_ext.stream.StreamHub` (the default hub), a
-:class:`~kernel_ext.processor.ToolSpanProcessor` on the tracer provider, the
+:class:`~kernel_ext.attribution.processor.ToolSpanProcessor` on the tracer provider, the
 :class:`~kernel_ext.instrument.ToolRuntimeInstrumentor` on ``targets``, a sender and an
 event loop for it. Every setting not given as an argument comes from its ``KERNEL_EXT_*``
 variable (:mod:`kernel_ext.settings`).
@@ -45,13 +45,13 @@ from kernel_ext._shutdown import (
     forking_for_multiprocessing,
     in_multiprocessing_child,
 )
+from kernel_ext.attribution.processor import ToolSpanProcessor
+from kernel_ext.attribution.tap import CallSink, Tap
 from kernel_ext.emit import Emitter, LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError, check_positive_numbers
 from kernel_ext.instrument import Describe, ToolRuntimeInstrumentor, ToolTarget
-from kernel_ext.processor import ToolSpanProcessor
 from kernel_ext.settings import Settings, env_name, load_settings
 from kernel_ext.stream import StreamHub, set_default_hub
-from kernel_ext.tap import CallSink, Tap
 
 __all__ = ["Enabled", "adisable", "disable", "enable", "enabled"]
 

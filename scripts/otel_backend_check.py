@@ -63,10 +63,10 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 import kernel_ext
-from kernel_ext.a2a_peer import ScriptedPeer
 from kernel_ext.demo.script import COLLEAGUES, wording
 from kernel_ext.demo.worker import Colleague, DemoAgent
 from kernel_ext.relay import create_app
+from kernel_ext.testing.a2a_peer import ScriptedPeer
 from kernel_ext.testing.browser import CHROMIUM_ARGS, serve_directory
 from kernel_ext.web import web_root
 

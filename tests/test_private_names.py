@@ -23,11 +23,11 @@ EXEMPT = {"kernel_ext._compat"}
 SDK_SPAN = "the OpenTelemetry SDK span's fields, read inline by the span processor where "
 SDK_SPAN += "kernel_ext._compat.SDK_SPAN_FIELDS probed them (a helper call costs a span a sixth)"
 FOREIGN = {
-    ("kernel_ext.processor", "_attributes"): SDK_SPAN,
-    ("kernel_ext.processor", "_dict"): SDK_SPAN,
-    ("kernel_ext.processor", "_context"): SDK_SPAN,
-    ("kernel_ext.processor", "_parent"): SDK_SPAN,
-    ("kernel_ext.processor", "_start_time"): SDK_SPAN,
+    ("kernel_ext.attribution.processor", "_attributes"): SDK_SPAN,
+    ("kernel_ext.attribution.processor", "_dict"): SDK_SPAN,
+    ("kernel_ext.attribution.processor", "_context"): SDK_SPAN,
+    ("kernel_ext.attribution.processor", "_parent"): SDK_SPAN,
+    ("kernel_ext.attribution.processor", "_start_time"): SDK_SPAN,
     ("kernel_ext._shutdown", "_getframe"): "CPython's documented sys._getframe",
     ("kernel_ext.settings", "_replace"): "a named tuple's public _replace",
 }

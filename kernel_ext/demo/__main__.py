@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kernel_ext._cli import Parser
+from kernel_ext._command_line import Parser
 from kernel_ext.demo import add_arguments, run
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 A machine without CJK fonts shows Chinese as empty boxes. The demo page therefore ships a
 subset of Noto Sans CJK SC (SIL Open Font License 1.1; ``static/fonts/OFL.txt``) holding
 exactly the CJK characters the page can show of its own: the demo's words
-(:mod:`kernel_ext.demo.script`), the colleagues' scripts (:mod:`kernel_ext.demo.colleague`),
+(:mod:`kernel_ext.demo.script`), the colleagues' scripts (:mod:`kernel_ext.demo.colleague_server`),
 the page's script and the renderer's labels (``renderer.js``). ``app.css`` declares it as
 :data:`FONT_FAMILY` for :data:`UNICODE_RANGES` only, after every other face of the page's font
 stack: a machine's own CJK faces win, Latin text never uses it, and a page without a character
@@ -51,7 +51,7 @@ UNICODE_RANGES: tuple[tuple[int, int], ...] = (
 
 TEXT_SOURCES: tuple[tuple[str, str], ...] = (
     ("kernel_ext.demo", "script.py"),
-    ("kernel_ext.demo", "colleague.py"),
+    ("kernel_ext.demo", "colleague_server.py"),
     ("kernel_ext.demo", "static/app.js"),
     ("kernel_ext.demo", "static/index.html"),
     ("kernel_ext.web", "renderer.js"),

@@ -1,7 +1,7 @@
 """``kernel-ext demo``: start the whole path as separate processes, watch them, stop them.
 
 Processes, each ``sys.executable -m …`` logging to a temporary directory: two colleagues
-(:mod:`kernel_ext.demo.colleague`), the web process (:mod:`kernel_ext.demo.web`) on
+(:mod:`kernel_ext.demo.colleague_server`), the web process (:mod:`kernel_ext.demo.web`) on
 ``--host``/``--port`` and the worker (:mod:`kernel_ext.demo.worker`), its agent on
 ``--kernel``.
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kernel_ext._cli import EXIT_USAGE, CommandLineError, exit_code_after, listen
+from kernel_ext._command_line import EXIT_USAGE, CommandLineError, exit_code_after, listen
 from kernel_ext.demo.script import (
     COLLEAGUES,
     DEFAULT_BEAT,
@@ -53,7 +53,7 @@ from kernel_ext.demo.script import (
     wording,
 )
 from kernel_ext.protocol import CHAT_EVENT, NAMESPACE, TOOL_EVENT_STREAM
-from kernel_ext.tail import TailPrinter, clean
+from kernel_ext.viewing.tail import TailPrinter, clean
 
 __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Child", "Options", "Supervisor", "launch"]
 
@@ -457,7 +457,7 @@ def _start_children(supervisor: Supervisor, options: Options, url: str) -> list[
         port = _free_port()
         supervisor.start(
             f"colleague-{spec.key}",
-            "kernel_ext.demo.colleague",
+            "kernel_ext.demo.colleague_server",
             "--port", str(port),
             "--name", spec.title,
             "--delay", str(options.step_delay),

@@ -5,8 +5,8 @@ loads on every Python).
 The agent's model is scripted (:mod:`kernel_ext.demo.worker`): it asks the colleagues that a
 message names (:func:`colleagues_for`), all at once in one model response, and then writes
 an answer from what they returned. What the colleagues say is in
-:mod:`kernel_ext.demo.colleague`; the detail pane's own labels are
-:data:`kernel_ext.view.LABELS` (the page takes them from ``renderer.js``, which holds the
+:mod:`kernel_ext.demo.colleague_server`; the detail pane's own labels are
+:data:`kernel_ext.viewing.view.LABELS` (the page takes them from ``renderer.js``, which holds the
 same, checked by a test), never copied here.
 """
 
@@ -59,7 +59,7 @@ DEFAULT_KERNEL = "pydantic-ai"
 
 DEFAULT_BEAT = 1.2
 """The colleagues' pace by default, in seconds per beat (a step takes 1–2.5 beats): a call
-takes about 12 s, so a person can watch each pane grow (:mod:`kernel_ext.demo.colleague`)."""
+takes about 12 s, so a person can watch each pane grow (:mod:`kernel_ext.demo.colleague_server`)."""
 
 FAST_BEAT = 0.05
 """The pace of ``kernel-ext demo --fast`` (tests, CI): a call takes well under a second."""

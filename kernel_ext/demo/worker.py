@@ -189,8 +189,9 @@ class DemoAgent(ConversationAgent):
     :class:`~kernel_ext.demo.agent.ConversationAgent`.
 
     ``tracer_provider`` is where tool spans go; it must carry a
-    :class:`~kernel_ext.processor.ToolSpanProcessor` for the tap (:func:`kernel_ext.enable`
-    adds one). The other arguments are :class:`~kernel_ext.demo.agent.ConversationAgent`'s.
+    :class:`~kernel_ext.attribution.processor.ToolSpanProcessor` for the tap
+    (:func:`kernel_ext.enable` adds one). The other arguments are
+    :class:`~kernel_ext.demo.agent.ConversationAgent`'s.
     """
 
     def __init__(

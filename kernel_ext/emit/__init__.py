@@ -3,13 +3,13 @@
 * :class:`LoopbackEmitter` (:mod:`kernel_ext.emit.loopback`) — a python-socketio
   ``AsyncClient`` on the web process's ``/chat`` namespace (internal credential), batching
   blocks into ``kx_blocks`` frames.
-* :class:`RedisEmitter` (:mod:`kernel_ext.emit.redis`) — python-socketio's write-only
+* :class:`RedisEmitter` (:mod:`kernel_ext.emit.redis_emitter`) — python-socketio's write-only
   ``AsyncRedisManager``: emits ``tool_event_stream`` into the room through Redis, with no
   web process on this machine.
 
 Both build on :class:`Emitter` (:mod:`kernel_ext.emit.base`: the send task, stop and flush,
 the one counting-and-health mechanism) and owe their terminals through
-:mod:`kernel_ext.emit.terminals` (held within bounds, degraded when refused). A sender for
+:mod:`kernel_ext.emit.held_terminals` (held within bounds, degraded when refused). A sender for
 tests, ``MemoryEmitter``, is in :mod:`kernel_ext.testing`.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from kernel_ext.emit.base import DEFAULT_NAMESPACE, Emitter
 from kernel_ext.emit.loopback import LoopbackEmitter
-from kernel_ext.emit.redis import RedisEmitter
+from kernel_ext.emit.redis_emitter import RedisEmitter
 from kernel_ext.protocol import CHAT_EVENT, KX_BLOCKS, KX_CHAT_EVENT, TOOL_EVENT_STREAM
 
 __all__ = [

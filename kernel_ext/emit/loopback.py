@@ -38,7 +38,7 @@ from kernel_ext.emit.base import (
     rare,
     remembers_arguments,
 )
-from kernel_ext.emit.terminals import HeldTerminal, HeldTerminals
+from kernel_ext.emit.held_terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
 from kernel_ext.ledger import (
     ACK_TIMEOUTS,

@@ -45,7 +45,9 @@ from opentelemetry import trace
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from kernel_ext._compat import sampled_trace_id
-from kernel_ext._conventions import (
+from kernel_ext._telemetry import RareLog
+from kernel_ext._version import __version__
+from kernel_ext.attribution._conventions import (
     CONVERSATION_ID,
     EXECUTE_TOOL,
     OI_KIND,
@@ -59,8 +61,7 @@ from kernel_ext._conventions import (
     TOOL_NAME,
     openinference_tool_name,
 )
-from kernel_ext._telemetry import RareLog
-from kernel_ext._version import __version__
+from kernel_ext.attribution.tap import CallSink, LiveCall
 from kernel_ext.context import (
     CallLife,
     ToolCall,
@@ -71,7 +72,6 @@ from kernel_ext.context import (
     set_call_id,
     span_id_hex,
 )
-from kernel_ext.tap import CallSink, LiveCall
 
 __all__ = [
     "ActiveCall",

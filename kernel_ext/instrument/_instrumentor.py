@@ -16,11 +16,11 @@ from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.trace import TracerProvider
 
 from kernel_ext import _fork
+from kernel_ext.attribution.tap import CallSink
 from kernel_ext.errors import ConfigError
 from kernel_ext.instrument._call import Describe, default_describe, log, tracer_of
 from kernel_ext.instrument._wrappers import Wrapping, kind_of, make_wrapper
 from kernel_ext.settings import env_name, load_settings
-from kernel_ext.tap import CallSink
 
 __all__ = ["ToolRuntimeInstrumentor", "ToolTarget"]
 
@@ -67,8 +67,8 @@ class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     after us, our wrapper stays in place but passes calls through untouched. Inside
     OpenTelemetry's ``suppress_instrumentation()`` wrapped calls run untouched too.
 
-    :attr:`sink` (a :class:`~kernel_ext.tap.CallSink`, or ``None``) may be set at any time;
-    each call's end is reported to the sink set when the call ends, and its
+    :attr:`sink` (a :class:`~kernel_ext.attribution.tap.CallSink`, or ``None``) may be set at
+    any time; each call's end is reported to the sink set when the call ends, and its
     ``call_attributes(call_id)`` are written on the call's span before the call returns.
     """
 

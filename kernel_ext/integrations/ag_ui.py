@@ -12,8 +12,8 @@ Guarantees (docs/ag-ui.md):
 * A pane is one activity message (``ACTIVITY_SNAPSHOT`` once, then ``ACTIVITY_DELTA``: JSON
   Patches from the content last sent to the new one), activity type
   :data:`ACTIVITY_TYPE`, message id ``kernel_ext:<callId>``. Its content is
-  :class:`kernel_ext.view.Pane`'s JSON plus ``toolCallId``, the model's tool-call id,
-  read from the tap (:meth:`kernel_ext.tap.Tap.llm_call_id`) when the bridge takes the
+  :class:`kernel_ext.viewing.view.Pane`'s JSON plus ``toolCallId``, the model's tool-call id,
+  read from the tap (:meth:`kernel_ext.attribution.tap.Tap.llm_call_id`) when the bridge takes the
   pane's first block: known while the call runs and for the tap's ``ended_ttl`` seconds
   (default 60) after its end, so a call that published and returned before the bridge
   had a turn keeps it.
@@ -49,6 +49,7 @@ from ag_ui.core import (
     SubagentStartedEvent,
 )
 
+from kernel_ext.attribution.tap import Tap, default_tap
 from kernel_ext.emit.base import NO_LISTENER, Emitter, remembers_arguments
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
 from kernel_ext.ledger import (  # counted in AGUIBridge.counts, re-exported
@@ -58,8 +59,7 @@ from kernel_ext.ledger import (  # counted in AGUIBridge.counts, re-exported
 )
 from kernel_ext.relay.auth import JoinAuth, call_hook
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
-from kernel_ext.tap import Tap, default_tap
-from kernel_ext.view import Pane, PaneStore
+from kernel_ext.viewing.view import Pane, PaneStore
 
 if TYPE_CHECKING:
     from starlette.requests import Request

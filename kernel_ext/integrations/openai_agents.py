@@ -41,9 +41,9 @@ from agents.tracing import get_current_trace
 from opentelemetry.trace import TracerProvider
 
 from kernel_ext._telemetry import RareLog
+from kernel_ext.attribution.tap import CallSink
 from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
 from kernel_ext.instrument._call import begin_described, tracer_of
-from kernel_ext.tap import CallSink
 
 __all__ = ["AgentsDescribe", "attributed_tool", "attributed_tools", "describe_tool_call"]
 

@@ -43,9 +43,9 @@ from pydantic_ai.capabilities.abstract import (
 from pydantic_ai.messages import ToolCallPart, ToolReturn
 from pydantic_ai.tools import RunContext, ToolDefinition
 
+from kernel_ext.attribution.tap import CallSink
 from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
 from kernel_ext.instrument._call import begin_scope
-from kernel_ext.tap import CallSink
 
 __all__ = ["KernelExtCapability"]
 

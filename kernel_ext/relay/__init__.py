@@ -4,20 +4,20 @@ Every public name (``__all__``) is importable from here, each module loaded on f
 Each module has one job, and imports only the ones above it in this list (none imports the
 worker side: ``stream``, ``emit``, ``plugin``):
 
-=================  =======================================================================
-``_log``           the package's one logger (``kernel_ext.relay``), rare log, frames metric
-``workers``        which streams each worker has open; ending a gone worker's streams
-``terminals``      terminals emitted: a re-send not shown twice, late joiners still served
-``auth``           who connects: the internal secret and worker id, the browsers' hooks
-``hostile``        hostile packets: event-name and arity checks, the library log filter
-``redis``          :class:`RelayRedisManager`: terminals published again after a Redis
-                   outage, write-only workers' streams ended when they are gone, whether
-                   Redis answers
-``health``         :class:`Readiness`, :func:`with_probes`: ``/healthz`` and ``/readyz``
-``namespace``      :class:`ChatRelay`: connections, joins, ``kx_blocks``/``kx_chat_event``
-``app``            :func:`mount_relay`, :func:`create_app`, :class:`RelayApp`
-``command``        ``kernel-ext relay`` = ``python -m kernel_ext.relay`` (:func:`main`)
-=================  =======================================================================
+=====================  ===================================================================
+``_log``               the package's one logger (``kernel_ext.relay``), rare log, frames metric
+``workers``            which streams each worker has open; ending a gone worker's streams
+``terminal_memory``    terminals emitted: a re-send not shown twice, late joiners still served
+``auth``               who connects: the internal secret and worker id, the browsers' hooks
+``guarded``            hostile packets: event-name and arity checks, the library log filter
+``redis_manager``      :class:`RelayRedisManager`: terminals published again after a Redis
+                       outage, write-only workers' streams ended when they are gone, whether
+                       Redis answers
+``health``             :class:`Readiness`, :func:`with_probes`: ``/healthz`` and ``/readyz``
+``namespace``          :class:`ChatRelay`: connections, joins, ``kx_blocks``/``kx_chat_event``
+``app``                :func:`mount_relay`, :func:`create_app`, :class:`RelayApp`
+``command``            ``kernel-ext relay`` = ``python -m kernel_ext.relay`` (:func:`main`)
+=====================  ===================================================================
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from kernel_ext.relay.command import is_loopback_host, main
     from kernel_ext.relay.health import Readiness, with_probes
     from kernel_ext.relay.namespace import ChatRelay
-    from kernel_ext.relay.redis import RelayRedisManager
+    from kernel_ext.relay.redis_manager import RelayRedisManager
     from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, WORKER_GONE_MESSAGE
 
 __all__ = [
@@ -80,7 +80,7 @@ _LAZY = {
     "Readiness": "health",
     "with_probes": "health",
     "ChatRelay": "namespace",
-    "RelayRedisManager": "redis",
+    "RelayRedisManager": "redis_manager",
     "DEFAULT_WORKER_GRACE": "workers",
     "WORKER_GONE_MESSAGE": "workers",
 }

@@ -11,7 +11,7 @@ import socketio
 
 from kernel_ext.relay.health import with_probes
 from kernel_ext.relay.namespace import ChatRelay
-from kernel_ext.relay.redis import RelayRedisManager
+from kernel_ext.relay.redis_manager import RelayRedisManager
 
 __all__ = ["RelayApp", "create_app", "mount_relay"]
 

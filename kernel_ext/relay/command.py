@@ -40,7 +40,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-from kernel_ext._cli import (
+from kernel_ext._command_line import (
     EXIT_OK,
     STOP_SIGNALS,
     CommandLineError,
@@ -379,7 +379,7 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
     openness = _openness(args.authenticate, args.authorize_join)
     from kernel_ext.relay.app import create_app  # Socket.IO: loaded when it serves
     from kernel_ext.relay.auth import allow_all
-    from kernel_ext.relay.redis import RelayRedisManager
+    from kernel_ext.relay.redis_manager import RelayRedisManager
 
     with sock:
         port = sock.getsockname()[1]

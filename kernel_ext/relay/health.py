@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kernel_ext.relay._log import rare
-from kernel_ext.relay.redis import RelayRedisManager
+from kernel_ext.relay.redis_manager import RelayRedisManager
 
 __all__ = ["LIVENESS_PATH", "READINESS_PATH", "Readiness", "with_probes"]
 

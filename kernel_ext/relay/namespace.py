@@ -101,9 +101,9 @@ from kernel_ext.relay.auth import (
     call_hook,
     worker_of,
 )
+from kernel_ext.relay.guarded import GuardedNamespace
 from kernel_ext.relay.health import Readiness
-from kernel_ext.relay.hostile import GuardedNamespace
-from kernel_ext.relay.redis import RelayRedisManager
+from kernel_ext.relay.redis_manager import RelayRedisManager
 from kernel_ext.relay.replay import (
     DEFAULT_CONVERSATION_BYTES,
     DEFAULT_STREAM_BYTES,
@@ -112,7 +112,7 @@ from kernel_ext.relay.replay import (
     ReplayMemory,
     read_cursors,
 )
-from kernel_ext.relay.terminals import TerminalMemory
+from kernel_ext.relay.terminal_memory import TerminalMemory
 from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, ConnectionGrace, track_workers
 
 __all__ = ["ChatRelay"]
@@ -135,12 +135,13 @@ _REDIS_NOT_READY = {
 
 
 class _Internal:
-    """One internal sender's connection: its ordered emit queue and worker task, and the
-    worker it belongs to (its ``worker`` auth field, else ``sid/<sid>``).
+    """One internal sender's connection: its ordered emit queue and the task that empties it
+    (:meth:`ChatRelay._emit_queued`), and the worker process it belongs to (its ``worker``
+    auth field, else ``sid/<sid>``).
 
     A frame is emitted at once by its own handler when nothing of the connection is queued,
     held or being emitted (``idle`` set, ``holding`` false; the common case, without a hop
-    through the worker task); otherwise it is queued behind the others. The worker task
+    through the queue's task); otherwise it is queued behind the others. The queue's task
     takes a job (``holding``), waits for ``idle`` and emits it: frames keep arrival order."""
 
     __slots__ = ("holding", "idle", "queue", "task", "worker")
@@ -206,7 +207,7 @@ class ChatRelay(GuardedNamespace):
     (``after_worker_aborted``). Call :meth:`aclose` when the server stops.
 
     :attr:`terminals` is what it remembers of the terminals it emitted
-    (:class:`~kernel_ext.relay.terminals.TerminalMemory`).
+    (:class:`~kernel_ext.relay.terminal_memory.TerminalMemory`).
 
     Raises:
         ConfigError: a secret shorter than that (:func:`~kernel_ext.settings.check_secret`),
@@ -382,7 +383,7 @@ class ChatRelay(GuardedNamespace):
                 self._reject(sid, BAD_WORKER, "an internal connection")
                 raise socketio.exceptions.ConnectionRefusedError(REFUSED_BAD_WORKER)
             conn = _Internal(worker)
-            conn.task = asyncio.get_running_loop().create_task(self._worker(sid, conn))
+            conn.task = asyncio.get_running_loop().create_task(self._emit_queued(sid, conn))
             self._internal[sid] = conn
             self._count(INTERNAL_CONNECTS)
             if self._grace is not None:
@@ -922,7 +923,7 @@ class ChatRelay(GuardedNamespace):
             self._count(BLOCKS_EMITTED, len(blocks))
         return emitted
 
-    async def _worker(self, sid: str, conn: _Internal) -> None:
+    async def _emit_queued(self, sid: str, conn: _Internal) -> None:
         """Emit one connection's queued frames in arrival order, one after the other."""
         while True:
             job = await conn.queue.get()

@@ -9,8 +9,9 @@ keeps every guarantee below), :mod:`.registry`.
 Guarantees of :meth:`StreamHub.publish` (and :func:`kernel_ext.publish`):
 
 * Enqueue-only: never blocks, never raises; callable from the event loop or any thread.
-* Attribution by :func:`kernel_ext.resolve.attribute` (T2); no room → dropped (``no_room``);
-  a running block without a callId is not sent, a terminal goes out with ``callId: null``.
+* Attribution by :func:`kernel_ext.attribution.resolve.attribute` (T2); no room → dropped
+  (``no_room``); a running block without a callId is not sent, a terminal goes out with
+  ``callId: null``.
 * A stream is one (callId, taskId); its ``seq`` strictly increases, one numbering for its
   text, progress and nested ``tool_call`` lines.
 * T4: at most ``max_running_per_second`` running blocks per stream in any one-second

@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from kernel_ext import _fork, ledger
 from kernel_ext._telemetry import RareLog
+from kernel_ext.attribution.resolve import CONTEXT, attribute, count_context
+from kernel_ext.attribution.tap import LiveCall, default_tap
 from kernel_ext.context import CallLife, ToolCall, current_tool_call
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import (
@@ -30,7 +32,6 @@ from kernel_ext.protocol import (
     text_block_fast_limit,
     trace_id_hex,
 )
-from kernel_ext.resolve import CONTEXT, attribute, count_context
 from kernel_ext.stream.consumer import (
     CHAT_EVENT_STATE,
     Outgoing,
@@ -41,12 +42,11 @@ from kernel_ext.stream.consumer import (
 )
 from kernel_ext.stream.counts import Counts
 from kernel_ext.stream.state import CallState, HubStats, StreamState
-from kernel_ext.tap import LiveCall, default_tap
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
 
-    from kernel_ext.tap import Tap
+    from kernel_ext.attribution.tap import Tap
 
 __all__ = [
     "ATTR_BLOCKS_ADMITTED",
@@ -351,8 +351,8 @@ class StreamHub:
 
     def tool_call_returned(self, call: LiveCall, result: object) -> None:
         """The call returned ``result`` (what its code returned; the optional member of
-        :class:`~kernel_ext.tap.CallSink`): :meth:`tool_call_ended` with ``error`` ``None``,
-        the ``done`` text being ``result`` when it is a non-empty ``str``, else a chat
+        :class:`~kernel_ext.attribution.tap.CallSink`): :meth:`tool_call_ended` with ``error``
+        ``None``, the ``done`` text being ``result`` when it is a non-empty ``str``, else a chat
         message's non-empty ``str`` ``content`` (LangChain's ``ToolMessage``), else
         ``"the tool call finished"``. Never raises, whatever ``result`` is."""
         self._end_call(call.call_id, None, result)

@@ -10,7 +10,7 @@
 //     after it, "no process details" after a timeout, the pane's mode "replay" while a join
 //     catches up and "live" afterwards, what the relay could no longer send) and exposes the
 //     state in the format of the conformance vectors (tests/vectors/README.md). Same
-//     semantics as kernel_ext/view.py.
+//     semantics as kernel_ext/viewing/view.py.
 //   * mountPane / mountRoom — DOM views of that state. Every peer-supplied string goes into
 //     the page through textContent or an attribute value; this module never parses data as
 //     HTML and uses no HTML-string sink at all (tests/js/renderer.test.mjs checks the source).

@@ -251,7 +251,7 @@ export interface ClientToServerEvents {
 /** A pane's mode: `replay` from a join until its answer, `live` otherwise. */
 export type PaneMode = "live" | "replay";
 
-/** A pane's status (`PaneStore.state()` in renderer.js; kernel_ext.view). */
+/** A pane's status (`PaneStore.state()` in renderer.js; kernel_ext.viewing.view). */
 export type PaneStatus = "calling" | "streaming" | "ended" | "no_details";
 
 /** One rendered block of a task in the pane state. */

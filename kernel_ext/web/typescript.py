@@ -14,7 +14,7 @@ regenerates it and compares, so the file cannot drift from the models. What it d
   (``Socket<ServerToClientEvents, ClientToServerEvents>``), with the join's request
   (``have``: what the browser holds) and answer (``replay``: what the catch-up sent);
 * the pane state of ``renderer.js``'s ``PaneStore.state()`` (the conformance vectors'
-  format), its literal unions taken from :mod:`kernel_ext.view`.
+  format), its literal unions taken from :mod:`kernel_ext.viewing.view`.
 
 Only the JSON Schema features the models use are translated: ``$ref``, ``const``, ``enum``,
 ``anyOf``, the JSON types, ``properties``/``required`` and open objects.
@@ -39,7 +39,7 @@ from kernel_ext.protocol import (
     BlockState,
 )
 from kernel_ext.schema import KIND_PAYLOADS, block_json_schema
-from kernel_ext.view import DROP_REASONS, MAX_JOIN_STREAMS, PaneMode, PaneStatus
+from kernel_ext.viewing.view import DROP_REASONS, MAX_JOIN_STREAMS, PaneMode, PaneStatus
 
 __all__ = ["declarations"]
 
@@ -285,7 +285,7 @@ def _pane_state_declarations() -> list[str]:
         "/** A pane's mode: `replay` from a join until its answer, `live` otherwise. */",
         f"export type PaneMode = {_union(get_args(PaneMode))};",
         "",
-        "/** A pane's status (`PaneStore.state()` in renderer.js; kernel_ext.view). */",
+        "/** A pane's status (`PaneStore.state()` in renderer.js; kernel_ext.viewing.view). */",
         f"export type PaneStatus = {_union(get_args(PaneStatus))};",
         "",
         "/** One rendered block of a task in the pane state. */",

@@ -16,7 +16,7 @@ OpenInference instrumentations). A span is a tool span when, at start, its
 Guarantees: it never raises into the traced code and never blocks (bounded in-memory work
 under one short lock; the sink must be enqueue-only). Every fault gets a defined outcome,
 is counted (:attr:`ToolSpanProcessor.faults`) and logged (1st, 2nd, 4th, … occurrence of
-each kind) on the ``kernel_ext.processor`` logger.
+each kind) on the ``kernel_ext.attribution.processor`` logger.
 
 Design (the attributes read, the faults and their outcomes): docs/contracts.md, "The span
 processor".
@@ -32,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
-from kernel_ext import _compat, resolve
-from kernel_ext._conventions import (
+from kernel_ext import _compat
+from kernel_ext._telemetry import RareLog
+from kernel_ext.attribution import resolve
+from kernel_ext.attribution._conventions import (
     CONVERSATION_ID,
     EXECUTE_TOOL,
     OI_KIND,
@@ -48,9 +50,8 @@ from kernel_ext._conventions import (
     TOOL_NAME,
     openinference_tool_name,
 )
-from kernel_ext._telemetry import RareLog
+from kernel_ext.attribution.tap import CallSink, LiveCall, Tap, default_tap
 from kernel_ext.context import current_tool_call, span_id_hex
-from kernel_ext.tap import CallSink, LiveCall, Tap, default_tap
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -68,9 +69,9 @@ class ToolSpanProcessor(SpanProcessor):
     """Turns live tool spans into tap entries and stream-layer notifications.
 
     Args:
-        tap: where live calls are kept (default: :func:`kernel_ext.tap.default_tap`); readable
-            as :attr:`tap`.
-        sink: the stream layer (a :class:`kernel_ext.tap.CallSink`), or ``None``; the
+        tap: where live calls are kept (default:
+            :func:`kernel_ext.attribution.tap.default_tap`); readable as :attr:`tap`.
+        sink: the stream layer (a :class:`kernel_ext.attribution.tap.CallSink`), or ``None``; the
             :attr:`sink` attribute may be set later (the plugin attaches the stream hub
             after construction).
 

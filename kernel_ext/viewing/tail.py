@@ -1,7 +1,7 @@
 """``kernel-ext tail``: follow a conversation's tool calls live in the terminal, like ``tail -f``.
 
 It joins the conversation's room on the ``/chat`` relay (``auth={"token": T}`` when a token
-is given) and prints what arrives with the semantics of :mod:`kernel_ext.view`: one header
+is given) and prints what arrives with the semantics of :mod:`kernel_ext.viewing.view`: one header
 line per tool call, every line of a call prefixed ``[<first 8 of callId>]``, the final
 answer and an end marker at the terminal. ``--json``: every ``tool_event_stream`` block as
 received, one JSON object per line.
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from kernel_ext._cli import (
+from kernel_ext._command_line import (
     EXIT_USAGE,
     STOP_SIGNALS,
     exit_code_after,
@@ -46,7 +46,7 @@ from kernel_ext._cli import (
     positive_seconds,
 )
 from kernel_ext.protocol import CHAT_EVENT, JOIN_EVENT, NAMESPACE, TOOL_EVENT_STREAM
-from kernel_ext.view import (
+from kernel_ext.viewing.view import (
     Applied,
     Final,
     Item,
@@ -135,7 +135,7 @@ class TailPrinter:
     per line, and ignores snapshots (the store still takes the blocks, for the cursors). With
     ``trace_url`` (a trace backend's URL template, as the browser renderer's ``traceUrl``) a
     pane's link to its span is printed once, ``↗ URL``, as soon as the pane has a trace id
-    (:func:`kernel_ext.view.trace_url`). A closed ``out`` (broken pipe) sets :attr:`broken`
+    (:func:`kernel_ext.viewing.view.trace_url`). A closed ``out`` (broken pipe) sets :attr:`broken`
     instead of raising.
     """
 

@@ -31,7 +31,7 @@ from kernel_ext.emit.base import (
     logger,
     remembers_arguments,
 )
-from kernel_ext.emit.terminals import HeldTerminals
+from kernel_ext.emit.held_terminals import HeldTerminals
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.ledger import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG

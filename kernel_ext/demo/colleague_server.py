@@ -1,4 +1,4 @@
-"""One of the demo's A2A colleagues: the scripted a2a-sdk peer (:mod:`kernel_ext.a2a_peer`)
+"""One of the demo's A2A colleagues: the scripted a2a-sdk peer (:mod:`kernel_ext.testing.a2a_peer`)
 saying what a real colleague would, under its own name, quiet, on 127.0.0.1 unless
 ``--host`` says otherwise.
 
@@ -20,7 +20,7 @@ uses :data:`~kernel_ext.demo.script.FAST_BEAT`. Every stream has at most 10 runn
 blocks, so even the fast pace stays within the throttle (10 per second per stream) and
 nothing is dropped. Every other script of the scripted peer (its faults) is unchanged.
 
-``python -m kernel_ext.demo.colleague --port 8801 --name "Orders desk" --delay 1.2``
+``python -m kernel_ext.demo.colleague_server --port 8801 --name "Orders desk" --delay 1.2``
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import Any
 
 from a2a.helpers import new_text_part
 
-from kernel_ext.a2a_peer import Play, ScriptedColleague, ScriptedPeer
 from kernel_ext.demo.script import DEFAULT_BEAT, DEFAULT_LANG, LANG_KEY
+from kernel_ext.testing.a2a_peer import Play, ScriptedColleague, ScriptedPeer
 
 __all__ = [
     "CARRIER",
@@ -412,8 +412,8 @@ async def serve(host: str, port: int, name: str, delay: float, log_level: str) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m kernel_ext.demo.colleague --port P [--name N] [--delay S]``."""
-    parser = argparse.ArgumentParser(prog="python -m kernel_ext.demo.colleague")
+    """``python -m kernel_ext.demo.colleague_server --port P [--name N] [--delay S]``."""
+    parser = argparse.ArgumentParser(prog="python -m kernel_ext.demo.colleague_server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--name", default="Scripted colleague")

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from kernel_ext import metrics
 from kernel_ext._telemetry import BatchedCount
+from kernel_ext.attribution.tap import Tap, default_tap
 from kernel_ext.context import ToolCall, current_tool_call
-from kernel_ext.tap import Tap, default_tap
 
 __all__ = ["Resolution", "ResolutionPath", "attribute", "flush_metrics", "resolve_call_id"]
 
@@ -88,7 +88,7 @@ def attribute(
 
     The active tool call of this context wins (path ``context``; ``call`` is it, and the
     conversation is its own when it has one). Otherwise the ``tap`` (default:
-    :func:`kernel_ext.tap.default_tap`) gives the one live call named ``tool_name`` in
+    :func:`kernel_ext.attribution.tap.default_tap`) gives the one live call named ``tool_name`` in
     ``conversation_id`` (``near_match``), or no id (``ambiguous``: more than one, or one
     evicted while live; ``none``: no candidate). Counted per path; never raises. A plain
     tuple: ``publish`` calls this per block (:func:`resolve_call_id` is the readable form);

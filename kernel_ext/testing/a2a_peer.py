@@ -1,6 +1,6 @@
 """A scripted A2A colleague: a real a2a-sdk streaming server for tests and the demo.
 
-(A documented entry point, ``python -m kernel_ext.a2a_peer``; about 530 lines because each
+(A documented entry point, ``python -m kernel_ext.testing.a2a_peer``; about 530 lines because each
 fault script is a few lines of its own.)
 
 The colleague thinks, calls its own tools, writes text and completes, sending each step
@@ -23,7 +23,7 @@ the metadata: :data:`DELAY_KEY` (seconds between steps), :data:`COUNT_KEY` and
 
 Run it standalone for the demo::
 
-    python -m kernel_ext.a2a_peer --port 8765 --delay 0.5
+    python -m kernel_ext.testing.a2a_peer --port 8765 --delay 0.5
 
 Guarantees: binds 127.0.0.1 unless told otherwise; :meth:`ScriptedPeer.aclose` ends
 every execution still running (``hang`` included), so nothing is left pending.
@@ -515,9 +515,9 @@ async def _serve(host: str, port: int, delay: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m kernel_ext.a2a_peer --port P [--host H] [--delay S]``."""
+    """``python -m kernel_ext.testing.a2a_peer --port P [--host H] [--delay S]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m kernel_ext.a2a_peer", description=__doc__.split("\n\n")[0]
+        prog="python -m kernel_ext.testing.a2a_peer", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8765)

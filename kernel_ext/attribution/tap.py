@@ -2,7 +2,7 @@
 
 :class:`Tap` holds, per conversation, the tool calls whose ``execute_tool`` span has started
 and not ended (name, call id, start order). The span processor adds a call at span start and
-removes it at span end; the near-match resolver (:mod:`kernel_ext.resolve`) reads it.
+removes it at span end; the near-match resolver (:mod:`kernel_ext.attribution.resolve`) reads it.
 
 Guarantees:
 
