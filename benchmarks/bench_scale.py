@@ -1043,7 +1043,7 @@ class Curves:
 
     def capacity(self) -> list[str]:
         """The capacity guide's table: one web process's measured limits on this machine
-        (docs/operations.md quotes these rows; tests/test_docs.py holds it to them)."""
+        (docs/operations.md quotes these rows; tests/package/test_docs.py holds it to them)."""
         if not (self.breadth and self.fanout):
             return []
         rows = ["| quantity (one web process, this machine) | measured |", "|---|---|"]

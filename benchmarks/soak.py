@@ -8,12 +8,11 @@ Usage::
     tox -e soak
 
 Not a ``bench_*`` module: ``benchmarks/run.py`` does not pick it up. It runs pytest on the
-reliability suite (tests/test_reliability_*.py, test_fuzz.py, test_intruders.py,
-test_hostile.py, and the terminal-edge tests: test_size_bound.py, test_sampling.py,
-test_shutdown.py, test_closed_streams.py, test_fork.py) with the scale variables below set,
-unless the environment sets them already; every scenario appends one JSON line of figures to
-the report (``KERNEL_EXT_RELIABILITY_REPORT``), which is then printed as a Markdown table
-with the machine and the date, ready for docs/reliability.md.
+reliability suite (tests/reliability/) and the terminal-edge tests (test_size_bound.py,
+test_closed_streams.py, test_sampling.py, test_shutdown.py, test_fork.py) with the scale
+variables below set, unless the environment sets them already; every scenario appends one
+JSON line of figures to the report (``KERNEL_EXT_RELIABILITY_REPORT``), which is then
+printed as a Markdown table with the machine and the date, ready for docs/reliability.md.
 
 =================================  ========  ====================================
 variable                           soak      what
@@ -44,18 +43,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_REPORT = ROOT / "artifacts" / "reliability-soak.jsonl"
 SUITE = [
-    "tests/test_reliability_faults.py",
-    "tests/test_reliability_redis.py",
-    "tests/test_reliability_workers.py",
-    "tests/test_reliability_load.py",
-    "tests/test_fuzz.py",
-    "tests/test_intruders.py",
-    "tests/test_hostile.py",
-    "tests/test_size_bound.py",
-    "tests/test_sampling.py",
-    "tests/test_shutdown.py",
-    "tests/test_closed_streams.py",
-    "tests/test_fork.py",
+    "tests/reliability/test_reliability_faults.py",
+    "tests/reliability/test_reliability_redis.py",
+    "tests/reliability/test_reliability_workers.py",
+    "tests/reliability/test_reliability_load.py",
+    "tests/reliability/test_fuzz.py",
+    "tests/reliability/test_intruders.py",
+    "tests/reliability/test_hostile.py",
+    "tests/stream/test_size_bound.py",
+    "tests/attribution/test_sampling.py",
+    "tests/emit/test_shutdown.py",
+    "tests/stream/test_closed_streams.py",
+    "tests/emit/test_fork.py",
 ]
 SOAK_SCALE = {
     "KERNEL_EXT_RELIABILITY_RUNS": "20",

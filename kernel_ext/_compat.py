@@ -14,7 +14,7 @@ Each is probed and documented here, so a release that renames one shows up in on
 
 When a probe fails, the code that uses it takes the public path (slower) or reports less,
 and says so: the active path is in :data:`ACTIVE` and logged at DEBUG on the
-``kernel_ext.compat`` logger. ``tests/test_compat.py`` holds the contracts.
+``kernel_ext.compat`` logger. ``tests/integrations/test_compat.py`` holds the contracts.
 
 Design (why each is read): docs/contracts.md, "Other libraries' private names".
 """

@@ -1,7 +1,11 @@
 """Fixtures, and the check that a test is marked for what it starts.
 
-Helpers live in support modules (``network``, ``timing``, ``relay_helpers`` …), never here:
-tests import those, not ``conftest``.
+Helpers live in the ``support`` package (``support.network``, ``support.timing``,
+``support.relay_helpers`` …), never here: tests import those, not ``conftest``. The tests
+are in folders that mirror the package (tests/relay/, tests/stream/ …); a test module that
+shares another's helpers or fixtures imports it by its bare name (``from test_relay import
+block``), so every folder of tests/ is put on ``sys.path`` below (test module names are
+unique across folders).
 
 Markers (pyproject): ``network`` for a test that starts a server on 127.0.0.1, ``redis``
 for one that needs a real redis-server, ``browser`` for one that drives Chromium. They are
@@ -14,10 +18,15 @@ fails.
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Generator, Iterator
 
-import network
 import pytest
+from support import TESTS, network
+
+for _folder in sorted(TESTS.iterdir()):
+    if any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
+        sys.path.append(str(_folder))
 
 FIXTURE_MARKERS = {"redis_server": ("redis", "network")}
 """Fixtures that start something, and the markers every test using one must carry."""

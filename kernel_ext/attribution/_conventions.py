@@ -8,7 +8,7 @@ which convention) from its attributes and name.
 The Arize/Phoenix instrumentations (smolagents, CrewAI, DSPy, LlamaIndex, the OpenAI Agents
 SDK, …) follow the OpenInference semantic conventions rather than the GenAI ones. Their
 names are held here as strings (openinference-semantic-conventions is not a dependency;
-tests/test_openinference.py checks them against it): the span processor reads tool spans
+tests/attribution/test_openinference.py checks them against it): the span processor reads tool spans
 of this convention into the tap, and the tool-call scope reuses such a span as the call's
 own. The mapping is the one OpenInference's own GenAI conversion uses.
 """
@@ -90,7 +90,7 @@ def tool_span_keys(attributes: Mapping[str, object], span_name: object) -> ToolS
     (OpenInference) tool span when that is ``TOOL``; one with neither is a (GenAI) tool span
     when its name starts with ``"execute_tool "``. A value of another type is not a match.
     The specification of the span processor's copies of this rule, which run inline for
-    speed (tests/test_fast_copies.py holds them to it); not for a hot path.
+    speed (tests/core/test_fast_copies.py holds them to it); not for a hot path.
     """
     operation = attributes.get(OPERATION)
     if operation is not None:

@@ -248,7 +248,7 @@ def take(
             # of it (text_block, and wire_text of that for the sender), without its calls,
             # its wire form made when the sender reads it from what is fixed per stream
             # (this runs for every block; callgrind: about 5,000 machine instructions per
-            # block fewer than building its dicts here; tests/test_fast_copies.py holds the
+            # block fewer than building its dicts here; tests/core/test_fast_copies.py holds the
             # two equal, block and text).
             if state == "running" and item.__class__ is str:
                 if task_id is not last_task or call_id is not last_call:

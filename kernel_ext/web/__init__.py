@@ -13,7 +13,7 @@ browser ES-module build (exports ``io``), byte for byte as published, with its l
 (``vendor/LICENSE``, MIT) and its record (``vendor/vendor.json``: name, version, source,
 sha256; :func:`vendored_client`). To update it: ``npm pack socket.io-client@<version>``,
 copy ``package/dist/socket.io.esm.min.js`` and ``package/LICENSE`` here and write the new
-version, sha256 and package integrity into ``vendor.json`` (``tests/test_vendored_client.py``
+version, sha256 and package integrity into ``vendor.json`` (``tests/web/test_vendored_client.py``
 checks them). Nothing needs npm at run or test time.
 
 Serve :func:`web_root` as a static directory (e.g. ``StaticFiles(directory=web_root())``)

@@ -1,0 +1,263 @@
+"""Test helpers for the relay: real python-socketio browsers, a relay in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import socketio
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+from kernel_ext import metrics
+from kernel_ext.context import ToolCall, use_tool_call
+from kernel_ext.emit import LoopbackEmitter
+from kernel_ext.stream import StreamHub
+from support.network import free_port, wait_listening_async
+from support.timing import wait_until
+
+SECRET = "s3cret-for-tests"
+SUPPORT = str(Path(__file__).resolve().parent)
+NS = "/chat"
+CALL = "00f067aa0ba902b7"
+CONV = "conv-1"
+
+
+class Browser:
+    """A real ``socketio.AsyncClient`` acting as a browser: records what reaches it and
+    re-joins its conversations after a reconnect."""
+
+    def __init__(self, name: str = "browser", reconnect: bool = True) -> None:
+        self.name = name
+        self.client = socketio.AsyncClient(
+            reconnection=reconnect,
+            reconnection_delay=0.05,
+            reconnection_delay_max=0.25,
+            randomization_factor=0.1,
+        )
+        self.blocks: list[dict[str, Any]] = []
+        self.chat_events: list[dict[str, Any]] = []
+        self.order: list[str] = []
+        self.rooms: list[str] = []
+        self.connects = 0
+        self.rejoined = asyncio.Event()
+        self._changed = asyncio.Event()
+        self.client.on("tool_event_stream", self._on_block, namespace=NS)
+        self.client.on("chat_event", self._on_chat_event, namespace=NS)
+        self.client.on("connect", self._on_connect, namespace=NS)
+
+    def _on_block(self, block: dict[str, Any]) -> None:
+        self.blocks.append(block)
+        self.order.append("tool_event_stream")
+        self._changed.set()
+
+    def _on_chat_event(self, event: dict[str, Any]) -> None:
+        self.chat_events.append(event)
+        self.order.append("chat_event")
+        self._changed.set()
+
+    async def _on_connect(self) -> None:
+        self.connects += 1
+        if self.connects > 1 and self.rooms:
+            asyncio.get_running_loop().create_task(self._rejoin())
+
+    async def _rejoin(self) -> None:
+        """Join the rooms again after a reconnect, saying what it holds (``have``), as the
+        reference renderer does: the relay then sends only the rest."""
+        for room in self.rooms:
+            ack = await self.client.call(
+                "join_conversation",
+                {"conversationId": room, "have": self.have()},
+                namespace=NS,
+                timeout=10,
+            )
+            assert isinstance(ack, dict), ack
+            assert ack.get("ok") is True, ack
+        self.rejoined.set()
+
+    def have(self) -> list[dict[str, Any]]:
+        """Per stream it holds blocks of, the highest seq, and ``ended`` when it holds the
+        stream's terminal (the join's ``have``)."""
+        highest: dict[tuple[Any, Any], int] = {}
+        ended: set[tuple[Any, Any]] = set()
+        for block in self.blocks:
+            key = (block["callId"], block["taskId"])
+            highest[key] = max(block["envelope"]["seq"], highest.get(key, -1))
+            if block["state"] != "running":
+                ended.add(key)
+        return [
+            {"callId": c, "taskId": t, "seq": seq, **({"ended": True} if (c, t) in ended else {})}
+            for (c, t), seq in highest.items()
+        ]
+
+    async def connect(self, port: int, auth: Any = None) -> None:
+        await asyncio.wait_for(
+            self.client.connect(
+                f"http://127.0.0.1:{port}",
+                namespaces=[NS],
+                auth=auth,
+                transports=["websocket"],
+                wait_timeout=5,
+            ),
+            timeout=10,
+        )
+
+    async def join(self, room: str) -> Any:
+        ack = await self.client.call(
+            "join_conversation", {"conversationId": room}, namespace=NS, timeout=5
+        )
+        if isinstance(ack, dict) and ack.get("ok"):
+            self.rooms.append(room)
+        return ack
+
+    async def wait_for(
+        self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 10.0
+    ) -> list[dict[str, Any]]:
+        await wait_until(
+            lambda: predicate(self.blocks),
+            timeout,
+            lambda: f"{self.name}: {len(self.blocks)} blocks, condition not met",
+            wake=self._changed,
+        )
+        return self.blocks
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.client.shutdown(), timeout=5)
+
+
+async def barrier(browser: Browser, port: int) -> None:
+    """Everything sent to ``browser`` before now has arrived: a round trip through the
+    server on the same connection (events are delivered in order)."""
+    await browser.client.call(
+        "leave_conversation", {"conversationId": "__barrier__"}, namespace=NS, timeout=5
+    )
+
+
+class RelayProcess:
+    """``python -m kernel_ext.relay`` in a subprocess on a fixed port (on 127.0.0.1, open to
+    every browser: ``--allow-anyone``, unless ``hooks`` gives its ``--authenticate`` and
+    ``--authorize-join`` options, naming functions of a module in tests/support/); killed in
+    ``stop``."""
+
+    def __init__(
+        self, port: int | None = None, redis_url: str | None = None, hooks: Sequence[str] = ()
+    ) -> None:
+        self.port = port or free_port()
+        self.redis_url = redis_url
+        self.hooks = list(hooks)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        path = os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH", "")) if p)
+        env = dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
+        cmd = [sys.executable, "-m", "kernel_ext.relay", "--port", str(self.port)]
+        cmd += self.hooks or ["--allow-anyone"]
+        if self.redis_url:
+            cmd += ["--redis-url", self.redis_url]
+        self.proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL)
+
+    async def wait_ready(self, timeout: float = 20.0) -> None:
+        """Return once the relay accepts a connection (fails early if it exited)."""
+        assert self.proc is not None
+        await wait_listening_async(self.port, process=self.proc, what="relay", timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self.proc = None
+
+
+def in_call(call_id: str = CALL) -> Any:
+    return use_tool_call(ToolCall(call_id, "ask_colleague", CONV))
+
+
+def count(n: int) -> Callable[[list[dict[str, Any]]], bool]:
+    return lambda blocks: len(blocks) >= n
+
+
+def terminals(blocks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [b for b in blocks if b["state"] != "running"]
+
+
+def emitter_for(port: int, hub: StreamHub, **options: Any) -> LoopbackEmitter:
+    options.setdefault("reconnect_delay", 0.05)
+    options.setdefault("reconnect_delay_max", 0.3)
+    return LoopbackEmitter(f"http://127.0.0.1:{port}", SECRET, hub=hub, **options)
+
+
+def record_sender_events(
+    monkeypatch: pytest.MonkeyPatch,
+) -> Callable[[], dict[tuple[str, str], int]]:
+    """Point ``kernel_ext.sender.events`` at an SDK meter with an in-memory reader (for this
+    test); returns a reader of its totals by ``(sender, event)``."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter(metrics.METER_NAME)
+    monkeypatch.setattr(metrics, "sender_events", meter.create_counter("kernel_ext.sender.events"))
+
+    def totals() -> dict[tuple[str, str], int]:
+        data = reader.get_metrics_data()
+        found: dict[tuple[str, str], int] = {}
+        for resource in data.resource_metrics if data is not None else []:
+            for scope in resource.scope_metrics:
+                for metric in scope.metrics:
+                    assert metric.name == "kernel_ext.sender.events"
+                    for point in metric.data.data_points:
+                        key = (str(point.attributes["sender"]), str(point.attributes["event"]))
+                        found[key] = int(getattr(point, "value", 0))
+        return found
+
+    return totals
+
+
+def record_joins(relay: Any, into: list[Any] | None = None) -> list[Any]:
+    """Record every ``join_conversation`` request ``relay`` (a real
+    :class:`~kernel_ext.relay.ChatRelay`) gets, as it got it, in ``into`` (a new list when
+    ``None``), before the relay handles it as always; returns the list, which fills as joins
+    come."""
+    requests: list[Any] = [] if into is None else into
+    join = relay.on_join_conversation
+
+    async def on_join_conversation(sid: str, data: Any = None) -> Any:
+        requests.append(data)
+        return await join(sid, data)
+
+    relay.on_join_conversation = on_join_conversation
+    return requests
+
+
+async def run_script(
+    script: Path, *args: str, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> tuple[int, str, str]:
+    """Run a worker script (``python SCRIPT ARGS``) with the tests' secret to its end, at
+    most ``timeout`` seconds (then killed); its exit status, stdout and stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(script),
+        *args,
+        env={**os.environ, "KERNEL_EXT_SECRET": SECRET, **(env or {})},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
