@@ -39,7 +39,8 @@ from opentelemetry.sdk.trace import TracerProvider  # noqa: E402
 from opentelemetry.trace import Span  # noqa: E402
 
 import kernel_ext  # noqa: E402
-from kernel_ext import ToolCall, ToolDescription, _conventions  # noqa: E402
+from kernel_ext import ToolCall, ToolDescription  # noqa: E402
+from kernel_ext.attribution import _conventions  # noqa: E402
 from kernel_ext.attribution.resolve import Resolution, ResolutionPath, resolve_call_id  # noqa: E402
 from kernel_ext.attribution.tap import LiveCall, Tap  # noqa: E402
 from kernel_ext.instrument import tool_call_scope  # noqa: E402

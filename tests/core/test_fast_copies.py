@@ -38,7 +38,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from kernel_ext import processor as processor_module
+from kernel_ext.attribution import processor as processor_module
 from kernel_ext.attribution import resolve
 from kernel_ext.attribution._conventions import (
     CONVERSATION_ID,
