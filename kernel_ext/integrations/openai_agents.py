@@ -164,7 +164,8 @@ class _FailureWatch(_Proxy):
             raise
 
 
-_IMPLEMENTATION = "_invoke_tool_impl"  # the SDK's; contract test in tests/integrations/test_compat.py
+# The SDK's; contract test in tests/integrations/test_compat.py.
+_IMPLEMENTATION = "_invoke_tool_impl"
 
 
 def _watch_failures(invoker: Any, given: Any) -> None:

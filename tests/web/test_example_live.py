@@ -156,8 +156,23 @@ def example_server(transports: list[str] | None = None, **relay_options: Any) ->
             if emitter is not None:
                 runner.run(emitter.stop())
         finally:
-            runner.run(server.http.aclose())
-            runner.close()
+            try:
+                runner.run(_end_sessions(sio))
+            finally:
+                try:
+                    runner.run(server.http.aclose())
+                finally:
+                    runner.close()
+
+
+async def _end_sessions(sio: socketio.AsyncServer) -> None:
+    """What python-socketio asks for before the web server stops: every Engine.IO session
+    closed, so that a long-poll a closed page left pending (answered at the next ping, up to
+    ``ping_interval + ping_timeout`` later) does not hold uvicorn's shutdown, and the
+    server's background task ended."""
+    if sio.eio.sockets:
+        await sio.eio.disconnect()
+    await sio.shutdown()
 
 
 @contextlib.contextmanager
