@@ -495,12 +495,11 @@ class ChatRelay(GuardedNamespace):
                 entered = True
             for key, n in gone.items():
                 missing.setdefault(key, n)
-            local = local_sends(self.server.manager, ignore_queue=True)
             for raw in blocks:
-                if local:
-                    await send_local(self.server, self.namespace, TOOL_EVENT_STREAM, raw, sid)
-                else:
-                    await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
+                # One emit at a time, each awaited: the browser's connection drains between
+                # them, so a long catch-up does not fill its queue to browser_queue_max (its
+                # live running blocks would then skip it).
+                await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
                 if raw.get("state") in TERMINAL_STATES:
                     self.terminals.caught_up(raw, sid)
             sent += len(blocks)
