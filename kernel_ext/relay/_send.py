@@ -21,18 +21,14 @@ from typing import Any
 from engineio.packet import MESSAGE
 from engineio.packet import Packet as EioPacket
 from socketio.async_manager import AsyncManager
-from socketio.async_pubsub_manager import AsyncPubSubManager
 from socketio.packet import EVENT
 
 __all__ = ["local_sends", "send_local"]
 
 
-def local_sends(manager: Any, *, ignore_queue: bool = False) -> bool:
-    """Whether :func:`send_local` does what ``emit`` would do with ``manager``: the
-    in-process manager itself, or a pub/sub manager told to deliver here only
-    (``ignore_queue``). A manager of another class keeps its own ``emit``."""
-    if ignore_queue and isinstance(manager, AsyncPubSubManager):
-        return True
+def local_sends(manager: Any) -> bool:
+    """Whether :func:`send_local` does what ``emit`` would do with ``manager``: only for the
+    in-process manager itself. A manager of another class keeps its own ``emit``."""
     return manager.__class__ is AsyncManager
 
 
