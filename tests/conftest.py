@@ -2,10 +2,11 @@
 
 Helpers live in the ``support`` package (``support.network``, ``support.timing``,
 ``support.relay_helpers`` …), never here: tests import those, not ``conftest``. The tests
-are in folders that mirror the package (tests/relay/, tests/stream/ …); a test module that
-shares another's helpers or fixtures imports it by its bare name (``from test_relay import
-block``), so every folder of tests/ is put on ``sys.path`` below (test module names are
-unique across folders).
+are in folders that mirror the package (tests/relay/, tests/stream/ …); no test module
+imports another. What the tests of one folder share is in ``support`` (helpers) or in that
+folder's ``conftest.py`` (fixtures: tests/a2a/, tests/stream/, tests/web/); fixtures that
+several folders share would go in a ``support`` module registered here with
+``pytest_plugins`` (pytest allows it only in this conftest).
 
 Markers (pyproject): ``network`` for a test that starts a server on 127.0.0.1, ``redis``
 for one that needs a real redis-server, ``browser`` for one that drives Chromium. They are
@@ -18,15 +19,10 @@ fails.
 from __future__ import annotations
 
 import shutil
-import sys
 from collections.abc import Generator, Iterator
 
 import pytest
-from support import TESTS, network
-
-for _folder in sorted(TESTS.iterdir()):
-    if any(_folder.glob("test_*.py")) and str(_folder) not in sys.path:
-        sys.path.append(str(_folder))
+from support import network
 
 FIXTURE_MARKERS = {"redis_server": ("redis", "network")}
 """Fixtures that start something, and the markers every test using one must carry."""

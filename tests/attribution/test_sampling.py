@@ -13,96 +13,15 @@ stream hub and an in-process sender.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.sampling import (
-    ALWAYS_OFF,
     ALWAYS_ON,
-    ParentBased,
-    Sampler,
-    TraceIdRatioBased,
 )
-from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from support.reliability_support import RUNS, report
+from support.sampling_helpers import CONV, SAMPLERS, Kernel, setup
 
-from kernel_ext import ToolDescription, current_call_id
-from kernel_ext.attribution.processor import ToolSpanProcessor
-from kernel_ext.attribution.tap import Tap
-from kernel_ext.instrument import ToolRuntimeInstrumentor
-from kernel_ext.stream import StreamHub
-from kernel_ext.testing import MemoryEmitter
-
-CONV = "conv-sampled"
-
-
-class Kernel:
-    """A kernel's tool runtime: ``run_tool``/``arun_tool`` run a tool body by name."""
-
-    def run_tool(self, name: str, body: Any, conversation_id: str = CONV) -> Any:
-        return body()
-
-    async def arun_tool(self, name: str, body: Any, conversation_id: str = CONV) -> Any:
-        return await body()
-
-
-def describe(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolDescription:
-    return ToolDescription(args[0], kwargs.get("conversation_id", CONV))
-
-
-class Setup:
-    def __init__(self, sampler: Sampler) -> None:
-        self.tap = Tap()
-        self.hub = StreamHub(tap=self.tap)
-        self.provider = TracerProvider(sampler=sampler)
-        self.provider.add_span_processor(ToolSpanProcessor(tap=self.tap, sink=self.hub))
-        self.instrumentor = ToolRuntimeInstrumentor()
-        self.instrumentor.instrument(
-            targets=[f"{__name__}:Kernel.run_tool", f"{__name__}:Kernel.arun_tool"],
-            describe=describe,
-            tracer_provider=self.provider,
-            sink=self.hub,
-        )
-        self.emitter = MemoryEmitter(hub=self.hub)
-
-    def close(self) -> None:
-        self.instrumentor.uninstrument()
-        self.instrumentor.sink = None
-        self.provider.shutdown()
-
-
-@contextlib.asynccontextmanager
-async def setup(sampler: Sampler) -> AsyncIterator[Setup]:
-    made = Setup(sampler)
-    try:
-        async with made.emitter:
-            yield made
-    finally:
-        made.close()
-
-
-@contextlib.contextmanager
-def unsampled_parent() -> Iterator[None]:
-    """A remote parent whose trace was not sampled (its trace flags say so)."""
-    parent = SpanContext(
-        trace_id=0x0AF7651916CD43DD8448EB211C80319C,
-        span_id=0x00F067AA0BA902B7,
-        is_remote=True,
-        trace_flags=TraceFlags(0),
-    )
-    with trace.use_span(NonRecordingSpan(parent)):
-        yield
-
-
-SAMPLERS = {
-    "always_off": (ALWAYS_OFF, contextlib.nullcontext),
-    "ratio_0.1": (TraceIdRatioBased(0.1), contextlib.nullcontext),
-    "parent_based_unsampled_parent": (ParentBased(ALWAYS_ON), unsampled_parent),
-}
+from kernel_ext import current_call_id
 
 
 class ToolFailed(Exception):

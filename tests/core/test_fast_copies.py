@@ -12,8 +12,8 @@ with generated inputs and fails on any difference (issue 27, part 2). The pairs:
 * the first case of :func:`kernel_ext.attribution.resolve.attribute`, inlined in
   ``StreamHub.publish``: ``attribute`` itself;
 * ``take()``'s inline build of small running text: :func:`kernel_ext.stream.consumer.build`
-  (also ``tests/stream/test_stream.py``), its dict and its JSON text (cut per stream out of the
-  rule's own text) alike, and the bound it trusts,
+  (also ``tests/stream/test_stream_consumer.py``), its dict and its JSON text (cut per stream
+  out of the rule's own text) alike, and the bound it trusts,
   :func:`kernel_ext.protocol.text_block_fast_limit`: the one size measure;
 * the loopback sender's frames, written around their blocks' JSON text: the packet
   python-socketio itself encodes from the frame's dicts, byte for byte;

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.protocol_helpers import CALL_ID, nested, wire_block
 
 from kernel_ext import BlockTooLargeError, DecodeError, KernelExtError
 from kernel_ext.protocol import (
@@ -28,34 +29,6 @@ from kernel_ext.protocol import (
     terminal_envelope,
 )
 from kernel_ext.schema import block_json_schema
-
-CALL_ID = "00f067aa0ba902b7"
-
-
-def wire_block(**overrides: Any) -> dict[str, Any]:
-    envelope = {
-        "v": 1,
-        "kind": "thinking",
-        "streamKey": "task-1",
-        "seq": 1,
-        "status": "running",
-        "payload": {"text": "hmm"},
-    }
-    envelope_override = overrides.pop("envelope", {})
-    if not isinstance(envelope_override, dict):
-        overrides["envelope"] = envelope_override
-    else:
-        envelope.update(envelope_override)
-    block = {
-        "v": 1,
-        "callId": CALL_ID,
-        "taskId": "task-1",
-        "state": "running",
-        "ts": 1789123456789,
-        "envelope": envelope,
-    }
-    block.update(overrides)
-    return block
 
 
 def test_wire_names_are_the_specs_camel_case() -> None:
@@ -194,13 +167,6 @@ def test_non_json_or_non_object_input_is_a_decode_error(data: str | bytes) -> No
 def test_non_mapping_python_object_is_a_decode_error() -> None:
     with pytest.raises(DecodeError, match="expected a JSON object"):
         decode([wire_block()])  # type: ignore[arg-type]
-
-
-def nested(depth: int) -> Any:
-    value: Any = "leaf"
-    for _ in range(depth):
-        value = {"n": value}
-    return value
 
 
 def test_payload_nested_up_to_the_limit_is_accepted() -> None:

@@ -35,9 +35,10 @@ from typing import Any
 
 import pytest
 from support import ROOT
+from support.browser import Console
+from support.demo_helpers import CJK, ENDED, PY_REASON, Demo, demo
 from support.network import chromium, no_websocket_proxy
-from test_demo import PY_REASON, Demo, demo
-from test_renderer_browser import CJK_FACES
+from support.renderer_page import CJK_FACES
 
 from kernel_ext.demo.colleague_server import CARRIER, ORDERS_DESK
 from kernel_ext.demo.script import DEFAULT_KERNEL, KERNELS, wording
@@ -46,7 +47,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(180)
 
 ARTIFACTS = ROOT / "artifacts"
 WAIT_MS = 30_000
-CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 REFUSED_WEBSOCKET = re.compile(r"^WebSocket connection to 'ws://127\.0\.0\.1:\d+/socket\.io/")
 
 # Installed before the page's own scripts: after every DOM change (so after every socket
@@ -67,10 +67,6 @@ new MutationObserver(() => {
   window.__kx.mostLiveAtOnce = Math.max(window.__kx.mostLiveAtOnce, live);
 }).observe(document, { subtree: true, childList: true, attributes: true, characterData: true });
 """
-
-ENDED = """([nodes, answers]) =>
-  document.querySelectorAll(".node-tool[data-status='ended']").length === nodes &&
-  document.querySelectorAll(".node-message[data-role='assistant']").length === answers"""
 
 SUMMARY = """() => Array.from(document.querySelectorAll(".node-tool")).map((node) => {
   const final = node.querySelector(".kx-final");
@@ -96,20 +92,6 @@ SUMMARY = """() => Array.from(document.querySelectorAll(".node-tool")).map((node
 })"""
 
 TRANSPORT = "() => document.getElementById('connection').dataset.transport"
-
-
-class Console:
-    """What a page reported: console errors and uncaught exceptions."""
-
-    def __init__(self, page: Any) -> None:
-        self.errors: list[str] = []
-        self.exceptions: list[str] = []
-        page.on("console", self._on_console)
-        page.on("pageerror", lambda error: self.exceptions.append(str(error)))
-
-    def _on_console(self, message: Any) -> None:
-        if message.type == "error":
-            self.errors.append(message.text)
 
 
 @contextmanager

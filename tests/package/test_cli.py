@@ -5,7 +5,7 @@
   unknown option after a subcommand is reported by that subcommand.
 * ``tail`` against nothing says it could not connect to the URL, and why, in one line.
 * ``relay`` and ``tail`` stop on SIGTERM with 143 and on SIGINT with 130 (the demo's own
-  test is in test_demo.py); ``relay`` prints one start-up line first.
+  test is in test_demo_process.py); ``relay`` prints one start-up line first.
 * ``--version`` prints the package's version; ``relay --help`` shows every option with its
   default; ``python -m kernel_ext.relay`` is the same command, without a RuntimeWarning;
   ``python -m kernel_ext`` is ``kernel-ext``.
@@ -17,17 +17,16 @@ import asyncio
 import contextlib
 import importlib.metadata
 import os
-import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from support import SUPPORT
+from support.cli_helpers import CLI, STARTUP, cli_env, running
 from support.network import free_port, http_request
 
 from kernel_ext import __version__
@@ -35,17 +34,8 @@ from kernel_ext._command_line import exit_code_after, never_resolves
 from kernel_ext.cli import build_parser
 from kernel_ext.web import ASSETS, asset_path
 
-SECRET = "s3cret-for-cli-tests"
 HOOKS = ["--authenticate", "relay_cli_hooks:authenticate"]
 HOOKS += ["--authorize-join", "relay_cli_hooks:authorize_join"]
-WAIT = 30.0
-CLI = [sys.executable, "-m", "kernel_ext.cli"]
-
-
-def cli_env() -> dict[str, str]:
-    """The secret, and ``tests/support`` (the hooks module) on the path."""
-    path = os.pathsep.join(p for p in (str(SUPPORT), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
 
 
 def kernel_ext(*args: str, command: Sequence[str] = CLI) -> subprocess.CompletedProcess[str]:
@@ -138,7 +128,7 @@ USAGE_ERRORS = {
 # Refused after the command line parsed, by which time the demo has checked its Python.
 DEMO_NEEDS_311 = pytest.mark.skipif(
     sys.version_info < (3, 11),
-    reason="on Python 3.10 the demo first says it needs 3.11 (tested in test_demo.py)",
+    reason="on Python 3.10 the demo first says it needs 3.11 (tested in test_demo_options.py)",
 )
 
 
@@ -278,54 +268,6 @@ def test_python_m_kernel_ext_relay_is_the_same_command_without_a_runtime_warning
 # -- stopped by a signal ------------------------------------------------------------------
 
 
-class Running:
-    """A long-running ``kernel-ext`` command; its stderr read line by line."""
-
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
-        self.proc = proc
-        self.err: list[str] = []
-
-    async def wait_for_line(self, pattern: str) -> re.Match[str]:
-        """The first stderr line matching ``pattern`` (fails at the deadline or at EOF)."""
-        assert self.proc.stderr is not None
-        while True:
-            raw = await asyncio.wait_for(self.proc.stderr.readline(), WAIT)
-            assert raw, f"exited ({await self.proc.wait()}) before {pattern!r}: {self.err}"
-            self.err.append(raw.decode().rstrip("\n"))
-            found = re.search(pattern, self.err[-1])
-            if found:
-                return found
-
-    async def stop(self, signum: int) -> tuple[int, str]:
-        self.proc.send_signal(signum)
-        _, rest = await asyncio.wait_for(self.proc.communicate(), WAIT)
-        self.err += rest.decode().splitlines()
-        assert self.proc.returncode is not None
-        return self.proc.returncode, "\n".join(self.err)
-
-
-@contextlib.asynccontextmanager
-async def running(*args: str) -> AsyncIterator[Running]:
-    proc = await asyncio.create_subprocess_exec(
-        *CLI,
-        *args,
-        env=cli_env(),
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    try:
-        yield Running(proc)
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-
-
-STARTUP = (
-    r"^kernel-ext relay: serving (http://127\.0\.0\.1:(\d+)), namespace /chat, auth: (.*?)"
-    r"(?:, page (\S+))?$"
-)
 STOPS = [signal.SIGTERM, signal.SIGINT]
 
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from jsonschema import Draft202012Validator
 from jsonschema_specifications import REGISTRY
-from test_protocol import CALL_ID, nested, wire_block
-from test_vectors import VECTOR_FILES, load
+from support.protocol_helpers import CALL_ID, nested, wire_block
+from support.vectors import VECTOR_FILES, load
 
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, MAX_PAYLOAD_DEPTH, decode

@@ -24,7 +24,7 @@ from support import ROOT
 from support.network import flaky_network, free_port, serve_asgi
 from support.relay_helpers import record_joins
 from support.timing import wait_until
-from test_vectors import VECTOR_FILES, load
+from support.vectors import VECTOR_FILES, load
 
 from kernel_ext.protocol import block_size
 from kernel_ext.viewing.tail import EXIT_FAILED, EXIT_INTERRUPTED, TailPrinter, clean, follow

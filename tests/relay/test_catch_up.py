@@ -16,10 +16,24 @@ from typing import Any
 
 import pytest
 from support.network import RedisServer
-from support.relay_helpers import NS, Browser, RelayProcess, barrier, emitter_for
+from support.redis_helpers import wait_subscribed
+from support.relay_helpers import (
+    C1,
+    C2,
+    NS,
+    Browser,
+    RelayProcess,
+    barrier,
+    block,
+    connected,
+    emitter_for,
+    frame,
+    join,
+    relay_server,
+    seqs,
+    worker,
+)
 from support.timing import wait_until
-from test_redis import wait_subscribed
-from test_relay import C1, C2, block, frame, relay_server, worker
 
 from kernel_ext import ToolCall, use_tool_call
 from kernel_ext.attribution.tap import Tap
@@ -30,25 +44,6 @@ pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
 CALL = "00f067aa0ba902b7"
 KEY = {"callId": CALL, "taskId": "task-1"}
-
-
-async def join(browser: Browser, room: str, **fields: Any) -> Any:
-    ack = await browser.client.call(
-        "join_conversation", {"conversationId": room, **fields}, namespace=NS, timeout=10
-    )
-    if isinstance(ack, dict) and ack.get("ok"):
-        browser.rooms.append(room)
-    return ack
-
-
-async def connected(port: int, name: str = "browser") -> Browser:
-    browser = Browser(name)
-    await browser.connect(port)
-    return browser
-
-
-def seqs(blocks: list[dict[str, Any]], task: str = "task-1") -> list[int]:
-    return [b["envelope"]["seq"] for b in blocks if b["taskId"] == task]
 
 
 async def test_a_second_tab_mid_call_receives_what_it_missed_then_the_live_blocks() -> None:

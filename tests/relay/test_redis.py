@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 from support.network import RedisServer
+from support.redis_helpers import wait_subscribed
 from support.relay_helpers import (
     CONV,
     Browser,
@@ -25,28 +26,6 @@ from kernel_ext.emit import RedisEmitter
 from kernel_ext.stream import StreamHub
 
 pytestmark = [pytest.mark.network, pytest.mark.redis]
-
-
-async def subscribers(redis_url: str) -> int:
-    from redis import asyncio as aioredis
-
-    client = aioredis.Redis.from_url(redis_url)
-    try:
-        result = await client.pubsub_numsub("socketio")
-        return int(result[0][1]) if result else 0
-    finally:
-        await client.aclose()
-
-
-async def wait_subscribed(redis_url: str, n: int, timeout: float = 20.0) -> None:
-    """Poll (with a deadline) until ``n`` web processes listen on the Socket.IO channel."""
-
-    async def subscribed() -> bool:
-        return await subscribers(redis_url) >= n
-
-    await wait_until(
-        subscribed, timeout, f"{n} web processes did not subscribe to Redis", interval=0.05
-    )
 
 
 async def test_two_web_processes_behind_redis_serve_one_room(redis_server: RedisServer) -> None:

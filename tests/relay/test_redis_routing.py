@@ -23,11 +23,24 @@ from typing import Any
 import pytest
 import socketio
 from support.network import RedisServer, flaky_network, serve_asgi
-from support.relay_helpers import NS, SECRET, Browser, RelayProcess, barrier, in_call
+from support.redis_helpers import wait_subscribed
+from support.relay_helpers import (
+    C1,
+    C2,
+    NS,
+    SECRET,
+    Browser,
+    RelayProcess,
+    barrier,
+    block,
+    connected,
+    frame,
+    in_call,
+    join,
+    seqs,
+    worker,
+)
 from support.timing import wait_until
-from test_catch_up import connected, join, seqs
-from test_redis import wait_subscribed
-from test_relay import C1, C2, block, frame, worker
 
 from kernel_ext._redis_routing import LOG_MAX_BLOCKS, marker_channel, room_channel, room_log
 from kernel_ext.attribution.tap import Tap

@@ -2,97 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
 import socketio
-from support.network import serve_asgi
-from support.relay_helpers import NS, SECRET, Browser, barrier
-
-from kernel_ext.relay import ChatRelay, allow_all, create_app
+from support.relay_helpers import (
+    C1,
+    C2,
+    NS,
+    Browser,
+    barrier,
+    block,
+    browsers,
+    count,
+    frame,
+    relay_server,
+    worker,
+)
 
 pytestmark = pytest.mark.network
-
-C1, C2 = "conv-1", "conv-2"
-
-
-def block(
-    seq: int,
-    *,
-    state: str = "running",
-    call_id: str | None = "00f067aa0ba902b7",
-    task_id: str = "task-1",
-    text: str | None = None,
-) -> dict[str, Any]:
-    key = "message" if state == "aborted" else "text"
-    return {
-        "v": 1,
-        "callId": call_id,
-        "taskId": task_id,
-        "state": state,
-        "ts": 1789123456789 + seq,
-        "envelope": {
-            "v": 1,
-            "kind": "text",
-            "streamKey": task_id,
-            "seq": seq,
-            "status": state,
-            "payload": {key: text if text is not None else f"block {seq}"},
-        },
-    }
-
-
-def frame(room: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"v": 1, "room": room, "blocks": blocks}
-
-
-@asynccontextmanager
-async def relay_server(**options: Any) -> AsyncIterator[tuple[int, ChatRelay]]:
-    options.setdefault("authorize_join", allow_all)
-    ready = create_app(SECRET, **options)
-    async with serve_asgi(ready.app) as port:
-        yield port, ready.relay
-
-
-@asynccontextmanager
-async def worker(port: int, secret: Any = SECRET) -> AsyncIterator[socketio.AsyncClient]:
-    client = socketio.AsyncClient(reconnection=False)
-    await asyncio.wait_for(
-        client.connect(
-            f"http://127.0.0.1:{port}",
-            namespaces=[NS],
-            auth={"internal": secret},
-            transports=["websocket"],
-            wait_timeout=5,
-        ),
-        timeout=10,
-    )
-    try:
-        yield client
-    finally:
-        await asyncio.wait_for(client.disconnect(), timeout=5)
-
-
-@asynccontextmanager
-async def browsers(port: int, *rooms: str) -> AsyncIterator[list[Browser]]:
-    made: list[Browser] = []
-    try:
-        for i, room in enumerate(rooms):
-            b = Browser(f"browser-{i}")
-            made.append(b)
-            await b.connect(port)
-            assert await b.join(room) == {"ok": True}
-        yield made
-    finally:
-        for b in made:
-            await b.close()
-
-
-def count(n: int) -> Callable[[list[dict[str, Any]]], bool]:
-    return lambda blocks: len(blocks) >= n
 
 
 async def test_two_browsers_in_two_rooms_see_only_their_own_room() -> None:

@@ -29,8 +29,7 @@ import pytest
 import socketio
 from support import SUPPORT
 from support.network import free_port
-from support.relay_helpers import NS, SECRET, Browser, RelayProcess, barrier
-from test_relay import block, frame, worker
+from support.relay_helpers import NS, SECRET, Browser, RelayProcess, barrier, block, frame, worker
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 

@@ -28,11 +28,11 @@ from typing import Any
 import pytest
 import socketio
 import uvicorn
+from support.cli_helpers import SECRET as CLI_SECRET
+from support.cli_helpers import STARTUP, running
 from support.network import RedisServer, free_port, http_request, need_binary, serve_asgi, started
 from support.relay_helpers import SECRET
 from support.timing import wait_until
-from test_cli import SECRET as CLI_SECRET
-from test_cli import STARTUP, running
 
 from kernel_ext.relay import ChatRelay, RelayRedisManager, create_app, mount_relay, with_probes
 

@@ -8,8 +8,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from support.relay_helpers import block as relay_block
 from support.timing import FakeClock
-from test_relay import block as relay_block
 
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import block_size
@@ -23,7 +23,7 @@ BLOCK_BOUND = 1024
 def block(
     seq: int, *, state: str = "running", task: str = "t", call: str | None = CALL, pad: int = 0
 ) -> dict[str, Any]:
-    """test_relay's block, with a text of fixed width (plus ``pad`` characters)."""
+    """``support.relay_helpers``' block, with a text of fixed width (plus ``pad`` characters)."""
     return relay_block(
         seq, state=state, call_id=call, task_id=task, text=f"block {seq:04d}" + "x" * pad
     )

@@ -31,10 +31,9 @@ import aiohttp
 import pytest
 import socketio
 from support.network import serve_asgi
-from support.relay_helpers import NS, SECRET
+from support.relay_helpers import NS, SECRET, block, frame, worker
 from support.reliability_support import DEFAULT_PINGS, TestRelay, browser_on, report, running_relay
 from support.timing import wait_until
-from test_relay import block, frame, worker
 
 import kernel_ext.relay.guarded as relay_hostile
 from kernel_ext.relay import ChatRelay, allow_all, create_app, mount_relay

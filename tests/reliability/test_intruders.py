@@ -29,10 +29,19 @@ from typing import Any
 import pytest
 import socketio
 from support.network import chromium, free_port, wait_listening
-from support.relay_helpers import NS, SECRET, Browser, barrier
+from support.relay_helpers import (
+    NS,
+    SECRET,
+    Browser,
+    barrier,
+    block,
+    browsers,
+    frame,
+    relay_server,
+    worker,
+)
 from support.reliability_support import RUNS, report
 from support.timing import wait_until
-from test_relay import block, browsers, frame, relay_server, worker
 
 import kernel_ext.relay._log as relay_log
 import kernel_ext.relay.auth as relay_auth

@@ -20,7 +20,10 @@ from typing import Any
 
 import pytest
 from support.network import free_port, serve_asgi
-from support.relay_helpers import CONV, NS, Browser, barrier, terminals
+from support.relay_helpers import CONV, NS, Browser, barrier, relay_server, terminals
+from support.relay_helpers import block as relay_block
+from support.relay_helpers import frame as relay_frame
+from support.relay_helpers import worker as internal_sender
 from support.reliability_support import (
     RUNS,
     Worker,
@@ -31,10 +34,6 @@ from support.reliability_support import (
     settled,
 )
 from support.timing import wait_until
-from test_relay import block as relay_block
-from test_relay import frame as relay_frame
-from test_relay import relay_server
-from test_relay import worker as internal_sender
 
 from kernel_ext.a2a import ask_colleague, stream_colleague
 from kernel_ext.errors import ColleagueError

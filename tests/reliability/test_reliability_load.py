@@ -50,8 +50,8 @@ def ceiling(elapsed: float) -> int:
 
     Not checked on the blocks' ``ts``: that is the wall clock read when the block is
     queued, a moment after the throttle read its clock, and a pause in between (a garbage
-    collection) can put 11 ``ts`` within one second. tests/stream/test_stream.py checks the
-    window itself with a fake clock."""
+    collection) can put 11 ``ts`` within one second. tests/stream/test_stream_publish.py
+    checks the window itself with a fake clock."""
     return LIMIT * (math.floor(elapsed) + 1)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 from support.network import RedisServer
+from support.redis_helpers import wait_subscribed
 from support.relay_helpers import CONV, barrier, terminals
 from support.reliability_support import (
     RUNS,
@@ -31,7 +32,6 @@ from support.reliability_support import (
     settled,
 )
 from support.timing import wait_until
-from test_redis import wait_subscribed
 
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.stream import StreamHub

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from support.network import RedisServer, serve_asgi
+from support.redis_helpers import wait_subscribed
 from support.relay_helpers import SECRET, barrier, terminals
 from support.reliability_support import (
     DEFAULT_PINGS,
@@ -28,7 +29,6 @@ from support.reliability_support import (
     running_relay,
 )
 from support.timing import wait_until
-from test_redis import wait_subscribed
 
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, FALLBACK_INVALID, trace_id_hex

@@ -2,8 +2,8 @@
 worker to the browser; a relay refuses a block whose ``traceId`` is not one.
 
 Through the public API: an SDK tracer provider with the span processor, the instrumentor on
-a kernel's tool runtime (``test_sampling``'s), the stream hub and an in-process sender; the
-relay over a real Socket.IO connection on 127.0.0.1.
+a kernel's tool runtime (``support.sampling_helpers``), the stream hub and an in-process
+sender; the relay over a real Socket.IO connection on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
 from opentelemetry.trace import SpanContext, TraceFlags
-from support.relay_helpers import NS, barrier
-from test_relay import block, browsers, frame, relay_server, worker
-from test_sampling import CONV, SAMPLERS, Kernel, setup
+from support.relay_helpers import NS, barrier, block, browsers, frame, relay_server, worker
+from support.sampling_helpers import CONV, SAMPLERS, Kernel, setup
 
 from kernel_ext._compat import sampled_trace_id
 from kernel_ext.protocol import decode, trace_id_hex

@@ -1,4 +1,6 @@
-"""Test helpers for the relay: real python-socketio browsers, a relay in a subprocess."""
+"""Test helpers for the relay: real python-socketio browsers, a relay in this process
+(:func:`relay_server`) with its internal worker connections (:func:`worker`) and the blocks and
+frames they send, a relay in a subprocess (:class:`RelayProcess`), joins with a cursor."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +23,9 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from kernel_ext import metrics
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import LoopbackEmitter
+from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import StreamHub
-from support.network import free_port, wait_listening_async
+from support.network import free_port, serve_asgi, wait_listening_async
 from support.timing import wait_until
 
 SECRET = "s3cret-for-tests"
@@ -29,6 +33,7 @@ SUPPORT = str(Path(__file__).resolve().parent)
 NS = "/chat"
 CALL = "00f067aa0ba902b7"
 CONV = "conv-1"
+C1, C2 = "conv-1", "conv-2"
 
 
 class Browser:
@@ -261,3 +266,109 @@ async def run_script(
             await proc.wait()
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
+
+
+# -- a relay in this process, its workers' frames and its browsers' joins ----------------
+
+
+def block(
+    seq: int,
+    *,
+    state: str = "running",
+    call_id: str | None = "00f067aa0ba902b7",
+    task_id: str = "task-1",
+    text: str | None = None,
+) -> dict[str, Any]:
+    """A wire block of a text stream: ``block {seq}`` (or ``text``), its terminal's text or
+    message when ``state`` is not running."""
+    key = "message" if state == "aborted" else "text"
+    return {
+        "v": 1,
+        "callId": call_id,
+        "taskId": task_id,
+        "state": state,
+        "ts": 1789123456789 + seq,
+        "envelope": {
+            "v": 1,
+            "kind": "text",
+            "streamKey": task_id,
+            "seq": seq,
+            "status": state,
+            "payload": {key: text if text is not None else f"block {seq}"},
+        },
+    }
+
+
+def frame(room: str, blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``kx_blocks`` frame: ``blocks`` for ``room``."""
+    return {"v": 1, "room": room, "blocks": blocks}
+
+
+@asynccontextmanager
+async def relay_server(**options: Any) -> AsyncIterator[tuple[int, ChatRelay]]:
+    """A relay (``create_app(SECRET, **options)``, every join allowed unless ``options``
+    say otherwise) served by uvicorn on 127.0.0.1: its port and the relay."""
+    options.setdefault("authorize_join", allow_all)
+    ready = create_app(SECRET, **options)
+    async with serve_asgi(ready.app) as port:
+        yield port, ready.relay
+
+
+@asynccontextmanager
+async def worker(port: int, secret: Any = SECRET) -> AsyncIterator[socketio.AsyncClient]:
+    """An internal connection to the relay on ``port`` (as a worker's sender), by
+    ``secret``."""
+    client = socketio.AsyncClient(reconnection=False)
+    await asyncio.wait_for(
+        client.connect(
+            f"http://127.0.0.1:{port}",
+            namespaces=[NS],
+            auth={"internal": secret},
+            transports=["websocket"],
+            wait_timeout=5,
+        ),
+        timeout=10,
+    )
+    try:
+        yield client
+    finally:
+        await asyncio.wait_for(client.disconnect(), timeout=5)
+
+
+@asynccontextmanager
+async def browsers(port: int, *rooms: str) -> AsyncIterator[list[Browser]]:
+    """One connected :class:`Browser` per room of ``rooms``, each joined to its room."""
+    made: list[Browser] = []
+    try:
+        for i, room in enumerate(rooms):
+            b = Browser(f"browser-{i}")
+            made.append(b)
+            await b.connect(port)
+            assert await b.join(room) == {"ok": True}
+        yield made
+    finally:
+        for b in made:
+            await b.close()
+
+
+async def join(browser: Browser, room: str, **fields: Any) -> Any:
+    """``browser`` joins ``room`` with the join's other ``fields`` (``have`` …): the
+    acknowledgement."""
+    ack = await browser.client.call(
+        "join_conversation", {"conversationId": room, **fields}, namespace=NS, timeout=10
+    )
+    if isinstance(ack, dict) and ack.get("ok"):
+        browser.rooms.append(room)
+    return ack
+
+
+async def connected(port: int, name: str = "browser") -> Browser:
+    """A :class:`Browser` connected to the relay on ``port``, in no room yet."""
+    browser = Browser(name)
+    await browser.connect(port)
+    return browser
+
+
+def seqs(blocks: list[dict[str, Any]], task: str = "task-1") -> list[int]:
+    """The seqs of ``task``'s blocks among ``blocks``, in order."""
+    return [b["envelope"]["seq"] for b in blocks if b["taskId"] == task]

@@ -25,12 +25,11 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from support.browser import Console
+from support.demo_helpers import ENDED, PY_REASON, demo
 from support.network import LoopThread, RedisServer, chromium
-from support.relay_helpers import CALL, NS, RelayProcess
-from test_demo import PY_REASON, demo
-from test_demo_browser import ENDED, Console
-from test_redis import wait_subscribed
-from test_relay import block, frame, worker
+from support.redis_helpers import wait_subscribed
+from support.relay_helpers import CALL, NS, RelayProcess, block, frame, worker
 
 from kernel_ext.demo.script import wording
 

@@ -7,100 +7,16 @@ on 127.0.0.1, with ``?play=0`` so each test feeds ``window.kx.store`` itself.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from support import ROOT, TESTS
-from support.network import chromium, started
-from test_vectors import VECTOR_FILES, load
-
-from kernel_ext.testing.browser import serve_directory
-from kernel_ext.web import web_root
+from support.renderer_page import CALL, CJK_FACES, WAIT_MS, block, feed, pane, snapshot
+from support.vectors import VECTOR_FILES, load
 
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(120)]
 
 ARTIFACTS = ROOT / "artifacts"
-WAIT_MS = 10_000
-CALL = "00f067aa0ba902b7"
-
-FEED = """(steps) => {
-  for (const step of steps) {
-    if ("block" in step) window.kx.store.applyBlock(step.block);
-    else if ("snapshot" in step) window.kx.store.applySnapshot(step.snapshot);
-  }
-}"""
-
-
-@pytest.fixture(scope="module")
-def base_url() -> Iterator[str]:
-    """The installed package's web directory, served on 127.0.0.1."""
-    started("network")
-    with serve_directory(web_root()) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    """One headless Chromium for the whole module."""
-    with chromium() as launched:
-        yield launched
-
-
-@pytest.fixture
-def page(browser: Any, base_url: str) -> Iterator[Any]:
-    """A fresh page of the example, not playing its script; page errors fail the test."""
-    context = browser.new_context(viewport={"width": 900, "height": 900})
-    page = context.new_page()
-    page.set_default_timeout(WAIT_MS)
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.goto(f"{base_url}/example.html?play=0")
-    page.wait_for_selector("body[data-ready='1']")
-    yield page
-    context.close()
-    assert errors == [], errors
-
-
-def block(
-    seq: int,
-    kind: str,
-    payload: dict[str, Any],
-    *,
-    state: str = "running",
-    call_id: str = CALL,
-    task_id: str = "task-1",
-) -> dict[str, Any]:
-    return {
-        "block": {
-            "v": 1,
-            "callId": call_id,
-            "taskId": task_id,
-            "state": state,
-            "ts": 1,
-            "envelope": {
-                "v": 1,
-                "kind": kind,
-                "streamKey": task_id,
-                "seq": seq,
-                "status": state,
-                "payload": payload,
-            },
-        }
-    }
-
-
-def snapshot(call_id: str = CALL, **content: Any) -> dict[str, Any]:
-    content.setdefault("toolCall", {"functionCall": {"name": "ask_colleague"}})
-    return {"snapshot": {"eventId": call_id, "eventScene": "tool", "content": content}}
-
-
-def feed(page: Any, *steps: dict[str, Any]) -> None:
-    page.evaluate(FEED, list(steps))
-
-
-def pane(page: Any, call_id: str = CALL) -> Any:
-    return page.locator(f"section.kx-pane[data-call-id='{call_id}']")
 
 
 def test_every_vector_passes_in_chromium_too(page: Any) -> None:
@@ -343,10 +259,6 @@ def test_example_page_plays_a_conversation_and_screenshot(browser: Any, base_url
         assert json.loads(json.dumps(page.evaluate("window.kx.store.state()")))["panes"]
     finally:
         context.close()
-
-
-CJK_FACES = ("PingFang SC", "Microsoft YaHei", "Noto Sans CJK SC", "Source Han Sans SC")
-"""Common CJK faces (macOS, Windows, Linux) the font stack falls back to."""
 
 
 def test_the_pane_and_the_page_fall_back_to_common_cjk_fonts(page: Any) -> None:

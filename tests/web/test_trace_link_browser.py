@@ -1,7 +1,8 @@
 """A pane's link to its span (the renderer's ``traceUrl`` option) in real headless Chromium.
 
-The page is the shipped example page (``?play=0``) of ``test_renderer_browser``; each test
-mounts a room of its own with the template under test on the page's store.
+The page is the shipped example page (``?play=0``), the fixture ``page`` of
+tests/web/conftest.py; each test mounts a room of its own with the template under test on
+the page's store.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
-from test_renderer_browser import CALL, base_url, block, browser, feed, page  # noqa: F401  (its fixtures)
+from support.renderer_page import CALL, block, feed
 
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(120)]
 
@@ -48,7 +49,7 @@ def assert_no_link(room: Any) -> None:
     assert head.text_content() == CALL
 
 
-def test_the_call_id_links_to_its_span_and_opens_it_in_a_new_tab(page: Any, base_url: str) -> None:  # noqa: F811
+def test_the_call_id_links_to_its_span_and_opens_it_in_a_new_tab(page: Any, base_url: str) -> None:
     template = f"{base_url}/example.html?play=0&trace={{traceId}}&span={{spanId}}"
     room = mount(page, template)
     feed(page, traced(1))
@@ -67,13 +68,13 @@ def test_the_call_id_links_to_its_span_and_opens_it_in_a_new_tab(page: Any, base
     tab.close()
 
 
-def test_no_link_without_a_template(page: Any) -> None:  # noqa: F811
+def test_no_link_without_a_template(page: Any) -> None:
     room = mount(page, None)
     feed(page, traced(1))
     assert_no_link(room)
 
 
-def test_no_link_until_a_block_brings_the_trace_id(page: Any) -> None:  # noqa: F811
+def test_no_link_until_a_block_brings_the_trace_id(page: Any) -> None:
     room = mount(page, "https://jaeger.example/trace/{traceId}?uiFind={spanId}")
     feed(page, traced(1, ...), traced(2, None), traced(3, "0" * 32), traced(4, TRACE.upper()))
     assert_no_link(room)
@@ -95,14 +96,14 @@ def test_no_link_until_a_block_brings_the_trace_id(page: Any) -> None:  # noqa: 
         "/relative/{traceId}",
     ],
 )
-def test_a_template_that_is_no_web_address_gives_no_link(page: Any, template: str) -> None:  # noqa: F811
+def test_a_template_that_is_no_web_address_gives_no_link(page: Any, template: str) -> None:
     room = mount(page, template)
     feed(page, traced(1))
     assert_no_link(room)
     assert page.evaluate("window.__kxPwned") is None
 
 
-def test_markup_in_a_template_stays_in_the_address_encoded(page: Any) -> None:  # noqa: F811
+def test_markup_in_a_template_stays_in_the_address_encoded(page: Any) -> None:
     template = 'https://x.example/"><img src=x onerror="window.__kxPwned=6">/{traceId}'
     room = mount(page, template)
     feed(page, traced(1))
@@ -118,7 +119,7 @@ def test_markup_in_a_template_stays_in_the_address_encoded(page: Any) -> None:  
     assert page.evaluate("window.__kxPwned") is None
 
 
-def test_hostile_ids_in_blocks_give_no_link(page: Any) -> None:  # noqa: F811
+def test_hostile_ids_in_blocks_give_no_link(page: Any) -> None:
     room = mount(page, "https://x.example/{traceId}/{spanId}")
     hostile_call = '<b id="x">call</b>'
     feed(

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from support import TESTS
-from test_relay import block as text_block
+from support.relay_helpers import block as text_block
+from support.vectors import VECTOR_FILES, expand, load
 
 from kernel_ext.viewing.view import (
     LABELS,
@@ -23,8 +24,6 @@ from kernel_ext.viewing.view import (
     trace_url,
 )
 
-VECTORS = TESTS / "vectors"
-VECTOR_FILES = sorted(VECTORS.glob("*.json"))
 REQUIRED = {
     "in_order",
     "trace_id",
@@ -49,24 +48,6 @@ REQUIRED = {
     "hostile_ack",
 }
 STEP_KINDS = {"block", "snapshot", "tick", "join", "ack", "expect"}
-
-
-def expand(value: Any) -> Any:
-    """Expand the vectors' string macros ($repeat, $concat) everywhere in ``value``."""
-    if isinstance(value, list):
-        return [expand(item) for item in value]
-    if isinstance(value, dict):
-        if set(value) == {"$repeat", "times"}:
-            return str(value["$repeat"]) * int(value["times"])
-        if set(value) == {"$concat"}:
-            return "".join(expand(part) for part in value["$concat"])
-        return {key: expand(item) for key, item in value.items()}
-    return value
-
-
-def load(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = expand(json.loads(path.read_text(encoding="utf-8")))
-    return data
 
 
 def run_vector(vector: dict[str, Any]) -> tuple[PaneStore, list[tuple[int, Any]]]:
