@@ -117,24 +117,24 @@ def bench_current_call_id(repeats: int, scale: float) -> list[_Figure]:
 # -- wrapped tool call ---------------------------------------------------------------------
 
 
-class _Runtime:
+class PlainRuntime:
     def invoke(self, tool_name: str, payload: int) -> int:
         return payload + 1
 
 
-def _describe(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolDescription:
+def describe_tool(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolDescription:
     return ToolDescription(args[0], "conv-1", "llm-1")
 
 
 @contextmanager
-def _wrapped_runtime(
+def wrapped_runtime(
     provider: TracerProvider | None = None, sink: CallSink | None = None
 ) -> Iterator[tuple[Callable[[], object], TracerProvider]]:
     """A runtime class instrumented with ToolRuntimeInstrumentor (spans to ``provider``,
     default: a new one with one no-op processor; ends reported to ``sink``); yields one
     call of it and the provider."""
     module = types.ModuleType("kx_bench_runtime")
-    runtime_cls = type("Runtime", (), {"invoke": _Runtime.invoke})
+    runtime_cls = type("Runtime", (), {"invoke": PlainRuntime.invoke})
     module.Runtime = runtime_cls  # type: ignore[attr-defined]
     sys.modules[module.__name__] = module
     if provider is None:
@@ -144,7 +144,7 @@ def _wrapped_runtime(
     previous_sink = instrumentor.sink
     instrumentor.instrument(
         targets=["kx_bench_runtime:Runtime.invoke"],
-        describe=_describe,
+        describe=describe_tool,
         tracer_provider=provider,
         sink=sink,
     )
@@ -161,9 +161,9 @@ FLOOR_PROFILE = "profiles/attribution-wrapped-floor.txt"  # relative to docs/per
 
 
 def bench_wrapped_call(repeats: int, scale: float) -> list[_Figure]:
-    plain = _Runtime()  # never instrumented: the same code, unwrapped
+    plain = PlainRuntime()  # never instrumented: the same code, unwrapped
     number = int(20_000 * scale)
-    with _wrapped_runtime() as (through_wrapper, provider):
+    with wrapped_runtime() as (through_wrapper, provider):
         tracer = provider.get_tracer("bench")
 
         def in_plain_genai_span() -> None:
@@ -302,7 +302,7 @@ def profile_target(figure_name: str) -> Callable[[], None] | None:
     if figure_name.startswith("wrapped tool call"):
 
         def wrapped_calls() -> None:
-            with _wrapped_runtime() as (call, _):
+            with wrapped_runtime() as (call, _):
                 for _ in range(50_000):
                     call()
 

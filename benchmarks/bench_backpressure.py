@@ -43,7 +43,8 @@ from bench_catchup import (
     live_figures,
     live_path,
 )
-from bench_stream import THROUGHPUT_N, _free_port, _spawn, _wait_port, rss_bytes
+from bench_stream import THROUGHPUT_N
+from processes import free_port, rss_bytes, spawn, wait_listening_async
 
 SECRET = "bench-backpressure-secret"
 TIMEOUT = 900.0  # run.py: longer than the common limit (about 70 processes in a full run)
@@ -103,13 +104,13 @@ async def _point(paced: bool, rate: float | None, seconds: float) -> dict[str, A
     from kernel_ext.emit import LoopbackEmitter
     from kernel_ext.stream import StreamHub
 
-    port = _free_port()
-    proc = await _spawn("relay", str(port), "1" if paced else "0", script=_SCRIPT)
+    port = free_port()
+    proc = await spawn(_SCRIPT, "relay", str(port), "1" if paced else "0")
     clients: list[Any] = []
     got, ended = [0] * STREAMS, [0] * STREAMS
     done = asyncio.Event()
     try:
-        await _wait_port(port, proc)
+        await wait_listening_async(port, process=proc, what="relay", timeout=30)
         clients = await _browsers(port, got, ended, done)
         hub = StreamHub(max_running_per_second=None)
         connected = asyncio.Event()

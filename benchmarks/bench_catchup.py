@@ -68,19 +68,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from bench_scale import _block
-from bench_stream import (
-    NS,
-    SECONDS,
-    SECRET,
-    THROUGHPUT_N,
-    _free_port,
-    _line,
-    _spawn,
-    _stdin_lines,
-    _wait_port,
-    side_by_side,
-)
+import loads
+from bench_stream import NS, SECONDS, SECRET, THROUGHPUT_N, side_by_side
+from bench_stream import SCRIPT as STREAM_SCRIPT
+from processes import ask, free_port, read_line, spawn, stdin_lines, wait_listening_async
 
 # the runner: longer than the common limit (about 80 processes in a full run)
 TIMEOUT = 1_200.0
@@ -135,7 +126,7 @@ def text_of(seq: int, stream: int) -> str:
 
 def wire_block(call: int, seq: int) -> dict[str, Any]:
     """A running block as the relay holds it: parsed from its JSON."""
-    block = _block(seq, text_of(seq, call), TASK, f"{CALL_BASE + call:016x}")
+    block = loads.block(seq, text_of(seq, call), TASK, f"{CALL_BASE + call:016x}")
     parsed: dict[str, Any] = json.loads(json.dumps(block))
     return parsed
 
@@ -162,7 +153,7 @@ async def role_streams_worker(port: int) -> None:
     await emitter.start()
     await emitter._ready()  # the first connection attempt is over
     print("READY", flush=True)
-    reader = await _stdin_lines()
+    reader = await stdin_lines()
     made: dict[str, list[ToolCall]] = {}
     while words := (await reader.readline()).decode().split():
         prefix, streams, per_room, blocks = words[1], *(int(w) for w in words[2:5])
@@ -196,13 +187,14 @@ class Processes:
     stopped on exit."""
 
     def __init__(self, relay_args: Sequence[str] = ()) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.relay_args = relay_args
         self.procs: list[asyncio.subprocess.Process] = []
         self.emitted = 0
 
     async def __aenter__(self) -> Processes:
-        self.relay = await _spawn(
+        self.relay = await spawn(
+            STREAM_SCRIPT,
             "--role",
             "kx-relay",
             "--port",
@@ -212,17 +204,17 @@ class Processes:
             stdin=asyncio.subprocess.PIPE,
         )
         self.procs.append(self.relay)
-        await _wait_port(self.port, self.relay)
-        self.worker = await _spawn(
+        await wait_listening_async(self.port, process=self.relay, what="relay", timeout=30)
+        self.worker = await spawn(
+            _SCRIPT,
             "--role",
             "streams-worker",
             "--port",
             str(self.port),
-            script=_SCRIPT,
             stdin=asyncio.subprocess.PIPE,
         )
         self.procs.append(self.worker)
-        await _line(self.worker, "READY", 30)
+        await read_line(self.worker, "READY", 30)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -238,9 +230,8 @@ class Processes:
     async def publish(self, prefix: str, streams: int, per_room: int, blocks: int) -> None:
         """Have the worker publish, and wait until the relay has emitted every block (its
         sender does not wait for the acknowledgement of running blocks)."""
-        assert self.worker.stdin is not None
-        self.worker.stdin.write(f"PUBLISH {prefix} {streams} {per_room} {blocks}\n".encode())
-        sent = json.loads(await _line(self.worker, "SENT", PROCESS_TIMEOUT))
+        command = f"PUBLISH {prefix} {streams} {per_room} {blocks}"
+        sent = json.loads(await ask(self.worker, command, "SENT", PROCESS_TIMEOUT))
         if not sent["flushed"] or sent["blocks"] != streams * blocks:
             raise RuntimeError(f"the worker did not hand everything over: {sent}")
         self.emitted += sent["blocks"]
@@ -252,15 +243,11 @@ class Processes:
             await asyncio.sleep(0.05)  # polling with a deadline
 
     async def stats(self) -> dict[str, int]:
-        assert self.relay.stdin is not None
-        self.relay.stdin.write(b"STATS\n")
-        stats: dict[str, int] = json.loads(await _line(self.relay, "STATS", 60))
+        stats: dict[str, int] = json.loads(await ask(self.relay, "STATS", "STATS", 60))
         return stats
 
     async def measure(self) -> dict[str, Any]:
-        assert self.relay.stdin is not None
-        self.relay.stdin.write(b"MEASURE\n")
-        answer: dict[str, Any] = json.loads(await _line(self.relay, "MEASURE", 60))
+        answer: dict[str, Any] = json.loads(await ask(self.relay, "MEASURE", "MEASURE", 60))
         return answer
 
 

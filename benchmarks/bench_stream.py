@@ -40,13 +40,23 @@ import gc
 import json
 import logging
 import os
-import socket
 import statistics
 import sys
 import time
 import tracemalloc
 from collections.abc import Sequence
 from typing import Any
+
+import loads
+from processes import (
+    cpu_seconds,
+    free_port,
+    read_line,
+    rss_bytes,
+    spawn,
+    stdin_lines,
+    wait_listening_async,
+)
 
 SECRET = "bench-internal-secret"
 ROOM = "bench-room"
@@ -195,24 +205,6 @@ def _figure(name: str, micros: float, target: float) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------
 
 
-def _block(i: int, text: str, task: str) -> dict[str, Any]:
-    return {
-        "v": 1,
-        "callId": CALL_ID,
-        "taskId": task,
-        "state": "running",
-        "ts": time.time_ns() // 1_000_000,
-        "envelope": {
-            "v": 1,
-            "kind": "text",
-            "streamKey": task,
-            "seq": i + 1,
-            "status": "running",
-            "payload": {"text": text},
-        },
-    }
-
-
 def plain_relay_app(redis_url: str | None = None) -> Any:
     """The plain contender: python-socketio relaying each ``relay_in`` event with one emit
     to its room, no validation (rooms in Redis when ``redis_url`` is given)."""
@@ -277,7 +269,7 @@ def role_kx_relay(
     async def serve_and_answer() -> None:
         server = uvicorn.Server(config)
         serving = asyncio.ensure_future(server.serve())
-        reader = await _stdin_lines()
+        reader = await stdin_lines()
         while line := await reader.readline():
             if line.strip() == b"STATS":
                 print("STATS " + json.dumps(ready.relay.stats()), flush=True)
@@ -377,7 +369,8 @@ async def role_worker(ports: Sequence[int], kind: str, mode: str, n: int, second
 
         async def send(stream: int, i: int) -> None:
             for client in turns[i % len(turns)]:
-                block = _block(i, f"{time.time_ns()} progress of stream {stream}", f"t{stream}")
+                text = f"{time.time_ns()} progress of stream {stream}"
+                block = loads.block(i + 1, text, f"t{stream}", CALL_ID)
                 await client.emit("relay_in", {"room": ROOM, "block": block}, namespace=NS)
 
         if mode == "burst":
@@ -433,115 +426,12 @@ async def role_worker(ports: Sequence[int], kind: str, mode: str, n: int, second
 
 
 # ---------------------------------------------------------------------------------------
-# Three processes: orchestration (and the plumbing bench_scale.py and bench_catchup.py use)
+# Three processes: orchestration (the plumbing is processes.py's)
 # ---------------------------------------------------------------------------------------
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _cpu_clock(pid: int) -> int | None:
-    """The kernel's CPU-time clock of process *pid* (all its threads, nanoseconds)."""
-    try:
-        import ctypes
-
-        clock = ctypes.c_int()
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.clock_getcpuclockid(pid, ctypes.byref(clock)) != 0:
-            return None
-        return clock.value
-    except (OSError, AttributeError):
-        return None
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far.
-
-    Read from the process's CPU-time clock (``clock_getcpuclockid``), which counts in
-    nanoseconds: ``/proc/<pid>/stat`` counts in clock ticks (10 ms), coarser than a short
-    load's whole CPU time. ``/proc`` is the fallback where that clock cannot be read.
-    """
-    clock = _cpu_clock(pid)
-    if clock is not None:
-        try:
-            return time.clock_gettime(clock)
-        except OSError:
-            pass
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def rss_bytes(pid: int) -> int:
-    """Resident memory of a process now (Linux ``/proc``)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-async def _stdin_lines() -> asyncio.StreamReader:
-    """This process's standard input as a stream of lines (a child's command channel)."""
-    loop = asyncio.get_running_loop()
-    reader = asyncio.StreamReader()
-    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
-    return reader
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-_SCRIPT = os.path.abspath(__file__)
-
-
-async def _spawn(
-    *args: str, script: str = _SCRIPT, stdin: int = asyncio.subprocess.DEVNULL
-) -> asyncio.subprocess.Process:
-    """``script`` (this one by default) as a child with ``args``, its stdout piped."""
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        script,
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=None,
-        stdin=stdin,
-    )
-
-
-async def _wait_port(port: int, proc: asyncio.subprocess.Process, timeout: float = 30) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        if proc.returncode is not None:
-            raise RuntimeError("relay exited before listening")
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            await writer.wait_closed()
-            return
-        except OSError:
-            if loop.time() > deadline:
-                raise TimeoutError("relay did not listen in time") from None
-            await asyncio.sleep(0.05)
-
-
-async def _line(proc: asyncio.subprocess.Process, prefix: str, timeout: float) -> str:
-    assert proc.stdout is not None
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while True:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            raise TimeoutError(f"no {prefix} line in time")
-        raw = await asyncio.wait_for(proc.stdout.readline(), remaining)
-        if not raw:
-            raise RuntimeError(f"process ended before its {prefix} line")
-        line = raw.decode().strip()
-        if line.startswith(prefix):
-            return line[len(prefix) :].strip()
+SCRIPT = os.path.abspath(__file__)
+"""This script: the roles above run as its children (``bench_catchup.py`` and
+``bench_backpressure.py`` start its relay role too)."""
 
 
 async def _one_run(kind: str, mode: str, n: int, seconds: float) -> dict[str, Any]:
@@ -558,20 +448,23 @@ async def side_by_side(
     the first one rotating), so that whatever else runs on the machine hits them alike; the
     receivers' results, in order, each with ``relay_cpu``: its relay's CPU seconds from the
     receivers' joins to the receiver's result."""
-    ports = [_free_port() for _ in relays]
+    ports = [free_port() for _ in relays]
     procs: list[asyncio.subprocess.Process] = []
     try:
         servers = []
         for port, args in zip(ports, relays, strict=True):
-            servers.append(await _spawn("--role", f"{kind}-relay", "--port", str(port), *args))
+            servers.append(
+                await spawn(SCRIPT, "--role", f"{kind}-relay", "--port", str(port), *args)
+            )
             procs.append(servers[-1])
         for port, relay in zip(ports, servers, strict=True):
-            await _wait_port(port, relay)
+            await wait_listening_async(port, process=relay, what="relay", timeout=30)
         expected = n if mode == "burst" else int(seconds * STREAMS * RATE_PER_STREAM)
         receivers = []
         for port in ports:
             receivers.append(
-                await _spawn(
+                await spawn(
+                    SCRIPT,
                     "--role",
                     "receiver",
                     "--port",
@@ -584,10 +477,11 @@ async def side_by_side(
             )
             procs.append(receivers[-1])
         for receiver in receivers:
-            await _line(receiver, "READY", 30)
+            await read_line(receiver, "READY", 30)
         cpu = [cpu_seconds(relay.pid) for relay in servers]
         also = [arg for port in ports[1:] for arg in ("--also-port", str(port))]
-        worker = await _spawn(
+        worker = await spawn(
+            SCRIPT,
             "--role",
             "worker",
             "--port",
@@ -605,7 +499,9 @@ async def side_by_side(
         procs.append(worker)
         results = []
         for receiver, relay, before in zip(receivers, servers, cpu, strict=True):
-            result: dict[str, Any] = json.loads(await _line(receiver, "RESULT", PROCESS_TIMEOUT))
+            result: dict[str, Any] = json.loads(
+                await read_line(receiver, "RESULT", PROCESS_TIMEOUT)
+            )
             result["relay_cpu"] = cpu_seconds(relay.pid) - before
             result["expected"] = expected
             results.append(result)

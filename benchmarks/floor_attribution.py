@@ -70,14 +70,14 @@ def _passthrough() -> Iterator[Callable[[], object]]:
     """The same runtime method wrapped by wrapt alone, with a wrapper that passes the call
     through: the least any wrapt wrapper costs."""
     import wrapt
-    from bench_attribution import _Runtime
+    from bench_attribution import PlainRuntime
 
     def passthrough(
         wrapped: Callable[..., Any], instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         return wrapped(*args, **kwargs)
 
-    runtime_cls = type("Runtime", (), {"invoke": _Runtime.invoke})
+    runtime_cls = type("Runtime", (), {"invoke": PlainRuntime.invoke})
     wrapt.wrap_function_wrapper(runtime_cls, "invoke", passthrough)
     runtime = runtime_cls()
     yield lambda: runtime.invoke("search", 1)
@@ -87,7 +87,7 @@ def _passthrough() -> Iterator[Callable[[], object]]:
 def _alongside_span_processor() -> Iterator[Variants]:
     """The figure's case: one provider, one no-op span processor, no sink; the wrapped call,
     its comparisons, and the parts of the wrapped call replayed one by one."""
-    from bench_attribution import GENAI, _describe, _Runtime, _wrapped_runtime
+    from bench_attribution import GENAI, PlainRuntime, describe_tool, wrapped_runtime
     from opentelemetry import context as otel_context
     from opentelemetry import trace
     from opentelemetry.trace import SpanKind
@@ -95,8 +95,8 @@ def _alongside_span_processor() -> Iterator[Variants]:
     from kernel_ext.context import _CURRENT_CALL, _CURRENT_CALL_ID, CallLife, ToolCall
     from kernel_ext.instrument._call import ActiveCall, _rare
 
-    plain = _Runtime()
-    with _wrapped_runtime() as (wrapped, provider), _passthrough() as passthrough:
+    plain = PlainRuntime()
+    with wrapped_runtime() as (wrapped, provider), _passthrough() as passthrough:
         tracer = provider.get_tracer("bench")
 
         def empty() -> None:
@@ -144,7 +144,7 @@ def _alongside_span_processor() -> Iterator[Variants]:
         kwargs: dict[str, Any] = {}
 
         def describe() -> None:
-            _describe(plain, args, kwargs)
+            describe_tool(plain, args, kwargs)
 
         live_span = tracer.start_span("execute_tool search", attributes=GENAI)
         context = trace.set_span_in_context(live_span)
@@ -177,21 +177,21 @@ def _alongside_span_processor() -> Iterator[Variants]:
 def _as_enable_wires_it() -> Iterator[Variants]:
     """As :func:`kernel_ext.enable` wires it: the ToolSpanProcessor (its tap, the hub as its
     sink) on the provider and the hub as the instrumentor's sink."""
-    from bench_attribution import GENAI, _Runtime, _wrapped_runtime
+    from bench_attribution import GENAI, PlainRuntime, wrapped_runtime
     from opentelemetry.sdk.trace import TracerProvider
 
     from kernel_ext.attribution.processor import ToolSpanProcessor
     from kernel_ext.attribution.tap import LiveCall, Tap
     from kernel_ext.stream import StreamHub
 
-    plain = _Runtime()
+    plain = PlainRuntime()
     tap = Tap()
     hub = StreamHub(tap=tap)
     processor = ToolSpanProcessor(tap=tap, sink=hub)
     provider = TracerProvider()
     provider.add_span_processor(processor)
     tracer = provider.get_tracer("bench")
-    with _wrapped_runtime(provider, sink=hub) as (wrapped, _):
+    with wrapped_runtime(provider, sink=hub) as (wrapped, _):
 
         def genai_span() -> None:
             with tracer.start_as_current_span("execute_tool search", attributes=GENAI):

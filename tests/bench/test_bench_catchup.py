@@ -10,13 +10,11 @@ verdict on each target.
 from __future__ import annotations
 
 import asyncio
-import sys
-from pathlib import Path
 
 import pytest
+import support  # noqa: F401  (benchmarks/ on sys.path, for the imports below)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
+# isort: split
 import bench_catchup
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]

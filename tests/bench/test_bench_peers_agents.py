@@ -9,21 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sys
 import typing
-from pathlib import Path
 
 import pytest
-from support.network import need_module
+from support.network import need_module  # (support puts benchmarks/ on sys.path)
 
 need_module("agents", "pip install openai-agents")
 
+import peer_openai_agents  # noqa: E402
 from agents import RunContextWrapper, stream_events  # noqa: E402
 from agents.tool_context import ToolContext  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
-import peer_openai_agents  # noqa: E402
 from bench_peers import PAYLOAD, KernelExtContender  # noqa: E402
 
 

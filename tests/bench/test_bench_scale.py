@@ -1,4 +1,5 @@
-"""The scale benchmark (benchmarks/bench_scale.py) measures what it says, at a tiny size.
+"""The scale benchmark (benchmarks/bench_scale.py, its points in scale_points.py, a module
+per curve) measures what it says, at a tiny size.
 
 No timing is asserted. What is checked: each arrangement really starts its processes (a
 relay per web process, browser processes, a worker, redis-server), every block the worker
@@ -11,20 +12,25 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+import support  # noqa: F401  (benchmarks/ on sys.path, for the imports below)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-
+# isort: split
 import bench_scale
-from bench_scale import Curves, Setup, side_by_side
+import loads
+import scale_out
+import scale_points
+import scale_report
+from bench_scale import Curves
+from scale_points import Setup, side_by_side
+from scale_workers import hub_memory_per_call
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
 
 
-def _check_pair(pair: dict[str, bench_scale.Point], per_room: int) -> None:
+def _check_pair(pair: dict[str, scale_points.Point], per_room: int) -> None:
     for kind in ("plain", "kx"):
         point = pair[kind]
         assert point.relay_rss_idle > 0
@@ -60,9 +66,9 @@ def test_the_web_process_curve_counts_every_block_and_sums_each_web_processs_cpu
 
     async def measure() -> None:
         for processes in (1, 2):
-            setup = bench_scale.web_process_setup(processes, rooms=4, burst_n=200)
+            setup = scale_out.web_process_setup(processes, rooms=4, burst_n=200)
             setup.seconds = 0.5
-            label = bench_scale.WEB_PROCESSES[processes]
+            label = scale_out.WEB_PROCESSES[processes]
             curves.scale_out[label] = await side_by_side(setup)
 
     asyncio.run(asyncio.wait_for(measure(), 150))
@@ -85,8 +91,8 @@ def test_the_web_process_curve_counts_every_block_and_sums_each_web_processs_cpu
         one, two = (curve[n][kind].loads["burst"] for n in (1, 2))
         ratio = (two.relay_cpu / two.delivered) / (one.relay_cpu / one.delivered)
         assert figure["value"] == round(ratio, 2) > 0, figure
-    assert kx["target"] == bench_scale.WEB_CPU_TARGET
-    assert kx["ok"] is (kx["value"] <= bench_scale.WEB_CPU_TARGET)
+    assert kx["target"] == scale_out.WEB_CPU_TARGET
+    assert kx["ok"] is (kx["value"] <= scale_out.WEB_CPU_TARGET)
     assert plain["target"] is None
     assert plain["ok"] is None
     redis = figures[
@@ -110,7 +116,7 @@ def test_the_web_process_curve_counts_every_block_and_sums_each_web_processs_cpu
     plots = curves.plot(tmp_path / "plots")
     text = curves.sections(plots)
     two = curve[2]["kx"].loads["burst"]
-    assert f"| {bench_scale.TWO_REDIS} | {two.delivered:,}/{two.expected:,} |" in text
+    assert f"| {scale_out.TWO_REDIS} | {two.delivered:,}/{two.expected:,} |" in text
     assert f"| {kx['value']:.2f}× |" in text
     if plots:  # matplotlib (the bench extra) is installed
         assert {"scaleout", "processes"} <= set(plots)
@@ -124,7 +130,7 @@ def test_tables_plots_and_capacity_rows_come_from_the_points(tmp_path: Path) -> 
     curves.fanout[2] = asyncio.run(asyncio.wait_for(side_by_side(small), 150))
     curves.breadth[1] = curves.fanout[2]
     curves.workers[1] = curves.fanout[2]
-    curves.hub_bytes[1] = asyncio.run(bench_scale.hub_memory_per_call(50))
+    curves.hub_bytes[1] = asyncio.run(hub_memory_per_call(50))
     assert curves.hub_bytes[1] > 0
     figures = curves.figures()
     names = [f["name"] for f in figures]
@@ -157,31 +163,31 @@ async def test_paced_blocks_carry_the_time_the_schedule_produced_them() -> None:
         stamps.setdefault(due, []).append(stream)
         await asyncio.sleep(0.002)  # falls behind: 2 streams per 10 ms tick take 4 ms each
 
-    sent = await bench_scale._paced(0.1, 20, slow_send)
+    sent = await loads.paced(0.1, 20, slow_send, scale_points.RATE)
     dues = sorted(stamps)
-    assert sent == 20 * bench_scale.RATE // 10
+    assert sent == 20 * scale_points.RATE // 10
     assert len(dues) == 10
     assert [b - a for a, b in itertools.pairwise(dues)] == [10_000_000] * 9
     per_tick = [sorted(stamps[due]) for due in dues]
-    step = 100 // bench_scale.RATE
+    step = 100 // scale_points.RATE
     assert per_tick == [list(range(tick % step, 20, step)) for tick in range(10)]
 
 
 def test_a_full_run_paces_each_point_for_enough_deliveries_and_repeats_the_burst() -> None:
     one_stream = Setup(rooms=1).for_full_run()  # 10 deliveries/s: capped
-    assert one_stream.seconds == bench_scale.MAX_SECONDS
+    assert one_stream.seconds == scale_points.MAX_SECONDS
     ten_calls = Setup(rooms=1, streams_per_room=10).for_full_run()  # 100/s: 30 s for 3,000
     assert ten_calls.seconds == 3_000 / 100
     wide = Setup(rooms=1, per_room=50, streams_per_room=10).for_full_run()  # 5,000/s
-    assert wide.seconds == bench_scale.SECONDS
-    assert wide.burst_repeats == bench_scale.BURST_REPEATS == 3
+    assert wide.seconds == scale_points.SECONDS
+    assert wide.burst_repeats == scale_points.BURST_REPEATS == 3
     assert Setup(rooms=1).burst_repeats == 1  # quick runs and tests: one burst
 
 
 def test_a_span_of_figures_that_round_alike_is_one_figure() -> None:
-    assert bench_scale._span([2.9, 3.1]) == "3"
-    assert bench_scale._span([29.4, 44.2]) == "29–44"
-    assert bench_scale._span([1_014.9]) == "1,015"
+    assert scale_report.span([2.9, 3.1]) == "3"
+    assert scale_report.span([29.4, 44.2]) == "29–44"
+    assert scale_report.span([1_014.9]) == "1,015"
 
 
 def test_an_unknown_curve_is_refused_before_anything_starts() -> None:

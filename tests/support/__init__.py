@@ -5,10 +5,15 @@ Modules: ``network`` (ports, servers, Chromium, waiting for a port), ``timing`` 
 with a deadline, a fake clock), ``relay_helpers``, ``reliability_support`` and
 ``attribution_support``. The other files here are scripts that tests run as subprocesses
 by path (:data:`SUPPORT` / name) and the pytest probe of ``test_markers``.
+
+benchmarks/ (:data:`BENCHMARKS`) is put on ``sys.path`` here, once: ``network`` is built on
+its process plumbing (``processes``), and tests/bench/ imports the benchmark modules by
+their bare names (``import bench_scale``).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 SUPPORT = Path(__file__).resolve().parent
@@ -17,3 +22,8 @@ TESTS = SUPPORT.parent
 """tests/: where ``js/`` and ``vectors/`` live."""
 ROOT = TESTS.parent
 """The repository's root."""
+BENCHMARKS = ROOT / "benchmarks"
+"""benchmarks/: the benchmark modules and the process plumbing they share with the tests."""
+
+if str(BENCHMARKS) not in sys.path:
+    sys.path.append(str(BENCHMARKS))

@@ -13,6 +13,9 @@
   TCP proxy whose network drops and comes back);
 * :func:`started` — what a test started (``network``, ``redis``, ``browser``), recorded by
   the helpers above; conftest fails a test that started something it is not marked for.
+
+The ports, the waiting and redis-server are the benchmarks' process plumbing
+(benchmarks/processes.py), with what a test started recorded on top.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -32,13 +34,15 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from types import ModuleType
 from typing import Any
 
+import processes
 import pytest
+from processes import HOST, free_port
+from processes import accepts as accepts  # re-exported: part of this module's API
 
 from kernel_ext.testing.browser import CHROMIUM_ARGS
-from support.timing import wait_until, wait_until_sync
+from support.timing import wait_until
 
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
-HOST = "127.0.0.1"
 
 # -- what a test started ----------------------------------------------------------------
 
@@ -71,13 +75,6 @@ def missing_markers(kinds: set[str], markers: set[str]) -> list[str]:
 # -- what must be installed ---------------------------------------------------------------
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
-        return int(sock.getsockname()[1])
-
-
 def _missing(what: str, how: str, installed_by: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} is required in CI ({installed_by} installs it)")
@@ -107,15 +104,6 @@ def need_module(name: str, install: str) -> ModuleType:
 # -- waiting for a server -----------------------------------------------------------------
 
 
-def accepts(port: int, check: Callable[[socket.socket], bool] | None = None) -> bool:
-    """Whether 127.0.0.1:``port`` accepts a connection (and ``check`` holds on it)."""
-    try:
-        with socket.create_connection((HOST, port), timeout=0.5) as sock:
-            return check is None or check(sock)
-    except OSError:
-        return False
-
-
 def wait_listening(
     port: int,
     *,
@@ -128,13 +116,7 @@ def wait_listening(
     is true). Raises ``RuntimeError`` as soon as ``process`` has exited, ``TimeoutError``
     after ``timeout`` seconds."""
     started("network")
-
-    def ready() -> bool:
-        if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{what} exited with {process.returncode}")
-        return accepts(port, check)
-
-    wait_until_sync(ready, timeout, f"{what} did not listen on port {port}", interval=0.05)
+    processes.wait_listening(port, process=process, what=what, timeout=timeout, check=check)
 
 
 async def wait_listening_async(
@@ -144,72 +126,32 @@ async def wait_listening_async(
     what: str = "the server",
     timeout: float = 20.0,
 ) -> None:
-    """:func:`wait_listening` from a coroutine (in a thread: the loop keeps running)."""
-    await asyncio.to_thread(wait_listening, port, process=process, what=what, timeout=timeout)
+    """:func:`wait_listening` from a coroutine (the loop keeps running)."""
+    started("network")
+    await processes.wait_listening_async(port, process=process, what=what, timeout=timeout)
 
 
 # -- servers --------------------------------------------------------------------------------
 
 
-def _answers_ping(sock: socket.socket) -> bool:
-    sock.sendall(b"PING\r\n")
-    return sock.recv(16).startswith((b"+PONG", b"-NOAUTH"))  # up, with or without a password
-
-
-class RedisServer:
+class RedisServer(processes.RedisServer):
     """A real redis-server on 127.0.0.1, started and stopped by the test (on the same port
     each time), with ``password`` required when given; its data lost at each stop, or kept
-    across a restart with ``persist`` (its append-only file, as a production Redis)."""
+    across a restart with ``persist`` (its append-only file, as a production Redis). Its
+    :attr:`dir` stays after :meth:`stop`: remove it when done."""
 
     def __init__(self, binary: str, password: str | None = None, persist: bool = False) -> None:
-        self.binary = binary
-        self.password = password
-        self.persist = persist
-        self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="kx-redis-")
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}127.0.0.1:{self.port}/0"
+        super().__init__(binary, password=password, persist=persist)
 
     def start(self) -> None:
         """Start it; return once it answers ``PING``."""
         started("redis", "network")
-        self.proc = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                HOST,
-                "--save",
-                "",
-                "--appendonly",
-                "yes" if self.persist else "no",
-                "--appendfsync",
-                "always",
-                "--dir",
-                self.dir,
-                *(["--requirepass", self.password] if self.password else []),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_listening(
-            self.port, process=self.proc, what="redis-server", timeout=10, check=_answers_ping
-        )
+        super().start()
 
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self.proc = None
+    async def __aenter__(self) -> RedisServer:
+        started("redis", "network")
+        await super().__aenter__()
+        return self
 
 
 def http_request(url: str, method: str = "GET") -> tuple[int, dict[str, str], bytes]:
