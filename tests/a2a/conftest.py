@@ -1,11 +1,11 @@
-"""The A2A tests' fixtures: a real colleague and a pane (their types in support.a2a_support)."""
+"""The A2A tests' fixtures: a real colleague and a pane (their types in support.a2a_helpers)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import pytest
-from support.a2a_support import Colleague, Pane
+from support.a2a_helpers import Colleague, Pane
 from support.network import free_port, serve_asgi
 from support.timing import FakeClock
 

@@ -18,7 +18,7 @@ from a2a.types import (
     TaskState,
     TaskStatus,
 )
-from support.a2a_support import (
+from support.a2a_helpers import (
     COMPLETED,
     CTX,
     TASK,

@@ -6,7 +6,7 @@ through a recording test double of ``publish``.
 from __future__ import annotations
 
 import pytest
-from support.a2a_support import (
+from support.a2a_helpers import (
     Colleague,
     RecordingPublisher,
     _ask,

@@ -12,7 +12,7 @@ import pytest
 from a2a.types import (
     TaskState,
 )
-from support.a2a_support import (
+from support.a2a_helpers import (
     Colleague,
     RecordingPublisher,
     _ask,

@@ -13,7 +13,7 @@ from a2a.helpers import new_text_part
 from a2a.types import (
     TaskState,
 )
-from support.a2a_support import (
+from support.a2a_helpers import (
     CALL_A,
     CALL_B,
     CONV,

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.attribution_support import RecordingSink, Tracing, hex_id, make_tracing, trace_of
+from support.attribution_helpers import RecordingSink, Tracing, hex_id, make_tracing, trace_of
 from support.network import need_module
 
 need_module("openinference.instrumentation", "pip install openinference-instrumentation")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext, Status, StatusCode
-from support.attribution_support import RecordingSink, Tracing, hex_id, make_tracing
+from support.attribution_helpers import RecordingSink, Tracing, hex_id, make_tracing
 
 from kernel_ext import ToolCall, use_tool_call
 from kernel_ext.attribution.processor import ToolSpanProcessor

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from support.attribution_support import (
+from support.attribution_helpers import (
     Tracing,
     describe_runtime,
     hex_id,

@@ -18,7 +18,7 @@ import pytest
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_ON,
 )
-from support.reliability_support import RUNS, report
+from support.reliability_helpers import RUNS, report
 from support.sampling_helpers import CONV, SAMPLERS, Kernel, setup
 
 from kernel_ext import current_call_id

@@ -26,7 +26,7 @@ from support import SUPPORT
 from support.network import RedisServer, free_port, need_module, serve_asgi, wait_listening_async
 from support.redis_helpers import wait_subscribed
 from support.relay_helpers import SECRET, barrier, run_script, terminals
-from support.reliability_support import RUNS, WatchedBrowser, browser_on, one_terminal_last, report
+from support.reliability_helpers import RUNS, WatchedBrowser, browser_on, one_terminal_last, report
 from support.timing import wait_until
 
 from kernel_ext.relay import allow_all, create_app

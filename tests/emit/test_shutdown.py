@@ -19,7 +19,7 @@ import pytest
 from support import SUPPORT
 from support.network import serve_asgi
 from support.relay_helpers import SECRET, barrier, run_script, terminals
-from support.reliability_support import RUNS, browser_on, report
+from support.reliability_helpers import RUNS, browser_on, report
 
 from kernel_ext.relay import allow_all, create_app
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import StatusCode
-from support.attribution_support import pane_reads
+from support.attribution_helpers import pane_reads
 
 import kernel_ext
 from kernel_ext import ToolDescription, current_call_id, plugin, publish

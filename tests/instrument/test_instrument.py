@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from opentelemetry.instrumentation.utils import suppress_instrumentation
 from opentelemetry.trace import NoOpTracerProvider, SpanKind, StatusCode
-from support.attribution_support import (
+from support.attribution_helpers import (
     RecordingSink,
     Tracing,
     describe_runtime,
@@ -506,7 +506,7 @@ def test_targets_come_from_the_environment_when_none_are_given(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(ENV_TARGETS, f" {runtime.__name__}:Runtime.invoke , ")
-    monkeypatch.setenv(ENV_DESCRIBE, "support.attribution_support:describe_runtime")
+    monkeypatch.setenv(ENV_DESCRIBE, "support.attribution_helpers:describe_runtime")
     monkeypatch.setitem(sys.modules, "kernel_ext.plugin", None)  # it never needs the plugin
     instrumentor.instrument(tracer_provider=tracing.provider)
     assert instrumentor.targets == (f"{runtime.__name__}:Runtime.invoke",)
@@ -529,7 +529,7 @@ def test_a_bad_environment_describe_hook_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv(ENV_TARGETS, f"{runtime.__name__}:Runtime.invoke")
-    monkeypatch.setenv(ENV_DESCRIBE, "support.attribution_support:nothing_here")
+    monkeypatch.setenv(ENV_DESCRIBE, "support.attribution_helpers:nothing_here")
     with pytest.raises(ConfigError, match=ENV_DESCRIBE):
         instrumentor.instrument()
     assert instrumentor.targets == ()

@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from support.attribution_support import hex_id, trace_of
+from support.attribution_helpers import hex_id, trace_of
 
 import kernel_ext
 from kernel_ext import ToolCall, ToolDescription, current_tool_call, plugin, publish

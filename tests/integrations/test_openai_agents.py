@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
-from support.attribution_support import (
+from support.attribution_helpers import (
     RecordingSink,
     Tracing,
     hex_id,

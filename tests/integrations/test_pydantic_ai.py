@@ -16,7 +16,7 @@ from pydantic_ai.capabilities import AbstractCapability, Instrumentation
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart, ToolReturn
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 from pydantic_ai.models.instrumented import InstrumentationSettings
-from support.attribution_support import RecordingSink, Tracing, hex_id, make_tracing, trace_of
+from support.attribution_helpers import RecordingSink, Tracing, hex_id, make_tracing, trace_of
 
 import kernel_ext
 from kernel_ext import ToolCall, current_tool_call

@@ -28,14 +28,12 @@ from pathlib import Path
 import pytest
 from support.cli_helpers import CLI, STARTUP, cli_env, running
 from support.network import free_port, http_request
+from support.relay_helpers import HOOKS
 
 from kernel_ext import __version__
 from kernel_ext._command_line import exit_code_after, never_resolves
 from kernel_ext.cli import build_parser
 from kernel_ext.web import ASSETS, asset_path
-
-HOOKS = ["--authenticate", "relay_cli_hooks:authenticate"]
-HOOKS += ["--authorize-join", "relay_cli_hooks:authorize_join"]
 
 
 def kernel_ext(*args: str, command: Sequence[str] = CLI) -> subprocess.CompletedProcess[str]:

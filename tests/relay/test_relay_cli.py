@@ -27,21 +27,20 @@ from typing import Any
 
 import pytest
 import socketio
-from support import SUPPORT
 from support.network import free_port
-from support.relay_helpers import NS, SECRET, Browser, RelayProcess, barrier, block, frame, worker
+from support.relay_helpers import (
+    HOOKS,
+    NS,
+    Browser,
+    RelayProcess,
+    barrier,
+    block,
+    frame,
+    support_env,
+    worker,
+)
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
-
-HOOKS = ["--authenticate", "relay_cli_hooks:authenticate"]
-HOOKS += ["--authorize-join", "relay_cli_hooks:authorize_join"]
-
-
-def relay_env() -> dict[str, str]:
-    """The tests' environment with the secret and ``tests/support`` (the hooks module) on the
-    path."""
-    path = os.pathsep.join(p for p in (str(SUPPORT), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
 
 
 def run_relay(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -49,7 +48,7 @@ def run_relay(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
     instead is killed at the timeout and the test fails."""
     return subprocess.run(
         [sys.executable, "-m", "kernel_ext.relay", "--port", str(free_port()), *args],
-        env=env or relay_env(),
+        env=env or support_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
@@ -78,7 +77,7 @@ class CliRelay(RelayProcess):
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
         super().__init__()
         self.args = args
-        self.env = env or relay_env()
+        self.env = env or support_env()
         handle, name = tempfile.mkstemp(prefix="kx-relay-cli-", suffix=".log")
         os.close(handle)
         self.log_path = Path(name)
@@ -112,7 +111,7 @@ async def cli_relay(*args: str, env: dict[str, str] | None = None) -> AsyncItera
 
 @contextlib.contextmanager
 def no_secret_env() -> Iterator[dict[str, str]]:
-    env = relay_env()
+    env = support_env()
     env.pop("KERNEL_EXT_SECRET")
     yield env
 
@@ -151,7 +150,7 @@ def test_hook_specs_that_cannot_be_loaded_are_refused_with_a_clear_error() -> No
 def test_help_is_short_and_shows_every_default() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "kernel_ext.relay", "--help"],
-        env=relay_env(),
+        env=support_env(),
         capture_output=True,
         text=True,
         timeout=30,
@@ -253,7 +252,7 @@ def test_a_redis_url_that_does_not_parse_is_refused_naming_it_without_its_passwo
         line = assert_refused(run_relay("--allow-anyone", "--redis-url", url), problem)
         assert "--redis-url: is not a Redis URL" in line
         assert "hunter2" not in line
-    env = dict(relay_env(), KERNEL_EXT_REDIS_URL="redis://:hunter2@127.0.0.1:99999/0")
+    env = dict(support_env(), KERNEL_EXT_REDIS_URL="redis://:hunter2@127.0.0.1:99999/0")
     line = assert_refused(run_relay("--allow-anyone", env=env), "Port out of range")
     assert "KERNEL_EXT_REDIS_URL (redis_url): is not a Redis URL" in line
     assert "redis://:***@127.0.0.1:99999/0" in line
@@ -262,7 +261,7 @@ def test_a_redis_url_that_does_not_parse_is_refused_naming_it_without_its_passwo
 
 def test_a_secret_shorter_than_16_bytes_is_refused_with_how_to_make_one() -> None:
     for short in ("s3cret", "a" * 15, "é" * 7 + "a"):  # 15 bytes, 8 characters
-        env = dict(relay_env(), KERNEL_EXT_SECRET=short)
+        env = dict(support_env(), KERNEL_EXT_SECRET=short)
         line = assert_refused(
             run_relay("--allow-anyone", env=env),
             "KERNEL_EXT_SECRET (secret): must be at least 16 bytes (UTF-8), got ",
@@ -274,7 +273,7 @@ def test_a_secret_shorter_than_16_bytes_is_refused_with_how_to_make_one() -> Non
 async def test_a_secret_of_exactly_16_bytes_starts_the_relay() -> None:
     sixteen = "é" * 8  # 16 bytes, 8 characters
     async with (
-        cli_relay("--allow-anyone", env=dict(relay_env(), KERNEL_EXT_SECRET=sixteen)) as relay,
+        cli_relay("--allow-anyone", env=dict(support_env(), KERNEL_EXT_SECRET=sixteen)) as relay,
         worker(relay.port, secret=sixteen) as sender,
     ):
         ack = await sender.call("kx_blocks", frame("conv", [block(1)]), namespace=NS)
@@ -282,7 +281,7 @@ async def test_a_secret_of_exactly_16_bytes_starts_the_relay() -> None:
 
 
 def test_everything_missing_at_once_is_one_line_listing_each_requirement() -> None:
-    env = relay_env()
+    env = support_env()
     del env["KERNEL_EXT_SECRET"]
     env["KERNEL_EXT_MAX_QUEUE"] = "none"
     with socket.socket() as taken:

@@ -47,7 +47,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.network import serve_asgi
 from support.relay_helpers import NS, SECRET, Browser, barrier
-from support.reliability_support import FUZZ_EXAMPLES, report
+from support.reliability_helpers import FUZZ_EXAMPLES, report
 
 from kernel_ext.a2a import A2AStreamAdapter
 from kernel_ext.attribution.tap import LiveCall, Tap

@@ -32,7 +32,7 @@ import pytest
 import socketio
 from support.network import serve_asgi
 from support.relay_helpers import NS, SECRET, block, frame, worker
-from support.reliability_support import DEFAULT_PINGS, TestRelay, browser_on, report, running_relay
+from support.reliability_helpers import DEFAULT_PINGS, TestRelay, browser_on, report, running_relay
 from support.timing import wait_until
 
 import kernel_ext.relay.guarded as relay_hostile

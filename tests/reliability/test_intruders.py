@@ -40,7 +40,7 @@ from support.relay_helpers import (
     relay_server,
     worker,
 )
-from support.reliability_support import RUNS, report
+from support.reliability_helpers import RUNS, report
 from support.timing import wait_until
 
 import kernel_ext.relay._log as relay_log

@@ -24,7 +24,7 @@ from support.relay_helpers import CONV, NS, Browser, barrier, relay_server, term
 from support.relay_helpers import block as relay_block
 from support.relay_helpers import frame as relay_frame
 from support.relay_helpers import worker as internal_sender
-from support.reliability_support import (
+from support.reliability_helpers import (
     RUNS,
     Worker,
     browser_on,

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from support.relay_helpers import CONV, barrier
-from support.reliability_support import (
+from support.reliability_helpers import (
     DEFAULT_PINGS,
     FLOOD_SECONDS,
     FLOOD_STREAMS,

@@ -22,7 +22,7 @@ import pytest
 from support.network import RedisServer
 from support.redis_helpers import wait_subscribed
 from support.relay_helpers import CONV, barrier, terminals
-from support.reliability_support import (
+from support.reliability_helpers import (
     RUNS,
     Worker,
     browser_on,

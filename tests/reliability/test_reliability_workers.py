@@ -29,7 +29,7 @@ from support import SUPPORT
 from support.network import RedisServer, serve_asgi
 from support.redis_helpers import wait_subscribed
 from support.relay_helpers import CALL, CONV, NS, SECRET, barrier, terminals
-from support.reliability_support import RUNS, SHORT_PINGS, Clock, browser_on, report, running_relay
+from support.reliability_helpers import RUNS, SHORT_PINGS, Clock, browser_on, report, running_relay
 from support.timing import wait_until
 
 from kernel_ext.emit import LoopbackEmitter, RedisEmitter

@@ -19,7 +19,7 @@ import pytest
 from support.network import RedisServer, serve_asgi
 from support.redis_helpers import wait_subscribed
 from support.relay_helpers import SECRET, barrier, terminals
-from support.reliability_support import (
+from support.reliability_helpers import (
     DEFAULT_PINGS,
     RUNS,
     WatchedBrowser,

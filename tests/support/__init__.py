@@ -1,10 +1,16 @@
 """The tests' helpers, one importable package: ``from support import network`` from any
 folder of tests/ (pytest puts tests/ on ``sys.path`` for its conftest).
 
-Modules: ``network`` (ports, servers, Chromium, waiting for a port), ``timing`` (waiting
-with a deadline, a fake clock), ``relay_helpers``, ``reliability_support`` and
-``attribution_support``. The other files here are scripts that tests run as subprocesses
-by path (:data:`SUPPORT` / name) and the pytest probe of ``test_markers``.
+Modules, one a part of the package or a kind of test: ``network`` (ports, servers,
+redis-server, Chromium, waiting for a port), ``timing`` (waiting with a deadline, a fake
+clock), ``relay_helpers`` (relays in-process and as subprocesses, workers, browsers, the
+hooks' environment), ``redis_helpers``, ``cli_helpers``, ``protocol_helpers``,
+``stream_helpers``, ``sampling_helpers``, ``attribution_helpers``, ``a2a_helpers``,
+``reliability_helpers``, ``demo_helpers``, ``vectors`` (the shared test vectors),
+``renderer_page`` and ``browser`` (the renderer's page in Chromium). No test module imports
+another: what two test modules share lives here, and a fixture one folder shares lives in
+that folder's ``conftest.py``. The other files here are scripts that tests run as
+subprocesses by path (:data:`SUPPORT` / name) and the pytest probe of ``test_markers``.
 
 benchmarks/ (:data:`BENCHMARKS`) is put on ``sys.path`` here, once: ``network`` is built on
 its process plumbing (``processes``), and tests/bench/ imports the benchmark modules by

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import re
 import sys
 from collections.abc import AsyncIterator
 
-from support import SUPPORT
+from support.relay_helpers import support_env
 
 SECRET = "s3cret-for-cli-tests"
 WAIT = 30.0
@@ -20,8 +19,7 @@ CLI = [sys.executable, "-m", "kernel_ext.cli"]
 
 def cli_env() -> dict[str, str]:
     """The secret, and ``tests/support`` (the hooks module) on the path."""
-    path = os.pathsep.join(p for p in (str(SUPPORT), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
+    return support_env(SECRET)
 
 
 class Running:

@@ -147,6 +147,19 @@ async def barrier(browser: Browser, port: int) -> None:
     )
 
 
+HOOKS = ["--authenticate", "relay_cli_hooks:authenticate"]
+HOOKS += ["--authorize-join", "relay_cli_hooks:authorize_join"]
+"""The relay's ``--authenticate``/``--authorize-join`` options naming tests/support's
+``relay_cli_hooks`` (token-of-alice is alice, a member of conv-of-alice only)."""
+
+
+def support_env(secret: str = SECRET) -> dict[str, str]:
+    """The tests' environment for a ``kernel_ext`` subprocess: ``secret`` as its shared
+    secret, and tests/support (the hooks module) on its path."""
+    path = os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, KERNEL_EXT_SECRET=secret, PYTHONPATH=path)
+
+
 class RelayProcess:
     """``python -m kernel_ext.relay`` in a subprocess on a fixed port (on 127.0.0.1, open to
     every browser: ``--allow-anyone``, unless ``hooks`` gives its ``--authenticate`` and
@@ -162,8 +175,7 @@ class RelayProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        path = os.pathsep.join(p for p in (SUPPORT, os.environ.get("PYTHONPATH", "")) if p)
-        env = dict(os.environ, KERNEL_EXT_SECRET=SECRET, PYTHONPATH=path)
+        env = support_env()
         cmd = [sys.executable, "-m", "kernel_ext.relay", "--port", str(self.port)]
         cmd += self.hooks or ["--allow-anyone"]
         if self.redis_url:

@@ -29,7 +29,7 @@ from support.browser import Console
 from support.demo_helpers import ENDED, PY_REASON, demo
 from support.network import LoopThread, RedisServer, chromium
 from support.redis_helpers import wait_subscribed
-from support.relay_helpers import CALL, NS, RelayProcess, block, frame, worker
+from support.relay_helpers import CALL, HOOKS, NS, RelayProcess, block, frame, worker
 
 from kernel_ext.demo.script import wording
 
@@ -370,11 +370,6 @@ def test_a_stream_over_the_relays_default_bound_shows_what_is_missing() -> None:
         state = page.evaluate("window.kx.store.state()")
         assert [task["missing"] for task in state["panes"][0]["tasks"]] == [gone]
         assert consoles[0].exceptions == []
-
-
-HOOKS = ["--authenticate", "relay_cli_hooks:authenticate"]
-HOOKS += ["--authorize-join", "relay_cli_hooks:authorize_join"]
-# relay_cli_hooks: token-of-alice is alice, a member of conv-of-alice only.
 
 
 def test_a_refused_join_shows_nothing_of_the_room() -> None:
