@@ -69,8 +69,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import loads
-from bench_stream import NS, SECONDS, SECRET, THROUGHPUT_N, side_by_side
 from bench_stream import SCRIPT as STREAM_SCRIPT
+from bench_stream import SECONDS, THROUGHPUT_N, side_by_side
+from loads import EVENT, NS, SECRET
 from processes import ask, free_port, read_line, spawn, stdin_lines, wait_listening_async
 
 # the runner: longer than the common limit (about 80 processes in a full run)
@@ -102,7 +103,6 @@ PROCESS_TIMEOUT = 180.0
 CALL_BASE = 0xC0FFEE00000000
 TASK = "task-1"
 TOOL = "ask_colleague"
-EVENT = "tool_event_stream"
 _SCRIPT = os.path.abspath(__file__)
 
 Found = dict[tuple[str, bool], dict[str, Any]]

@@ -48,6 +48,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import loads
+from loads import NS, SECRET
 from processes import (
     cpu_seconds,
     free_port,
@@ -58,9 +59,7 @@ from processes import (
     wait_listening_async,
 )
 
-SECRET = "bench-internal-secret"
 ROOM = "bench-room"
-NS = "/chat"
 CALL_ID = "00f067aa0ba902b7"
 BATCH = 200
 BATCHES = 300

@@ -1,5 +1,6 @@
 """What the benchmarks' workers send: a block as the plain contender emits it
-(:func:`block`), and a paced schedule of sends (:func:`paced`).
+(:func:`block`), and a paced schedule of sends (:func:`paced`); the relays' internal
+secret (:data:`SECRET`), the namespace and the event they use.
 
 Not a ``bench_*`` module: ``benchmarks/run.py`` does not run it.
 """
@@ -9,6 +10,15 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+
+from kernel_ext.protocol import NAMESPACE as NS
+from kernel_ext.protocol import TOOL_EVENT_STREAM as EVENT
+
+__all__ = ["EVENT", "NS", "SECRET", "block", "paced"]
+
+SECRET = "bench-internal-secret"
+"""The internal senders' secret of every benchmark relay (bench_stream's and the scale
+curves')."""
 
 
 def block(seq: int, text: str, task: str, call_id: str, state: str = "running") -> dict[str, Any]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench_stream import plain_relay_app
-from loads import block, paced
+from loads import EVENT, NS, SECRET, block, paced
 from processes import (
     RedisServer,
     ask,
@@ -38,9 +38,6 @@ from processes import (
     wait_listening_async,
 )
 
-SECRET = "bench-internal-secret"
-NS = "/chat"
-EVENT = "tool_event_stream"
 RATE = 10  # blocks/s per stream
 SECONDS = 3.0
 # A full run paces each point long enough for a p99 over at least MIN_PACED_DELIVERIES
