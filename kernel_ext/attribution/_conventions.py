@@ -21,18 +21,23 @@ from typing import NamedTuple
 __all__ = [
     "CONVERSATION_ID",
     "EXECUTE_TOOL",
+    "GEN_AI_KEYS",
     "OI_KIND",
     "OI_SESSION",
     "OI_TOOL",
     "OI_TOOL_CALL_ID",
     "OI_TOOL_ID",
     "OI_TOOL_NAME",
+    "OPENINFERENCE_KEYS",
     "OPERATION",
     "SPAN_NAME_PREFIX",
     "TOOL_CALL_ID",
     "TOOL_NAME",
     "ToolSpanKeys",
+    "attribute_text",
     "openinference_tool_name",
+    "span_llm_call_id",
+    "tool_name_from_span_name",
     "tool_span_keys",
 ]
 
@@ -100,4 +105,35 @@ def tool_span_keys(attributes: Mapping[str, object], span_name: object) -> ToolS
         return OPENINFERENCE_KEYS if kind == OI_TOOL else None
     if isinstance(span_name, str) and span_name.startswith(SPAN_NAME_PREFIX):
         return GEN_AI_KEYS
+    return None
+
+
+def attribute_text(value: object) -> str | None:
+    """A tool span attribute as text: a non-empty string as is, an int (not a bool) as its
+    decimal string; anything else (``None``, ``""``, another type) is absent."""
+    if isinstance(value, str):
+        return value or None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+def span_llm_call_id(attributes: Mapping[str, object], keys: ToolSpanKeys) -> str | None:
+    """The model's tool-call id of a tool span: the first of ``keys.call_id`` that is set
+    (not ``None``), as text; an empty or unusable value there is no id (no fall-through)."""
+    for key in keys.call_id:
+        value = attributes.get(key)
+        if value is not None:
+            return attribute_text(value)
+    return None
+
+
+def tool_name_from_span_name(span_name: object, keys: ToolSpanKeys) -> str | None:
+    """The tool name of a tool span without a usable tool-name attribute, from its span
+    name: :func:`openinference_tool_name` for an OpenInference span; ``<name>`` of
+    ``"execute_tool <name>"`` for a GenAI one; ``None`` for no usable name."""
+    if keys is OPENINFERENCE_KEYS:
+        return openinference_tool_name(span_name)
+    if isinstance(span_name, str) and span_name.startswith(SPAN_NAME_PREFIX):
+        return span_name[len(SPAN_NAME_PREFIX) :].strip() or None
     return None

@@ -38,17 +38,20 @@ from kernel_ext.attribution import resolve
 from kernel_ext.attribution._conventions import (
     CONVERSATION_ID,
     EXECUTE_TOOL,
+    GEN_AI_KEYS,
     OI_KIND,
     OI_SESSION,
     OI_TOOL,
     OI_TOOL_CALL_ID,
     OI_TOOL_ID,
     OI_TOOL_NAME,
+    OPENINFERENCE_KEYS,
     OPERATION,
     SPAN_NAME_PREFIX,
     TOOL_CALL_ID,
     TOOL_NAME,
-    openinference_tool_name,
+    attribute_text,
+    tool_name_from_span_name,
 )
 from kernel_ext.attribution.tap import CallSink, LiveCall, Tap, default_tap
 from kernel_ext.context import current_tool_call, span_id_hex
@@ -124,7 +127,7 @@ class ToolSpanProcessor(SpanProcessor):
             if operation is None:
                 kind = get(OI_KIND)
                 if kind is None:
-                    name = span.name  # _named_as_tool(), inline
+                    name = span.name  # tool_span_keys' name rule, inline
                     if name.__class__ is not str or not name.startswith(_SPAN_NAME_PREFIX):
                         return
                     name_key, conversation_key, call_id_key = (
@@ -235,7 +238,7 @@ class ToolSpanProcessor(SpanProcessor):
             if operation is None:
                 kind = get(OI_KIND)
                 if kind is None:
-                    name = span.name  # _named_as_tool(), inline
+                    name = span.name  # tool_span_keys' name rule, inline
                     if name.__class__ is not str or not name.startswith(_SPAN_NAME_PREFIX):
                         return
                 elif kind != OI_TOOL:
@@ -334,33 +337,31 @@ class ToolSpanProcessor(SpanProcessor):
                 self._rare("sink_error", "sink.tool_call_ended failed", exc_info=True)
 
     def _text(self, value: object, key: str) -> str | None:
-        """A string attribute as ``str``; ints as decimal strings; anything else absent."""
-        if isinstance(value, str):
-            return value or None
-        if value is None:
-            return None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return str(value)
-        self._rare(
-            "bad_attribute", "tool span attribute %s is a %s; ignored", key, type(value).__name__
-        )
-        return None
+        """A string attribute as ``str``; ints as decimal strings; anything else absent
+        (:func:`~kernel_ext.attribution._conventions.attribute_text`), a bad type logged."""
+        text = attribute_text(value)
+        if text is None and value is not None and not isinstance(value, str):
+            self._rare(
+                "bad_attribute",
+                "tool span attribute %s is a %s; ignored",
+                key,
+                type(value).__name__,
+            )
+        return text
 
     def _name_from_span(self, span: ReadableSpan, name_key: str) -> str:
         """The tool name of a tool span without a usable ``name_key`` attribute, from its
-        span name: ``"execute_tool <name>"`` (GenAI), else ``"unknown"`` (a fault); for an
-        OpenInference span, where a missing ``tool.name`` is usual (DSPy never writes it,
-        CrewAI writes it after start), ``"<name>.<method>"`` gives ``<name>``, any other
-        span name is taken whole (no fault)."""
+        span name (:func:`~kernel_ext.attribution._conventions.tool_name_from_span_name`),
+        else ``"unknown"``; logged as a fault, except for an OpenInference span whose name
+        gives one (a missing ``tool.name`` is usual there: DSPy never writes it, CrewAI
+        writes it after start)."""
         name = span.name
-        if name_key is OI_TOOL_NAME:
-            from_name = openinference_tool_name(name)
-            if from_name is not None:
-                return from_name
-        if _named_as_tool(name) and name[len(_SPAN_NAME_PREFIX) :].strip():
-            tool_name: str = name[len(_SPAN_NAME_PREFIX) :].strip()
-        else:
-            tool_name = "unknown"
+        openinference = name_key is OI_TOOL_NAME
+        keys = OPENINFERENCE_KEYS if openinference else GEN_AI_KEYS
+        from_name = tool_name_from_span_name(name, keys)
+        if openinference and from_name is not None:
+            return from_name
+        tool_name = from_name or "unknown"
         self._rare(
             "no_tool_name",
             "tool span %r has no %s attribute; using %r",
@@ -410,10 +411,6 @@ def _hex_span_id(span_id: object) -> str | None:
     if isinstance(span_id, int) and 0 < span_id <= _MAX_SPAN_ID:
         return span_id_hex(int(span_id))
     return None
-
-
-def _named_as_tool(name: object) -> bool:
-    return isinstance(name, str) and name.startswith(_SPAN_NAME_PREFIX)
 
 
 def _no_attribute(key: str) -> None:

@@ -50,16 +50,16 @@ from kernel_ext._version import __version__
 from kernel_ext.attribution._conventions import (
     CONVERSATION_ID,
     EXECUTE_TOOL,
-    OI_KIND,
     OI_SESSION,
-    OI_TOOL,
     OI_TOOL_CALL_ID,
     OI_TOOL_ID,
-    OI_TOOL_NAME,
     OPERATION,
     TOOL_CALL_ID,
     TOOL_NAME,
-    openinference_tool_name,
+    attribute_text,
+    span_llm_call_id,
+    tool_name_from_span_name,
+    tool_span_keys,
 )
 from kernel_ext.attribution.tap import CallSink, LiveCall
 from kernel_ext.context import (
@@ -417,28 +417,25 @@ def begin(
 
 
 def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:
-    """Is ``span``, a recording span, the tool span the runtime opened for this very call: a
-    GenAI ``execute_tool`` span, or an OpenInference ``TOOL`` span (its tool name from
-    ``tool.name``, else its span name; its model call id from ``tool.id``/``tool_call.id``)?"""
-    attributes = getattr(span, "attributes", None)
-    if not attributes:
-        return False
-    operation = attributes.get(OPERATION)
-    if operation == EXECUTE_TOOL:
-        span_tool_name = attributes.get(TOOL_NAME)
-        span_llm_call_id = attributes.get(TOOL_CALL_ID)
-    elif operation is None and attributes.get(OI_KIND) == OI_TOOL:
-        span_tool_name = attributes.get(OI_TOOL_NAME) or openinference_tool_name(
-            getattr(span, "name", None)
-        )
-        span_llm_call_id = attributes.get(OI_TOOL_ID) or attributes.get(OI_TOOL_CALL_ID)
-    else:
+    """Is ``span``, a recording span, the tool span the runtime opened for this very call?
+
+    A tool span by the span processor's rule (:func:`tool_span_keys`: GenAI, OpenInference,
+    or named ``"execute_tool …"``), not the enclosing call's own span; then the same call
+    when the model's tool-call ids of both are known (:func:`span_llm_call_id`), else when
+    the tool names match (the span's attribute, else its name: :func:`attribute_text`,
+    :func:`tool_name_from_span_name`), exactly as the processor reads that span."""
+    attributes = getattr(span, "attributes", None) or {}
+    name = getattr(span, "name", None)
+    keys = tool_span_keys(attributes, name)
+    if keys is None:
         return False
     if parent is not None and parent.call_id == span_id_hex(span.get_span_context().span_id):
         return False  # the enclosing call's span: this is a nested call
-    if description.llm_call_id is not None and span_llm_call_id is not None:
-        return bool(span_llm_call_id == description.llm_call_id)
-    return bool(span_tool_name == description.tool_name)
+    span_call_id = span_llm_call_id(attributes, keys)
+    if description.llm_call_id is not None and span_call_id is not None:
+        return span_call_id == description.llm_call_id
+    tool_name = attribute_text(attributes.get(keys.tool_name))
+    return (tool_name or tool_name_from_span_name(name, keys)) == description.tool_name
 
 
 def begin_described(

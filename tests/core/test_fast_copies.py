@@ -58,6 +58,7 @@ from kernel_ext.attribution.tap import LiveCall, Tap
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit.loopback import _EncodedFrame, _packet_class
 from kernel_ext.errors import DecodeError
+from kernel_ext.instrument import ToolDescription, tool_call_scope
 from kernel_ext.protocol import (
     Block,
     Envelope,
@@ -289,6 +290,61 @@ def test_the_fields_on_start_reads_inline_are_those_its_readable_rebuild_reads(
     assert {k: v for k, v in rebuilder.faults.items() if k != "end_without_start"} == (
         started.faults
     )
+
+
+# What a describe hook may say: the tool names and model call ids the spans above may carry
+# (ints as the processor reads them: decimal text), and others. Not "unknown": the
+# processor's placeholder for a tool span without any usable name, which names no tool.
+_DESCRIPTIONS = st.builds(
+    ToolDescription,
+    st.sampled_from(["search", "lookup", "x", "Search", " search", "search "]),
+    st.none(),
+    st.sampled_from([None, "call_g", "call_t", "call_tc", "0", "7", "-1", "other"]),
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_NAMES, _attributes(), _DESCRIPTIONS)
+@example("execute_tool search", {}, ToolDescription("search"))  # named as a tool only
+@example(
+    "s", {OI_KIND: "TOOL", OI_TOOL_ID: "", OI_TOOL_CALL_ID: "c"}, ToolDescription("s", None, "c")
+)
+@example(
+    "s", {OI_KIND: "TOOL", OI_TOOL_ID: "", OI_TOOL_CALL_ID: "c"}, ToolDescription("s", None, "d")
+)
+@example("x", {OI_KIND: "TOOL", OI_TOOL_NAME: ""}, ToolDescription("x"))  # name from the span
+@example("x", {OPERATION: "execute_tool", TOOL_CALL_ID: 7}, ToolDescription("y", None, "7"))
+@example("x", {OPERATION: "execute_tool", TOOL_NAME: True}, ToolDescription("x"))
+def test_a_tool_call_scope_reuses_a_span_exactly_when_the_processor_reads_it_as_that_call(
+    name: str, attributes: dict[str, object], description: ToolDescription
+) -> None:
+    # The tool-call scope (and the instrumentor) reuses the current span as the call's own
+    # when it is this call's tool span. Its test reads the span as the span processor does:
+    # a tool span by the processor's classification; the same call when both model call ids
+    # are known and equal, else when the tool name the processor reads equals the call's.
+    processor = ToolSpanProcessor(tap=Tap())
+    provider = TracerProvider(id_generator=_DrawnIds([5, 6]), shutdown_on_exit=False)
+    provider.add_span_processor(processor)
+    try:
+        span = provider.get_tracer("test_fast_copies").start_span(name, attributes=attributes)  # type: ignore[arg-type]
+        read = processor.tap.snapshot()
+        with (
+            trace.use_span(span, end_on_exit=True),
+            tool_call_scope(description, tracer_provider=provider) as call,
+        ):
+            pass
+    finally:
+        provider.shutdown()
+    if read:
+        [live] = read
+        if live.llm_call_id is not None and description.llm_call_id is not None:
+            expected = live.llm_call_id == description.llm_call_id
+        else:
+            expected = live.tool_name == description.tool_name
+    else:
+        expected = False  # not a tool span
+    assert call is not None
+    assert (call.call_id == f"{5:016x}") is expected
 
 
 def _outcome(sink: _Sink, processor: ToolSpanProcessor, during: Any, after: Any) -> Any:
