@@ -227,7 +227,7 @@ class PublishResult:
                     break
             self.last_receivers = receivers[0]
             return receivers[0]
-        result = await super()._publish(data)  # type: ignore[misc]
+        result = await super()._publish(data)  # type: ignore[misc, unused-ignore]
         supported = publish_result_supported()
         self.last_receivers = result if supported and isinstance(result, int) else None
         return result
@@ -246,7 +246,7 @@ class PublishResult:
         """Queue ``message``'s commands on ``pipe``; how many replies they give (the first
         is the publish's). ``after``: commands to queue once after every message, by key
         (``(name, *args)``; their replies are not read)."""
-        pipe.publish(self.channel, dumps(message))  # type: ignore[attr-defined]
+        pipe.publish(self.channel, dumps(message))  # type: ignore[attr-defined, unused-ignore]
         return 1
 
     def _receivers(self, replies: list[Any]) -> int | None:

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Collection
 from typing import Any
 
-from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined, unused-ignore]
     BaseInstrumentor,
 )
 
@@ -37,7 +37,7 @@ __all__ = ["AutoInstrumentor"]
 logger = logging.getLogger(__name__)
 
 
-class AutoInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class AutoInstrumentor(BaseInstrumentor):  # type: ignore[misc, unused-ignore]
     """What ``opentelemetry-instrument`` runs for kernel_ext (module docstring). Like every
     OpenTelemetry instrumentor, a process-wide singleton with idempotent ``instrument()``
     and ``uninstrument()``."""

@@ -93,7 +93,7 @@ def _redis_url_problem(url: object) -> str | None:
     except ImportError:
         return "needs the redis package: pip install 'kernel-ext[redis]'"
     try:
-        parse_url(url)  # type: ignore[no-untyped-call]
+        parse_url(url)  # type: ignore[no-untyped-call, unused-ignore]
     except ValueError as exc:
         return f"is not a Redis URL ({exc})"
     return None

@@ -105,7 +105,7 @@ class ToolSpanProcessor(SpanProcessor):
             inner: Any = None
             if _SDK_SPAN_FIELDS:
                 try:
-                    inner = span._attributes._dict  # type: ignore[union-attr]
+                    inner = span._attributes._dict  # type: ignore[union-attr, unused-ignore]
                     context = span._context
                     parent_span = span._parent
                     start_time = span._start_time
@@ -144,7 +144,7 @@ class ToolSpanProcessor(SpanProcessor):
             else:
                 name_key, conversation_key, call_id_key = TOOL_NAME, CONVERSATION_ID, TOOL_CALL_ID
             span_id = (
-                context[1]  # type: ignore[index]
+                context[1]  # type: ignore[index, unused-ignore]
                 if context.__class__ is _INDEXED_CONTEXT
                 else _span_id(context)
             )
@@ -223,7 +223,7 @@ class ToolSpanProcessor(SpanProcessor):
             inner: Any = None  # as in on_start
             if _SDK_SPAN_FIELDS:
                 try:
-                    inner = span._attributes._dict  # type: ignore[union-attr]
+                    inner = span._attributes._dict  # type: ignore[union-attr, unused-ignore]
                     context = span._context
                 except AttributeError:
                     inner = None
@@ -247,7 +247,7 @@ class ToolSpanProcessor(SpanProcessor):
                 return
             # The common case inline: a live call (started by this processor) ends.
             span_id = (
-                context[1]  # type: ignore[index]
+                context[1]  # type: ignore[index, unused-ignore]
                 if context.__class__ is _INDEXED_CONTEXT
                 else _span_id(context)
             )

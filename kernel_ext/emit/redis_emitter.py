@@ -53,7 +53,7 @@ def _manager_class() -> Any:
 
     from kernel_ext._redis_routing import RoutedPublish
 
-    class ReportingRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ignore[misc]
+    class ReportingRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ignore[misc, unused-ignore]
         pass
 
     return ReportingRedisManager

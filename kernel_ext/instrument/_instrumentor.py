@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import wrapt
-from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
+from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined, unused-ignore]
     BaseInstrumentor,
 )
 from opentelemetry.instrumentation.utils import unwrap
@@ -35,7 +35,7 @@ class ToolTarget:
     describe: Describe | None = None
 
 
-class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc]
+class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc, unused-ignore]
     """Wraps tool runtimes' invoke methods so that each call has its ``execute_tool`` span
     and its contextvar (see :mod:`kernel_ext.instrument` for what happens around a call).
 

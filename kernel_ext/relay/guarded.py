@@ -56,7 +56,7 @@ from kernel_ext.relay._log import count_frame, logger, rare
 __all__ = ["GuardedNamespace"]
 
 
-class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc]
+class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc, unused-ignore]
     """A namespace that survives hostile packets (module docstring) and counts by outcome.
 
     Subclasses count with :meth:`_count`, refuse with :meth:`_reject` and may say who a

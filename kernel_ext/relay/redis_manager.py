@@ -73,7 +73,7 @@ first connection, :meth:`~RelayRedisManager.start` at once), trying the first ti
 subscribed, or not answering (retrying)."""
 
 
-class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ignore[misc]
+class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ignore[misc, unused-ignore]
     """python-socketio's Redis client manager, except that a terminal block whose publish
     to the other web processes failed (Redis down; python-socketio publishes once and only
     logs) is published again once Redis is back and as many web processes listen as did
@@ -738,7 +738,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                     for event in self._subscribed_to.values():
                         event.clear()
                 with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
+                    await pubsub.aclose()  # type: ignore[no-untyped-call, unused-ignore]
                 with contextlib.suppress(Exception):
                     await client.aclose()
             await asyncio.sleep(backoff.next())
