@@ -16,7 +16,7 @@ import pytest
 import socketio
 from support.demo_helpers import CJK
 from support.network import serve_asgi
-from support.timing import wait_until
+from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext.demo.script import LANGS, MAX_MESSAGE_CHARS, wording
 from kernel_ext.web import vendored_client
@@ -61,7 +61,7 @@ class _Rig:
             namespaces=[NS],
             auth=auth,
             transports=["websocket"],
-            wait_timeout=5,
+            wait_timeout=CALL_TIMEOUT,
         )
         return client
 
@@ -73,7 +73,7 @@ class _Rig:
             namespaces=[NS],
             auth=auth or {"internal": SECRET, "role": "agent"},
             transports=["websocket"],
-            wait_timeout=5,
+            wait_timeout=CALL_TIMEOUT,
         )
         return agent
 
@@ -93,7 +93,9 @@ async def _web() -> AsyncIterator[_Rig]:
 
 
 async def _join(client: socketio.AsyncClient, room: str) -> Any:
-    return await client.call("join_conversation", {"conversationId": room}, namespace=NS, timeout=5)
+    return await client.call(
+        "join_conversation", {"conversationId": room}, namespace=NS, timeout=CALL_TIMEOUT
+    )
 
 
 async def _say(client: socketio.AsyncClient, room: str, text: Any) -> Any:
@@ -107,7 +109,7 @@ async def _say(client: socketio.AsyncClient, room: str, text: Any) -> Any:
 async def test_health_says_whether_the_agent_is_connected_and_on_which_kernel() -> None:
     import httpx
 
-    async with _web() as rig, httpx.AsyncClient(timeout=5) as http:
+    async with _web() as rig, httpx.AsyncClient(timeout=CALL_TIMEOUT) as http:
         health = f"http://127.0.0.1:{rig.port}/demo/health"
         assert (await http.get(health)).json() == {"agent": False}
         unsaid = await rig.agent()
@@ -213,7 +215,7 @@ async def test_a_browser_cannot_pose_as_the_agent_or_broadcast() -> None:
 async def test_the_page_and_its_assets_are_served_with_a_strict_policy() -> None:
     import httpx
 
-    async with _web() as rig, httpx.AsyncClient(timeout=5) as http:
+    async with _web() as rig, httpx.AsyncClient(timeout=CALL_TIMEOUT) as http:
         base = f"http://127.0.0.1:{rig.port}"
         page = await http.get(base + "/")
         assert page.status_code == 200
@@ -262,7 +264,7 @@ async def test_with_lang_en_the_page_and_its_words_are_english() -> None:
     from kernel_ext.demo.web import create_demo_app
 
     demo = create_demo_app(SECRET, lang="en")
-    async with serve_asgi(demo.app) as port, httpx.AsyncClient(timeout=5) as http:
+    async with serve_asgi(demo.app) as port, httpx.AsyncClient(timeout=CALL_TIMEOUT) as http:
         base = f"http://127.0.0.1:{port}"
         page = (await http.get(base + "/")).text
         assert '<html lang="en">' in page
@@ -275,7 +277,7 @@ async def test_with_lang_en_the_page_and_its_words_are_english() -> None:
         assert titles == ["Orders desk", "Carrier (third-party)"]
         assert CJK.findall(json.dumps(english, ensure_ascii=False)) == []
     chinese = create_demo_app(SECRET, lang="zh")
-    async with serve_asgi(chinese.app) as port, httpx.AsyncClient(timeout=5) as http:
+    async with serve_asgi(chinese.app) as port, httpx.AsyncClient(timeout=CALL_TIMEOUT) as http:
         page = (await http.get(f"http://127.0.0.1:{port}/")).text
         assert '<html lang="zh-CN">' in page
         assert wording("zh").page["send"] in page
@@ -299,7 +301,7 @@ def _message(n: int, room: str = "demo-room") -> dict[str, Any]:
 
 async def _snapshot(sender: socketio.AsyncClient, room: str, event: dict[str, Any]) -> None:
     ack = await sender.call(
-        "kx_chat_event", {"room": room, "event": event}, namespace=NS, timeout=5
+        "kx_chat_event", {"room": room, "event": event}, namespace=NS, timeout=CALL_TIMEOUT
     )
     assert ack == {"ok": True}
 

@@ -20,7 +20,7 @@ import pytest
 import socketio
 from support.network import serve_asgi
 from support.relay_helpers import NS, SECRET, Browser, emitter_for, terminals
-from support.timing import wait_until
+from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.errors import ConfigError
@@ -336,7 +336,7 @@ async def test_a_sender_asking_no_acknowledgement_for_running_frames_is_served_b
             namespaces=[NS],
             auth={"internal": SECRET, "worker": "old-sender"},
             transports=["websocket"],
-            wait_timeout=5,
+            wait_timeout=CALL_TIMEOUT,
         )
         try:
             for seq in range(1, 51):

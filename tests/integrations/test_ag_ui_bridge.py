@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 
 from ag_ui.core import BaseEvent, EventType, RunErrorEvent, RunFinishedEvent, RunStartedEvent
 from opentelemetry.sdk.trace import TracerProvider
-from support.timing import FakeClock, wait_until
+from support.timing import CALL_TIMEOUT, FakeClock, wait_until
 
 from kernel_ext import ToolCall, ToolDescription, use_tool_call
 from kernel_ext.attribution.processor import ToolSpanProcessor
@@ -89,7 +89,7 @@ async def finish_after(
     """Finish ``run`` once it has sent ``n`` events; the types of all it sent."""
     await wait_until(lambda: len(got) >= n, 5, f"fewer than {n} events sent")
     run.finish()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, CALL_TIMEOUT)
     return types(got)
 
 
@@ -154,7 +154,7 @@ async def test_blocks_of_a_thread_with_no_run_reach_no_run_and_are_counted(
     publish(bridge, "for t1 only")
     await wait_until(lambda: bridge.hub.stats()["no_listener"] == 1, 5, "not counted")
     run.finish()
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, CALL_TIMEOUT)
     assert types(got) == ["RUN_STARTED", "RUN_FINISHED"]
 
 
@@ -259,6 +259,6 @@ async def test_a_run_error_closes_open_colleagues_before_it(bridge: AGUIBridge) 
     await wait_until(lambda: len(got) >= 3, 5, "pane not sent")
     run.steps.put_nowait(RunErrorEvent(message="boom"))
     run.steps.put_nowait(None)
-    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(task, CALL_TIMEOUT)
     assert types(got)[-2:] == ["SUBAGENT_ERROR", "RUN_ERROR"]
     assert got[-1].type == EventType.RUN_ERROR

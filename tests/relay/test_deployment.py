@@ -28,7 +28,7 @@ import pytest
 import socketio
 from support import ROOT, SUPPORT
 from support.network import RedisServer, free_port, http_request, need_binary, wait_listening
-from support.timing import wait_until
+from support.timing import CALL_TIMEOUT, wait_until
 
 pytestmark = [pytest.mark.network, pytest.mark.redis, pytest.mark.timeout(120)]
 
@@ -231,7 +231,7 @@ async def viewers(*pairs: tuple[str, str]) -> AsyncIterator[list[Viewer]]:
     finally:
         for viewer in opened:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(viewer.client.shutdown(), timeout=5)
+                await asyncio.wait_for(viewer.client.shutdown(), timeout=CALL_TIMEOUT)
 
 
 async def run_worker(relay_url: str, call_id: str) -> None:
@@ -299,7 +299,7 @@ async def test_a_browser_the_relay_s_hooks_refuse_is_refused_through_the_proxy(
             timeout=15,
         )
     with contextlib.suppress(Exception):
-        await asyncio.wait_for(client.shutdown(), timeout=5)
+        await asyncio.wait_for(client.shutdown(), timeout=CALL_TIMEOUT)
 
 
 async def test_long_polling_needs_the_sticky_upstream_the_page_configures(
@@ -314,7 +314,7 @@ async def test_long_polling_needs_the_sticky_upstream_the_page_configures(
         with pytest.raises((socketio.exceptions.ConnectionError, TimeoutError)):
             await polling.open(public)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(polling.client.shutdown(), timeout=5)
+            await asyncio.wait_for(polling.client.shutdown(), timeout=CALL_TIMEOUT)
         async with viewers(("websocket", public), ("websocket", public)) as opened:
             assert all(v.client.connected for v in opened)
 

@@ -40,7 +40,7 @@ from support.relay_helpers import (
     seqs,
     worker,
 )
-from support.timing import wait_until
+from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext._redis_routing import LOG_MAX_BLOCKS, marker_channel, room_channel, room_log
 from kernel_ext.attribution.tap import Tap
@@ -193,7 +193,7 @@ async def test_each_web_process_hears_only_the_rooms_of_its_browsers(
             assert len(spy.emits()) == 42
             # Leaving unsubscribes: nobody hears C2 any more.
             await on_web2.client.call(
-                "leave_conversation", {"conversationId": C2}, namespace=NS, timeout=5
+                "leave_conversation", {"conversationId": C2}, namespace=NS, timeout=CALL_TIMEOUT
             )
             await wait_numsub(url, rooms_channel(C2), 0)
             assert (await numsub(url, rooms_channel(C1)))[0] == 1
@@ -292,7 +292,10 @@ async def test_blocks_published_while_browsers_join_reach_each_exactly_once(
                     # time: the first browsers leave the room again.
                     if i < 2:
                         await browser.client.call(
-                            "leave_conversation", {"conversationId": C1}, namespace=NS, timeout=5
+                            "leave_conversation",
+                            {"conversationId": C1},
+                            namespace=NS,
+                            timeout=CALL_TIMEOUT,
                         )
                         joined.pop()
                         await browser.close()

@@ -48,6 +48,7 @@ from hypothesis import strategies as st
 from support.network import serve_asgi
 from support.relay_helpers import NS, SECRET, Browser, barrier
 from support.reliability_helpers import FUZZ_EXAMPLES, report
+from support.timing import CALL_TIMEOUT
 
 from kernel_ext.a2a import A2AStreamAdapter
 from kernel_ext.attribution.tap import LiveCall, Tap
@@ -545,7 +546,7 @@ class RelayBench:
             namespaces=[NS],
             auth={"internal": SECRET},
             transports=["websocket"],
-            wait_timeout=5,
+            wait_timeout=CALL_TIMEOUT,
         )
         self.stack.push_async_callback(self.internal.disconnect)
         self.fuzzer = Browser("fuzzer")

@@ -41,7 +41,7 @@ from support.relay_helpers import (
     worker,
 )
 from support.reliability_helpers import RUNS, report
-from support.timing import wait_until
+from support.timing import CALL_TIMEOUT, wait_until
 
 import kernel_ext.relay._log as relay_log
 import kernel_ext.relay.auth as relay_auth
@@ -108,7 +108,7 @@ async def test_connect_and_disconnect_sent_as_events_are_dropped_and_counted() -
     async with relay_server() as (port, relay), browsers(port, C1) as (attacker,):
         for args in ("bye", ({}, {"internal": "a guess"}), ({}, {"internal": SECRET}), None):
             for event in ("disconnect", "connect"):
-                ack = await attacker.client.call(event, args, namespace=NS, timeout=5)
+                ack = await attacker.client.call(event, args, namespace=NS, timeout=CALL_TIMEOUT)
                 assert ack is None  # answered (dropped), not left hanging
         stats = relay.stats()
         assert stats["rejected_unknown_event"] == 8
@@ -192,9 +192,9 @@ async def test_guessing_the_internal_secret_is_refused_counted_logged_and_consta
                         namespaces=[NS],
                         auth={"internal": guess},
                         transports=["websocket"],
-                        wait_timeout=5,
+                        wait_timeout=CALL_TIMEOUT,
                     ),
-                    timeout=10,
+                    timeout=2 * CALL_TIMEOUT,
                 )
             with contextlib.suppress(Exception):
                 await client.disconnect()

@@ -30,7 +30,7 @@ from support.network import RedisServer, serve_asgi
 from support.redis_helpers import wait_subscribed
 from support.relay_helpers import CALL, CONV, NS, SECRET, barrier, terminals
 from support.reliability_helpers import RUNS, SHORT_PINGS, Clock, browser_on, report, running_relay
-from support.timing import wait_until
+from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext.emit import LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError
@@ -303,7 +303,7 @@ async def test_the_relays_worker_tracking_is_bounded_and_empty_after_the_streams
                     namespaces=[NS],
                     auth={"internal": SECRET, "worker": worker},
                     transports=["websocket"],
-                    wait_timeout=5,
+                    wait_timeout=CALL_TIMEOUT,
                 )
             w1, w2, w3 = senders
             # Five streams of w1 and one without a callId (no pane: not tracked).
@@ -337,7 +337,7 @@ async def test_a_bad_worker_id_is_refused_and_counted(bad: Any) -> None:
                 namespaces=[NS],
                 auth={"internal": SECRET, "worker": bad},
                 transports=["websocket"],
-                wait_timeout=5,
+                wait_timeout=CALL_TIMEOUT,
             )
         await sender.disconnect()
         assert relay.stats()["rejected_bad_worker"] == 1

@@ -26,7 +26,7 @@ from kernel_ext.emit import LoopbackEmitter
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import StreamHub
 from support.network import free_port, serve_asgi, wait_listening_async
-from support.timing import wait_until
+from support.timing import CALL_TIMEOUT, wait_until
 
 SECRET = "s3cret-for-tests"
 SUPPORT = str(Path(__file__).resolve().parent)
@@ -110,14 +110,14 @@ class Browser:
                 namespaces=[NS],
                 auth=auth,
                 transports=["websocket"],
-                wait_timeout=5,
+                wait_timeout=CALL_TIMEOUT,
             ),
-            timeout=10,
+            timeout=2 * CALL_TIMEOUT,
         )
 
     async def join(self, room: str) -> Any:
         ack = await self.client.call(
-            "join_conversation", {"conversationId": room}, namespace=NS, timeout=5
+            "join_conversation", {"conversationId": room}, namespace=NS, timeout=CALL_TIMEOUT
         )
         if isinstance(ack, dict) and ack.get("ok"):
             self.rooms.append(room)
@@ -136,14 +136,14 @@ class Browser:
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.client.shutdown(), timeout=5)
+            await asyncio.wait_for(self.client.shutdown(), timeout=CALL_TIMEOUT)
 
 
 async def barrier(browser: Browser, port: int) -> None:
     """Everything sent to ``browser`` before now has arrived: a round trip through the
     server on the same connection (events are delivered in order)."""
     await browser.client.call(
-        "leave_conversation", {"conversationId": "__barrier__"}, namespace=NS, timeout=5
+        "leave_conversation", {"conversationId": "__barrier__"}, namespace=NS, timeout=CALL_TIMEOUT
     )
 
 
@@ -337,14 +337,14 @@ async def worker(port: int, secret: Any = SECRET) -> AsyncIterator[socketio.Asyn
             namespaces=[NS],
             auth={"internal": secret},
             transports=["websocket"],
-            wait_timeout=5,
+            wait_timeout=CALL_TIMEOUT,
         ),
-        timeout=10,
+        timeout=2 * CALL_TIMEOUT,
     )
     try:
         yield client
     finally:
-        await asyncio.wait_for(client.disconnect(), timeout=5)
+        await asyncio.wait_for(client.disconnect(), timeout=CALL_TIMEOUT)
 
 
 @asynccontextmanager

@@ -35,7 +35,7 @@ from kernel_ext.emit import Emitter, LoopbackEmitter
 from kernel_ext.instrument import ToolDescription, tool_call_scope
 from kernel_ext.stream import StreamHub
 from support.relay_helpers import CONV, SECRET, Browser, RelayProcess, emitter_for, terminals
-from support.timing import wait_until
+from support.timing import CALL_TIMEOUT, wait_until
 
 
 def env_int(name: str, default: int) -> int:
@@ -112,7 +112,7 @@ class TestRelay(RelayProcess):
         return Path(self._log_path).read_text(encoding="utf-8", errors="replace")
 
     async def stats(self) -> dict[str, Any]:
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with httpx.AsyncClient(timeout=CALL_TIMEOUT) as client:
             response = await client.get(f"http://127.0.0.1:{self.port}/stats")
             response.raise_for_status()
             result: dict[str, Any] = response.json()
@@ -159,7 +159,10 @@ class WatchedBrowser(Browser):
         """Leave the conversations joined so far and join ``room`` (a user moving on)."""
         for old in list(self.rooms):
             ack = await self.client.call(
-                "leave_conversation", {"conversationId": old}, namespace="/chat", timeout=5
+                "leave_conversation",
+                {"conversationId": old},
+                namespace="/chat",
+                timeout=CALL_TIMEOUT,
             )
             assert ack == {"ok": True}, ack
             self.rooms.remove(old)

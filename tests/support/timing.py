@@ -5,6 +5,7 @@
   state at the deadline). Given an ``asyncio.Event`` that is set on every change, it waits
   for the event instead of polling. :func:`wait_until_sync` is the same rule for threads
   and fixtures without an event loop.
+* :data:`CALL_TIMEOUT` — the deadline of one round trip to a local server.
 * :class:`FakeClock` — a monotonic clock for the library's injectable ``clock`` arguments.
 """
 
@@ -21,6 +22,11 @@ Message = str | Callable[[], object]
 at the deadline)."""
 
 DEFAULT_MESSAGE = "condition not met in time"
+
+CALL_TIMEOUT = 30.0
+"""Seconds a test gives one round trip to a server of its own on 127.0.0.1 (a Socket.IO
+call or connect, an HTTP request, a client's shutdown): a deadline that fails a hang, not a
+slow machine — CI may share its two cores with other work, where 5 s was seen to run out."""
 
 
 def _timed_out(message: Message, timeout: float) -> TimeoutError:
