@@ -14,8 +14,10 @@ are all in the site.
   module (skipped where it cannot be installed, e.g. pydantic-ai on Python 3.10; never in
   CI on 3.11+), or ``redis-server`` (a real one is started and its URL given as
   ``KERNEL_EXT_REDIS_URL``).
-* A fenced ``text title="Output"`` block right after a runnable block is that script's
-  exact standard output.
+* A fenced ``text title="Output"`` block right after a runnable block is exactly what that
+  script writes in a terminal: its standard output and its standard error (a warning it
+  logs, say), in the order written. Only ``<sid>`` there stands for something else: a
+  Socket.IO session id, new at each run.
 * Every ``kernel-ext …`` command in ``sh`` blocks parses with the real command-line parser.
 * The environment variables in the Operations page's configuration table are exactly the
   ones the code reads (``kernel_ext.settings.Settings`` and direct reads); every
@@ -161,19 +163,46 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _run(block: CodeBlock, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    block: CodeBlock, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run ``block`` as a script of its own; its ``stdout`` is all it wrote, standard error
+    included, interleaved as a terminal shows them (one pipe for both, unbuffered)."""
     with tempfile.TemporaryDirectory(prefix="kx-docs-") as tmp:
         script = Path(tmp) / f"{Path(block.page).stem.replace('-', '_')}_{block.line}.py"
         script.write_text(block.text, encoding="utf-8")
         return subprocess.run(
             [sys.executable, str(script)],
-            cwd=ROOT,
+            cwd=cwd,
             env=_clean_env(env),
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
             timeout=EXAMPLE_TIMEOUT,
         )
+
+
+OUTPUT_PLACEHOLDERS = {"<sid>": r"[A-Za-z0-9_-]+"}
+"""What stands in an Output block for a value new at each run, and what it matches."""
+
+
+def output_matches(printed: str, documented: str) -> bool:
+    """Whether a script that wrote ``printed`` wrote what an Output block ``documented``
+    says: line by line, trailing blanks aside, each placeholder matching its pattern."""
+    got = [line.rstrip() for line in printed.rstrip("\n").splitlines()]
+    want = [line.rstrip() for line in documented.rstrip("\n").splitlines()]
+    if len(got) != len(want):
+        return False
+    split = "(" + "|".join(map(re.escape, OUTPUT_PLACEHOLDERS)) + ")"
+    for line, documented_line in zip(got, want, strict=True):
+        pattern = "".join(
+            OUTPUT_PLACEHOLDERS.get(part) or re.escape(part)
+            for part in re.split(split, documented_line)
+        )
+        if not re.fullmatch(pattern, line):
+            return False
+    return True
 
 
 class _Runner:
@@ -229,8 +258,8 @@ def _needs(block: CodeBlock) -> Iterator[dict[str, str]]:
 
 def _describe(block: CodeBlock, done: subprocess.CompletedProcess[str]) -> str:
     return (
-        f"{block.id} exited with {done.returncode}\n--- stdout\n{done.stdout}\n"
-        f"--- stderr\n{done.stderr[-4000:]}"
+        f"{block.id} exited with {done.returncode}\n--- what it wrote (stdout and stderr)\n"
+        f"{done.stdout[-8000:]}"
     )
 
 
@@ -251,9 +280,41 @@ def test_every_python_example_runs_and_prints_its_output(block: CodeBlock, runne
         done = runner.result(block)
     assert done.returncode == 0, _describe(block, done)
     if block.output is not None:
-        got = [line.rstrip() for line in done.stdout.rstrip("\n").splitlines()]
-        want = [line.rstrip() for line in block.output.rstrip("\n").splitlines()]
-        assert got == want, f"{block.id}: the Output block differs\n{_describe(block, done)}"
+        assert output_matches(done.stdout, block.output), (
+            f"{block.id}: the Output block differs\n--- documented\n{block.output}"
+            f"{_describe(block, done)}"
+        )
+
+
+def test_an_output_block_holds_what_the_script_writes_on_stderr_too() -> None:
+    # integrators.md's examples that enable() without a sender also log a warning: the
+    # reader sees it, so their Output blocks show it (stderr was not compared).
+    script = CodeBlock(
+        "example.md",
+        1,
+        "python",
+        "",
+        "import logging, sys\nprint('out')\nlogging.getLogger('kx').warning('logged')\n"
+        "print('err', file=sys.stderr)\nprint('out again')\n",
+        7,
+    )
+    done = _run(script)
+    assert done.returncode == 0, _describe(script, done)
+    assert output_matches(done.stdout, "out\nlogged\nerr\nout again\n")
+    assert not output_matches(done.stdout, "out\nout again\n")
+
+
+def test_an_output_placeholder_stands_for_its_value_only() -> None:
+    documented = "dropped browser event 'x' from <sid> (unknown_event)\n"
+    assert output_matches(
+        "dropped browser event 'x' from QLpucEaS3yo3T8aFAAAB (unknown_event)", documented
+    )
+    assert not output_matches("dropped browser event 'x' from  (unknown_event)", documented)
+    assert not output_matches("dropped browser event 'x' from a b (unknown_event)", documented)
+    assert not output_matches("dropped browser event 'x' from s1 (unknown_event)\nmore", documented)
+    # Anything else is compared as written, regular expression characters included.
+    assert output_matches("a.b [c]", "a.b [c]")
+    assert not output_matches("axb [c]", "a.b [c]")
 
 
 def test_examples_that_do_not_run_say_why() -> None:
