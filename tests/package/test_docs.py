@@ -317,6 +317,16 @@ def test_an_output_placeholder_stands_for_its_value_only() -> None:
     assert not output_matches("axb [c]", "a.b [c]")
 
 
+def test_the_vectors_example_fails_loudly_outside_a_checkout(tmp_path: Path) -> None:
+    # Run elsewhere it found no vector and printed "False vectors pass", exit status 0.
+    (block,) = [b for b in RUNNABLE if b.page == "web.md" and '"tests/vectors"' in b.text]
+    done = _run(block, cwd=tmp_path)
+    assert done.returncode == 1, _describe(block, done)
+    assert done.stdout.startswith(f"no conformance vectors in {tmp_path.resolve()}/tests/vectors")
+    assert "checkout" in done.stdout
+    assert "pass" not in done.stdout
+
+
 def test_examples_that_do_not_run_say_why() -> None:
     for block in FRAGMENTS:
         reason = (block.title or "").removeprefix(FRAGMENT_TITLE)
