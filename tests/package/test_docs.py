@@ -601,6 +601,61 @@ def test_every_documented_command_line_parses() -> None:
             pytest.fail(f"{where}: `kernel-ext {' '.join(args)}` does not parse")
 
 
+# -- extras ----------------------------------------------------------------------------------
+
+
+def pyproject_extras() -> list[str]:
+    """The extras of pyproject.toml's ``[project.optional-dependencies]``, in order (read
+    without a TOML parser: Python 3.10 has none)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    table = re.search(r"^\[project\.optional-dependencies\]\n(.*?)(?=^\[)", text, re.S | re.M)
+    assert table is not None, "pyproject.toml has no [project.optional-dependencies]"
+    return re.findall(r"^([A-Za-z0-9][A-Za-z0-9_.-]*) = \[", table.group(1), re.M)
+
+
+def _pip_installs() -> list[tuple[str, str, list[str]]]:
+    """(block id, what is installed, its extras) of every ``pip install`` in a shell block."""
+    found = []
+    for block in ALL_BLOCKS:
+        if block.lang not in ("sh", "bash", "console", "shell"):
+            continue
+        for line in block.text.replace("\\\n", " ").splitlines():
+            if "pip install" not in line:
+                continue  # another command (its quoting may hold the separators below)
+            for part in re.split(r"&&|;|\|", line.strip().removeprefix("$ ")):
+                words = shlex.split(part, comments=True)
+                if words[:2] != ["pip", "install"]:
+                    continue
+                for word in words[2:]:
+                    if not word.startswith("-"):
+                        name, _, extras = word.partition("[")
+                        found.append((block.id, name, extras.rstrip("]").split(",")))
+    return found
+
+
+def test_the_extras_table_lists_every_extra_of_pyproject() -> None:
+    # `agui` was missing from the integrators' table.
+    text = (DOCS / "integrators.md").read_text(encoding="utf-8")
+    table = text[text.index("| extra | for |") :].split("\n\n", 1)[0].splitlines()[2:]
+    documented = [re.match(r"^\| `([^`]+)` \|", row) for row in table]
+    assert all(documented), table
+    extras = pyproject_extras()
+    assert len(extras) >= 10, "the parser found the extras"
+    assert sorted(m.group(1) for m in documented if m) == sorted(extras)
+
+
+def test_every_pip_install_names_extras_that_exist_from_a_checkout_and_by_name() -> None:
+    installs = _pip_installs()
+    extras = set(pyproject_extras())
+    for where, name, wanted in installs:
+        if name in (".", "kernel-ext"):
+            assert set(wanted) <= extras, f"{where}: pip install {name}[{','.join(wanted)}]"
+    # Installing an extra is shown both ways: from a checkout and by the package's name.
+    pages = {where.split(":")[0] for where, name, wanted in installs if name == "."}
+    named = {where.split(":")[0] for where, name, wanted in installs if name == "kernel-ext"}
+    assert "integrators.md" in pages & named
+
+
 # -- environment variables ---------------------------------------------------------------
 
 
