@@ -601,6 +601,28 @@ def test_every_documented_command_line_parses() -> None:
             pytest.fail(f"{where}: `kernel-ext {' '.join(args)}` does not parse")
 
 
+# -- the README ------------------------------------------------------------------------------
+
+
+def test_the_readme_sets_up_with_exactly_its_two_commands() -> None:
+    commands = [block.text.strip() for block in code_blocks(README) if block.lang == "sh"]
+    assert commands == ["pip install '.[demo]' && kernel-ext demo", "pip install tox && tox"]
+
+
+def test_every_pointer_of_the_readme_names_a_file_of_the_repository() -> None:
+    # "The original spec … live with the project's shared documents" named nothing a
+    # reader of the repository has.
+    text = README.read_text(encoding="utf-8")
+    section = re.search(r"^## Where to read on\n(.*?)(?=^## )", text, re.S | re.M)
+    assert section is not None
+    entries = re.findall(r"^- (.*(?:\n  .*)*)", section.group(1), re.M)
+    assert len(entries) >= 3
+    for entry in entries:
+        named = re.match(r"`([^`]+)` — ", entry)
+        assert named is not None, f"a pointer that names no file of the repository: {entry!r}"
+        assert (ROOT / named.group(1)).exists(), named.group(1)
+
+
 # -- extras ----------------------------------------------------------------------------------
 
 
