@@ -886,6 +886,28 @@ def test_quoted_reliability_figures_are_the_reports() -> None:
         )
 
 
+def test_the_redis_names_operations_gives_are_the_codes() -> None:
+    # An operator asks PUBSUB NUMSUB about these: they were only in docs/contracts.md.
+    from kernel_ext._redis_routing import marker_channel, room_channel, room_log
+    from kernel_ext.protocol import NAMESPACE
+    from kernel_ext.settings import Settings
+
+    channel = Settings.model_fields["redis_channel"].default
+    code = {
+        channel,
+        marker_channel(channel),
+        room_channel(channel, NAMESPACE, "conv-1"),
+        room_log(channel, NAMESPACE, "conv-1"),
+    }
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    table = text[text.index("| name on Redis |") :].split("\n\n", 1)[0].splitlines()[2:]
+    rows = [re.match(r"^\| `([^`]+)` \|", row) for row in table]
+    assert all(rows), table
+    assert {row.group(1) for row in rows if row} == code
+    named = set(re.findall(rf"{re.escape(channel)}#kx-[^\s`:]+(?::[^\s`]+)?", text))
+    assert named <= code, f"operations.md names {sorted(named - code)}, which the code does not"
+
+
 # -- Python names ---------------------------------------------------------------------------
 
 _DOTTED = re.compile(r"(?<![\w/.-])kernel_ext(?:\.[A-Za-z_]\w*)+")
