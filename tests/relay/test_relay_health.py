@@ -226,21 +226,26 @@ async def test_the_app_starts_listening_to_redis_at_lifespan_start_up() -> None:
 # -- kernel-ext relay --------------------------------------------------------------------
 
 
+def relay_on(redis_url: str) -> tuple[str, ...]:
+    """``kernel-ext relay`` on ``redis_url``; ``--log-level info``: the recovery is at INFO."""
+    return (
+        "relay",
+        "--port",
+        "0",
+        "--allow-anyone",
+        "--redis-url",
+        redis_url,
+        "--log-level",
+        "info",
+    )
+
+
 @pytest.mark.network
 @pytest.mark.redis
 async def test_kernel_ext_relay_readiness_follows_a_real_redis_and_says_nothing_secret() -> None:
     with redis_server(password=PASSWORD) as redis:
         await asyncio.to_thread(redis.start)
-        async with running(  # --log-level info: the recovery is logged at INFO
-            "relay",
-            "--port",
-            "0",
-            "--allow-anyone",
-            "--redis-url",
-            redis.url,
-            "--log-level",
-            "info",
-        ) as relay:
+        async with running(*relay_on(redis.url)) as relay:
             found = await relay.wait_for_line(STARTUP)
             assert "(connected), channel socketio" in found.group(3)
             base = found.group(1)
@@ -267,16 +272,7 @@ async def test_kernel_ext_relay_starts_without_redis_warns_with_its_schedule_and
     None
 ):
     with redis_server() as redis:  # not started: nothing listens on its port
-        async with running(  # --log-level info: the recovery is logged at INFO
-            "relay",
-            "--port",
-            "0",
-            "--allow-anyone",
-            "--redis-url",
-            redis.url,
-            "--log-level",
-            "info",
-        ) as relay:
+        async with running(*relay_on(redis.url)) as relay:
             warning = await relay.wait_for_line(r"^kernel-ext relay: warning: relay: Redis at ")
             assert re.search(
                 rf"Redis at redis://127\.0\.0\.1:{redis.port}/0 does not answer \(.+\); "
