@@ -12,7 +12,7 @@ import logging
 from kernel_ext import metrics
 from kernel_ext._telemetry import RareLog
 
-__all__ = ["CommandFormatter", "count_frame", "log_as_command", "logger", "rare"]
+__all__ = ["count_frame", "log_as_command", "logger", "rare"]
 
 logger = logging.getLogger("kernel_ext.relay")
 rare = RareLog(logger)
@@ -24,7 +24,7 @@ def count_frame(outcome: str) -> None:
         metrics.relay_frames.add(1, {"outcome": outcome})
 
 
-class CommandFormatter(logging.Formatter):
+class _CommandFormatter(logging.Formatter):
     """A record as a command writes its lines on stderr: ``<prog>: <level>: <message>``, the
     level in lower case as in a refusal's ``<prog>: error: …`` (a traceback, when the record
     has one, on the lines after)."""
@@ -39,9 +39,9 @@ class CommandFormatter(logging.Formatter):
 
 def log_as_command(prog: str, level: str) -> None:
     """Log every record of ``level`` or above — the relay's, uvicorn's (when it is told
-    ``log_config=None``), any library's — to stderr through :class:`CommandFormatter`, as
+    ``log_config=None``), any library's — to stderr through :class:`_CommandFormatter`, as
     :func:`logging.basicConfig` does: nothing changes when the root logger already has a
     handler (an application, a test runner)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(CommandFormatter(prog))
+    handler.setFormatter(_CommandFormatter(prog))
     logging.basicConfig(level=level.upper(), handlers=[handler])

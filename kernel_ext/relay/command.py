@@ -23,9 +23,9 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   ``<url>/kernel_ext/example.html?conversation=ID`` follows a conversation in a browser.
 * Once listening (after its first attempt to reach Redis, if it has one) it prints one
   start-up line on stderr: URL, namespace, auth mode, Redis (``connected``,
-  ``unreachable…`` or ``connecting…``), and the example page's URL. Every other line it
+  ``unreachable…`` or ``connecting…``), and the example page's URL. Everything else it
   writes there is a log record of ``--log-level`` or above (its own, uvicorn's, the
-  libraries'), as ``<prog>: <level>: <message>``: each line begins with the command's name.
+  libraries'), each as ``<prog>: <level>: <message>`` (a traceback on the lines after).
 * SIGINT and SIGTERM stop it gracefully; it then exits with 130 or 143.
 """
 
