@@ -1,7 +1,8 @@
 """Cheap helpers for hot paths (private to kernel_ext).
 
 * :class:`RareLog` logs a recurring fault on its 1st, 2nd, 4th, 8th … occurrence, so a flood
-  of one bad input costs a handful of log lines, while every occurrence is counted.
+  of one bad input costs a handful of log lines, while every occurrence is counted;
+  :func:`plural` words a count in its lines ("seen 1 time", "seen 2 times").
 * :class:`BatchedCount` adds to an OpenTelemetry counter in batches: with an SDK meter
   provider one ``Counter.add`` costs about 5 µs, too much for the publish path.
 """
@@ -20,9 +21,15 @@ from opentelemetry.metrics import Counter
 from kernel_ext import _fork
 from kernel_ext.errors import check_positive_ints
 
-__all__ = ["BatchedCount", "RareLog", "is_rare"]
+__all__ = ["BatchedCount", "RareLog", "is_rare", "plural"]
 
 _T = TypeVar("_T")
+
+
+def plural(count: int, noun: str) -> str:
+    """``count`` and ``noun``, the noun with an ``s`` unless the count is exactly one:
+    ``plural(1, "time")`` is ``"1 time"``, ``plural(0, "time")`` ``"0 times"``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
 
 
 def is_rare(seen: int) -> bool:
@@ -63,10 +70,10 @@ class RareLog:
             with contextlib.suppress(Exception):  # a broken handler must not reach the caller
                 self._logger.log(
                     level,
-                    message + " [%s; seen %d times]",
+                    message + " [%s; seen %s]",
                     *args,
                     reason,
-                    seen,
+                    plural(seen, "time"),
                     exc_info=exc_info,
                 )
         return seen

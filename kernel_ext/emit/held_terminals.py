@@ -30,6 +30,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from kernel_ext._bounded import OVERFLOW, BoundedMap
+from kernel_ext._telemetry import plural
 from kernel_ext.emit.base import REJECTED, TERMINAL_EXPIRED, TERMINAL_OVERFLOW, rare
 from kernel_ext.errors import BlockTooLargeError, check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import encode_wire, fallback_terminal
@@ -199,10 +200,10 @@ class HeldTerminals:
         self._port().dropped(reason, 1, item.call_id)
         rare(
             reason,
-            "emitter: terminal of (%s, %s) given up after %d attempt(s) (%s)",
+            "emitter: terminal of (%s, %s) given up after %s (%s)",
             item.call_id,
             item.task_id,
-            entry.attempts,
+            plural(entry.attempts, "attempt"),
             reason,
             level=logging.ERROR,
         )

@@ -184,7 +184,7 @@ class RedisEmitter(Emitter):
     def _health_message(self, healthy: bool, why: object) -> tuple[int, str, tuple[object, ...]]:
         url = redacted_url(self.url)
         if healthy:
-            return logging.WARNING, "redis emitter: Redis at %s is reachable again", (url,)
+            return logging.INFO, "redis emitter: Redis at %s is reachable again", (url,)
         return (
             logging.ERROR,
             "redis emitter: Redis at %s is unreachable (%s); running blocks are dropped and "

@@ -23,7 +23,9 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   ``<url>/kernel_ext/example.html?conversation=ID`` follows a conversation in a browser.
 * Once listening (after its first attempt to reach Redis, if it has one) it prints one
   start-up line on stderr: URL, namespace, auth mode, Redis (``connected``,
-  ``unreachable…`` or ``connecting…``), and the example page's URL.
+  ``unreachable…`` or ``connecting…``), and the example page's URL. Everything else it
+  writes there is a log record of ``--log-level`` or above (its own, uvicorn's, the
+  libraries'), each as ``<prog>: <level>: <message>`` (a traceback on the lines after).
 * SIGINT and SIGTERM stop it gracefully; it then exits with 130 or 143.
 """
 
@@ -33,7 +35,6 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
-import logging
 import signal
 import socket
 import sys
@@ -53,7 +54,7 @@ from kernel_ext._command_line import (
 )
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import NAMESPACE
-from kernel_ext.relay._log import logger
+from kernel_ext.relay._log import log_as_command, logger
 from kernel_ext.relay.replay import DEFAULT_CONVERSATION_BYTES, DEFAULT_TOTAL_BYTES
 from kernel_ext.settings import (
     MAKE_SECRET,
@@ -303,7 +304,8 @@ def _serve(
                 await announce()
 
     # Lifespan events on: the app starts its Redis listener at start-up (relay.health).
-    server = Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+    # log_config=None: uvicorn's records go to the handler run() set up, in its format.
+    server = Server(uvicorn.Config(app, log_level=log_level, log_config=None, lifespan="on"))
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # a SIGINT before the loop's handler was in place
@@ -384,7 +386,7 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
     with sock:
         port = sock.getsockname()[1]
         url = f"http://{url_host(args.host or '0.0.0.0')}:{port}"
-        logging.basicConfig(level=args.log_level.upper())
+        log_as_command(prog, args.log_level)
         if openness:
             logger.warning(
                 "relay started with --allow-anyone on %s:%d: %s", args.host, port, openness

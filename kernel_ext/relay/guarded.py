@@ -40,7 +40,7 @@ from typing import Any
 import engineio
 import socketio
 
-from kernel_ext._telemetry import RareLog, is_rare
+from kernel_ext._telemetry import RareLog, is_rare, plural
 from kernel_ext.ledger import (
     BAD_ARGUMENTS,
     BAD_EVENT_NAME,
@@ -112,7 +112,7 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc, unused-ig
         else:
             forged = not hasattr(self, "on_" + event)
         if forged:
-            self._reject(sid, UNKNOWN_EVENT, f"event {event[:64]!r} from a {self._who(sid)}")
+            self._reject(sid, UNKNOWN_EVENT, f"{self._who(sid)} event {event[:64]!r}")
             return None
         if event == "connect":
             return await self._connect(args)
@@ -170,7 +170,7 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc, unused-ig
             self._count(SUPPRESSED_LOG_RECORDS)
             return False
         detail = str(error)[:200]
-        note = f"a malformed packet from a client: {kind}: {detail}; seen {seen} times"
+        note = f"a malformed packet from a client: {kind}: {detail}; seen {plural(seen, 'time')}"
         if seen == 1:
             note += "; logged again on the 2nd, 4th, 8th … time, without the traceback"
         else:

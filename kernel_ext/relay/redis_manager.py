@@ -45,7 +45,7 @@ from kernel_ext._redis_routing import (
     room_channel,
     room_log,
 )
-from kernel_ext._telemetry import is_rare
+from kernel_ext._telemetry import is_rare, plural
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.ledger import (
     REDIS_AFTER_WORKER_ABORTED,
@@ -111,7 +111,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
     ``reconnect_delay`` seconds, doubling up to ``reconnect_delay_max`` (jittered ±25 %),
     until Redis answers. The first failure of each outage is logged at WARNING with that
     schedule (the URL without its password), later attempts of the outage on the 2nd, 4th,
-    8th … time, the recovery at WARNING; each failed attempt is counted
+    8th … time, the recovery at INFO; each failed attempt is counted
     ``redis_unreachable``. python-socketio starts listening at the server's first
     connection; :meth:`start` starts it at once (the relay app does, at start-up).
 
@@ -694,10 +694,10 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                     if failures and self._wanted:
                         asyncio.get_running_loop().create_task(self._recover())
                 if failures:
-                    logger.warning(
-                        "relay: Redis at %s answers again (after %d failed attempts)",
+                    logger.info(
+                        "relay: Redis at %s answers again (after %s)",
                         redacted_url(self._url),
-                        failures,
+                        plural(failures, "failed attempt"),
                     )
                 failures = 0
                 backoff.reset()

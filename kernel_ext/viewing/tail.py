@@ -45,6 +45,7 @@ from kernel_ext._command_line import (
     never_resolves,
     positive_seconds,
 )
+from kernel_ext._telemetry import plural
 from kernel_ext.protocol import CHAT_EVENT, JOIN_EVENT, NAMESPACE, TOOL_EVENT_STREAM
 from kernel_ext.viewing.view import (
     Applied,
@@ -523,7 +524,7 @@ def _caught_up(ack: Any) -> str:
     replay = ack.get("replay") if isinstance(ack, Mapping) else None
     blocks = replay.get("blocks") if isinstance(replay, Mapping) else None
     if isinstance(blocks, int) and not isinstance(blocks, bool) and 0 < blocks < 2**53:
-        return f", caught up on {blocks} block{'s' if blocks != 1 else ''}"
+        return f", caught up on {plural(blocks, 'block')}"
     return ""
 
 

@@ -14,8 +14,10 @@ are all in the site.
   module (skipped where it cannot be installed, e.g. pydantic-ai on Python 3.10; never in
   CI on 3.11+), or ``redis-server`` (a real one is started and its URL given as
   ``KERNEL_EXT_REDIS_URL``).
-* A fenced ``text title="Output"`` block right after a runnable block is that script's
-  exact standard output.
+* A fenced ``text title="Output"`` block right after a runnable block is exactly what that
+  script writes in a terminal: its standard output and its standard error (a warning it
+  logs, say), in the order written. Only ``<sid>`` there stands for something else: a
+  Socket.IO session id, new at each run.
 * Every ``kernel-ext …`` command in ``sh`` blocks parses with the real command-line parser.
 * The environment variables in the Operations page's configuration table are exactly the
   ones the code reads (``kernel_ext.settings.Settings`` and direct reads); every
@@ -161,19 +163,46 @@ def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _run(block: CodeBlock, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def _run(
+    block: CodeBlock, env: dict[str, str] | None = None, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """Run ``block`` as a script of its own; its ``stdout`` is all it wrote, standard error
+    included, interleaved as a terminal shows them (one pipe for both, unbuffered)."""
     with tempfile.TemporaryDirectory(prefix="kx-docs-") as tmp:
         script = Path(tmp) / f"{Path(block.page).stem.replace('-', '_')}_{block.line}.py"
         script.write_text(block.text, encoding="utf-8")
         return subprocess.run(
             [sys.executable, str(script)],
-            cwd=ROOT,
+            cwd=cwd,
             env=_clean_env(env),
             stdin=subprocess.DEVNULL,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
             timeout=EXAMPLE_TIMEOUT,
         )
+
+
+OUTPUT_PLACEHOLDERS = {"<sid>": r"[A-Za-z0-9_-]+"}
+"""What stands in an Output block for a value new at each run, and what it matches."""
+
+
+def output_matches(printed: str, documented: str) -> bool:
+    """Whether a script that wrote ``printed`` wrote what an Output block ``documented``
+    says: line by line, trailing blanks aside, each placeholder matching its pattern."""
+    got = [line.rstrip() for line in printed.rstrip("\n").splitlines()]
+    want = [line.rstrip() for line in documented.rstrip("\n").splitlines()]
+    if len(got) != len(want):
+        return False
+    split = "(" + "|".join(map(re.escape, OUTPUT_PLACEHOLDERS)) + ")"
+    for line, documented_line in zip(got, want, strict=True):
+        pattern = "".join(
+            OUTPUT_PLACEHOLDERS.get(part) or re.escape(part)
+            for part in re.split(split, documented_line)
+        )
+        if not re.fullmatch(pattern, line):
+            return False
+    return True
 
 
 class _Runner:
@@ -229,8 +258,8 @@ def _needs(block: CodeBlock) -> Iterator[dict[str, str]]:
 
 def _describe(block: CodeBlock, done: subprocess.CompletedProcess[str]) -> str:
     return (
-        f"{block.id} exited with {done.returncode}\n--- stdout\n{done.stdout}\n"
-        f"--- stderr\n{done.stderr[-4000:]}"
+        f"{block.id} exited with {done.returncode}\n--- what it wrote (stdout and stderr)\n"
+        f"{done.stdout[-8000:]}"
     )
 
 
@@ -251,9 +280,51 @@ def test_every_python_example_runs_and_prints_its_output(block: CodeBlock, runne
         done = runner.result(block)
     assert done.returncode == 0, _describe(block, done)
     if block.output is not None:
-        got = [line.rstrip() for line in done.stdout.rstrip("\n").splitlines()]
-        want = [line.rstrip() for line in block.output.rstrip("\n").splitlines()]
-        assert got == want, f"{block.id}: the Output block differs\n{_describe(block, done)}"
+        assert output_matches(done.stdout, block.output), (
+            f"{block.id}: the Output block differs\n--- documented\n{block.output}"
+            f"{_describe(block, done)}"
+        )
+
+
+def test_an_output_block_holds_what_the_script_writes_on_stderr_too() -> None:
+    # integrators.md's examples that enable() without a sender also log a warning: the
+    # reader sees it, so their Output blocks show it (stderr was not compared).
+    script = CodeBlock(
+        "example.md",
+        1,
+        "python",
+        "",
+        "import logging, sys\nprint('out')\nlogging.getLogger('kx').warning('logged')\n"
+        "print('err', file=sys.stderr)\nprint('out again')\n",
+        7,
+    )
+    done = _run(script)
+    assert done.returncode == 0, _describe(script, done)
+    assert output_matches(done.stdout, "out\nlogged\nerr\nout again\n")
+    assert not output_matches(done.stdout, "out\nout again\n")
+
+
+def test_an_output_placeholder_stands_for_its_value_only() -> None:
+    documented = "dropped browser event 'x' from <sid> (unknown_event)\n"
+    assert output_matches(
+        "dropped browser event 'x' from QLpucEaS3yo3T8aFAAAB (unknown_event)", documented
+    )
+    assert not output_matches("dropped browser event 'x' from  (unknown_event)", documented)
+    assert not output_matches("dropped browser event 'x' from a b (unknown_event)", documented)
+    assert not output_matches("dropped browser event 'x' from s1 (unknown_event)\nmore", documented)
+    # Anything else is compared as written, regular expression characters included.
+    assert output_matches("a.b [c]", "a.b [c]")
+    assert not output_matches("axb [c]", "a.b [c]")
+
+
+def test_the_vectors_example_fails_loudly_outside_a_checkout(tmp_path: Path) -> None:
+    # Run elsewhere it found no vector and printed "False vectors pass", exit status 0.
+    (block,) = [b for b in RUNNABLE if b.page == "web.md" and '"tests/vectors"' in b.text]
+    done = _run(block, cwd=tmp_path)
+    assert done.returncode == 1, _describe(block, done)
+    assert done.stdout.startswith(f"no conformance vectors in {tmp_path.resolve()}/tests/vectors")
+    assert "checkout" in done.stdout
+    assert "pass" not in done.stdout
 
 
 def test_examples_that_do_not_run_say_why() -> None:
@@ -530,6 +601,83 @@ def test_every_documented_command_line_parses() -> None:
             pytest.fail(f"{where}: `kernel-ext {' '.join(args)}` does not parse")
 
 
+# -- the README ------------------------------------------------------------------------------
+
+
+def test_the_readme_sets_up_with_exactly_its_two_commands() -> None:
+    commands = [block.text.strip() for block in code_blocks(README) if block.lang == "sh"]
+    assert commands == ["pip install '.[demo]' && kernel-ext demo", "pip install tox && tox"]
+
+
+def test_every_pointer_of_the_readme_names_a_file_of_the_repository() -> None:
+    # "The original spec … live with the project's shared documents" named nothing a
+    # reader of the repository has.
+    text = README.read_text(encoding="utf-8")
+    section = re.search(r"^## Where to read on\n(.*?)(?=^## )", text, re.S | re.M)
+    assert section is not None
+    entries = re.findall(r"^- (.*(?:\n  .*)*)", section.group(1), re.M)
+    assert len(entries) >= 3
+    for entry in entries:
+        named = re.match(r"`([^`]+)` — ", entry)
+        assert named is not None, f"a pointer that names no file of the repository: {entry!r}"
+        assert (ROOT / named.group(1)).exists(), named.group(1)
+
+
+# -- extras ----------------------------------------------------------------------------------
+
+
+def pyproject_extras() -> list[str]:
+    """The extras of pyproject.toml's ``[project.optional-dependencies]``, in order (read
+    without a TOML parser: Python 3.10 has none)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    table = re.search(r"^\[project\.optional-dependencies\]\n(.*?)(?=^\[)", text, re.S | re.M)
+    assert table is not None, "pyproject.toml has no [project.optional-dependencies]"
+    return re.findall(r"^([A-Za-z0-9][A-Za-z0-9_.-]*) = \[", table.group(1), re.M)
+
+
+def _pip_installs() -> list[tuple[str, str, list[str]]]:
+    """(block id, what is installed, its extras) of every ``pip install`` in a shell block."""
+    found = []
+    for block in ALL_BLOCKS:
+        if block.lang not in ("sh", "bash", "console", "shell"):
+            continue
+        for line in block.text.replace("\\\n", " ").splitlines():
+            if "pip install" not in line:
+                continue  # another command (its quoting may hold the separators below)
+            for part in re.split(r"&&|;|\|", line.strip().removeprefix("$ ")):
+                words = shlex.split(part, comments=True)
+                if words[:2] != ["pip", "install"]:
+                    continue
+                for word in words[2:]:
+                    if not word.startswith("-"):
+                        name, _, extras = word.partition("[")
+                        found.append((block.id, name, extras.rstrip("]").split(",")))
+    return found
+
+
+def test_the_extras_table_lists_every_extra_of_pyproject() -> None:
+    # `agui` was missing from the integrators' table.
+    text = (DOCS / "integrators.md").read_text(encoding="utf-8")
+    table = text[text.index("| extra | for |") :].split("\n\n", 1)[0].splitlines()[2:]
+    documented = [re.match(r"^\| `([^`]+)` \|", row) for row in table]
+    assert all(documented), table
+    extras = pyproject_extras()
+    assert len(extras) >= 10, "the parser found the extras"
+    assert sorted(m.group(1) for m in documented if m) == sorted(extras)
+
+
+def test_every_pip_install_names_extras_that_exist_from_a_checkout_and_by_name() -> None:
+    installs = _pip_installs()
+    extras = set(pyproject_extras())
+    for where, name, wanted in installs:
+        if name in (".", "kernel-ext"):
+            assert set(wanted) <= extras, f"{where}: pip install {name}[{','.join(wanted)}]"
+    # Installing an extra is shown both ways: from a checkout and by the package's name.
+    pages = {where.split(":")[0] for where, name, wanted in installs if name == "."}
+    named = {where.split(":")[0] for where, name, wanted in installs if name == "kernel-ext"}
+    assert "integrators.md" in pages & named
+
+
 # -- environment variables ---------------------------------------------------------------
 
 
@@ -736,6 +884,28 @@ def test_quoted_reliability_figures_are_the_reports() -> None:
             f"operations.md quotes {row!r}, which docs/reliability.md does not hold: "
             "copy the new figures after a soak run"
         )
+
+
+def test_the_redis_names_operations_gives_are_the_codes() -> None:
+    # An operator asks PUBSUB NUMSUB about these: they were only in docs/contracts.md.
+    from kernel_ext._redis_routing import marker_channel, room_channel, room_log
+    from kernel_ext.protocol import NAMESPACE
+    from kernel_ext.settings import Settings
+
+    channel = Settings.model_fields["redis_channel"].default
+    code = {
+        channel,
+        marker_channel(channel),
+        room_channel(channel, NAMESPACE, "conv-1"),
+        room_log(channel, NAMESPACE, "conv-1"),
+    }
+    text = (DOCS / "operations.md").read_text(encoding="utf-8")
+    table = text[text.index("| name on Redis |") :].split("\n\n", 1)[0].splitlines()[2:]
+    rows = [re.match(r"^\| `([^`]+)` \|", row) for row in table]
+    assert all(rows), table
+    assert {row.group(1) for row in rows if row} == code
+    named = set(re.findall(rf"{re.escape(channel)}#kx-[^\s`:]+(?::[^\s`]+)?", text))
+    assert named <= code, f"operations.md names {sorted(named - code)}, which the code does not"
 
 
 # -- Python names ---------------------------------------------------------------------------

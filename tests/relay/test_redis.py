@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from support.network import RedisServer
@@ -112,8 +113,9 @@ async def test_the_redis_emitter_keeps_every_rooms_order_and_chat_events_place_i
 
 
 async def test_redis_emitter_reports_an_outage_and_delivers_terminals_once_back(
-    redis_server: RedisServer,
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="kernel_ext.emit")
     hub = StreamHub(max_running_per_second=None, tap=Tap())
     web = RelayProcess(redis_url=redis_server.url)
     browser = Browser()
@@ -160,6 +162,18 @@ async def test_redis_emitter_reports_an_outage_and_delivers_terminals_once_back(
         assert finals == ["first answer", "second answer"]
         assert "lost while down" not in str(browser.blocks)
         assert health == [False, True]
+        # The outage is an error; Redis being back is not a problem: INFO.
+        changes = [
+            (r.levelno, r.getMessage().split(" (")[0])
+            for r in caplog.records
+            if r.getMessage().startswith("redis emitter: Redis at ")
+            and "reachable" in r.getMessage()
+        ]
+        url = redis_server.url
+        assert changes == [
+            (logging.ERROR, f"redis emitter: Redis at {url} is unreachable"),
+            (logging.INFO, f"redis emitter: Redis at {url} is reachable again"),
+        ]
     finally:
         await browser.close()
         web.stop()

@@ -266,6 +266,30 @@ async def test_a_redis_worker_publishing_to_a_room_nobody_watches_yet_is_caught_
             await late.close()
 
 
+async def test_a_new_worker_routes_from_its_very_first_block(redis_server: RedisServer) -> None:
+    """docs/operations.md: a new worker looks who listens before its first publish, so with
+    no web process yet, or only web processes that route, its first block already goes on
+    the room's channel and into the room's log."""
+    from redis import asyncio as aioredis
+
+    url = redis_server.url
+    async with spying(url) as spy:
+        for webs in (0, 1):
+            async with web_processes(url, webs):
+                hub = StreamHub(max_running_per_second=None, tap=Tap())
+                async with RedisEmitter(url, hub=hub, heartbeat_interval=None) as emitter:
+                    with in_call():
+                        hub.publish(f"the first block, {webs} web processes listening")
+                    await emitter.flush(10)
+                await wait_until(lambda n=webs: len(spy.emits()) > n, 20, "nothing published")
+        assert spy.emits() == [(rooms_channel(C1), C1)] * 2
+    client = aioredis.Redis.from_url(url)
+    try:
+        assert await client.xlen(room_log(CHANNEL, NS, C1)) == 2
+    finally:
+        await client.aclose()
+
+
 async def test_blocks_published_while_browsers_join_reach_each_exactly_once(
     redis_server: RedisServer,
 ) -> None:

@@ -10,7 +10,7 @@
 * Readiness follows a real redis-server: ready while it runs, not ready once it is stopped,
   ready again when it comes back on the same port; a relay started while nothing listens
   there starts, says so at WARNING with its retry schedule, and turns ready when Redis
-  comes.
+  comes (which it logs at INFO).
 """
 
 from __future__ import annotations
@@ -226,14 +226,26 @@ async def test_the_app_starts_listening_to_redis_at_lifespan_start_up() -> None:
 # -- kernel-ext relay --------------------------------------------------------------------
 
 
+def relay_on(redis_url: str) -> tuple[str, ...]:
+    """``kernel-ext relay`` on ``redis_url``; ``--log-level info``: the recovery is at INFO."""
+    return (
+        "relay",
+        "--port",
+        "0",
+        "--allow-anyone",
+        "--redis-url",
+        redis_url,
+        "--log-level",
+        "info",
+    )
+
+
 @pytest.mark.network
 @pytest.mark.redis
 async def test_kernel_ext_relay_readiness_follows_a_real_redis_and_says_nothing_secret() -> None:
     with redis_server(password=PASSWORD) as redis:
         await asyncio.to_thread(redis.start)
-        async with running(
-            "relay", "--port", "0", "--allow-anyone", "--redis-url", redis.url
-        ) as relay:
+        async with running(*relay_on(redis.url)) as relay:
             found = await relay.wait_for_line(STARTUP)
             assert "(connected), channel socketio" in found.group(3)
             base = found.group(1)
@@ -260,10 +272,8 @@ async def test_kernel_ext_relay_starts_without_redis_warns_with_its_schedule_and
     None
 ):
     with redis_server() as redis:  # not started: nothing listens on its port
-        async with running(
-            "relay", "--port", "0", "--allow-anyone", "--redis-url", redis.url
-        ) as relay:
-            warning = await relay.wait_for_line(r"^WARNING:kernel_ext\.relay:relay: Redis at ")
+        async with running(*relay_on(redis.url)) as relay:
+            warning = await relay.wait_for_line(r"^kernel-ext relay: warning: relay: Redis at ")
             assert re.search(
                 rf"Redis at redis://127\.0\.0\.1:{redis.port}/0 does not answer \(.+\); "
                 r"retrying \(0\.5 s between attempts, doubling up to 5 s\) until it does, "
@@ -282,5 +292,5 @@ async def test_kernel_ext_relay_starts_without_redis_warns_with_its_schedule_and
             await wait_for_probe(f"{base}/readyz", (200, OK))
             code, err = await relay.stop(signal.SIGTERM)
         assert code == 143
-        assert f"Redis at {redis.url} answers again" in err
+        assert f"kernel-ext relay: info: relay: Redis at {redis.url} answers again (after " in err
         assert "Traceback" not in err
