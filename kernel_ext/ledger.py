@@ -94,6 +94,7 @@ __all__ = [
     "RUN_LIMIT",
     "STREAM_LIMIT",
     "SUPPRESSED_LOG_RECORDS",
+    "SURROGATES_REPLACED",
     "TERMINALS_DEGRADED",
     "TERMINAL_EXPIRED",
     "TERMINAL_OVERFLOW",
@@ -170,6 +171,10 @@ RUN_ENDED_OPEN = "run_ended_open"
 """A colleague still open when its AG-UI run closed: ended with ``SUBAGENT_ERROR``."""
 RUN_LIMIT = "run_limit"
 """An AG-UI run registered past ``max_runs``: it gets no panes."""
+SURROGATES_REPLACED = "surrogates_replaced"
+"""A block, ``chat_event`` snapshot or run event holding a lone surrogate, which the
+AG-UI bridge passed on with each one replaced by U+FFFD
+(:func:`kernel_ext.protocol.well_formed`): AG-UI's encoder cannot carry one."""
 
 # -- Relay counters: the relay's stats ----------------------------------------------------
 INTERNAL = "internal"

@@ -21,6 +21,9 @@ Rules pinned here:
   :data:`DEFAULT_MAX_BLOCK_BYTES`, 64 KiB) with a visible marker, else raises
   :class:`~kernel_ext.errors.BlockTooLargeError`; :func:`decode` rejects, never truncates.
 * A terminal that cannot be sent as it is is never just lost: :func:`fallback_terminal`.
+* Payload strings may hold lone surrogates (JSON's ``\\ud800`` escapes, which the Socket.IO
+  path carries as such); a sender whose encoding cannot carry one replaces each with
+  U+FFFD: :func:`well_formed`, :func:`well_formed_json`.
 
 Design: docs/contracts.md, "The wire protocol module".
 """
@@ -92,6 +95,8 @@ __all__ = [
     "text_block",
     "text_block_fast_limit",
     "trace_id_hex",
+    "well_formed",
+    "well_formed_json",
     "wire_text",
 ]
 
@@ -374,6 +379,59 @@ def compact_bytes(wire: Mapping[str, Any]) -> bytes:
     return _compact(wire).encode("utf-8", "surrogatepass")
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """``text`` as UTF-8 (and every encoder that refuses surrogates) can carry it: each
+    lone surrogate replaced by U+FFFD, the replacement character, and a surrogate pair
+    joined into the character it stands for, as a JSON parser reads ``\\ud83d\\ude00``
+    (JavaScript's ``String.prototype.toWellFormed``). ``text`` itself when it holds no
+    surrogate."""
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
+def _holds_surrogate(value: Any) -> bool:
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item) is not None:
+                return True
+        elif isinstance(item, dict):
+            stack.extend(item)
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return False
+
+
+def well_formed_json(value: Any) -> Any:
+    """``value`` (parsed JSON: dicts, lists, strings, numbers, …) with :func:`well_formed`
+    applied to every string in it, dict keys included (two keys made equal keep the later
+    value); a tuple comes back a list. ``value`` itself, untouched, when it holds no
+    surrogate; else a copy, ``value`` untouched. Any depth (no recursion)."""
+    if not _holds_surrogate(value):
+        return value
+    root = [value]
+    stack: list[tuple[Any, Any]] = [(root, 0)]
+    while stack:
+        parent, key = stack.pop()
+        item = parent[key]
+        if isinstance(item, str):
+            parent[key] = well_formed(item)
+        elif isinstance(item, dict):
+            copy = {well_formed(k) if isinstance(k, str) else k: v for k, v in item.items()}
+            parent[key] = copy
+            stack.extend((copy, k) for k in copy)
+        elif isinstance(item, (list, tuple)):
+            items = parent[key] = list(item)
+            stack.extend((items, i) for i in range(len(items)))
+    return root[0]
+
+
 def block_size(wire: Mapping[str, Any]) -> int:
     """The size of a block in bytes: the length of :func:`compact_bytes`.
 
@@ -608,9 +666,10 @@ def fallback_terminal(
     """The short terminal a terminal is degraded to when it cannot be sent as it is: the
     same stream and state, a text saying why (:data:`FALLBACK_TOO_LARGE` or
     :data:`FALLBACK_INVALID`). A valid block for any string ``task_id`` of 1–512
-    characters (a longer or empty one is replaced by its first 512 characters or ``-``),
-    with ``trace_id`` as :func:`text_block` takes it."""
-    task_id = task_id[:512] or "-"
+    characters (a longer or empty one is replaced by its first 512 characters or ``-``,
+    a lone surrogate in it by U+FFFD: :func:`well_formed`), with ``trace_id`` as
+    :func:`text_block` takes it."""
+    task_id = well_formed(task_id[:512]) or "-"
     text = FALLBACK_TOO_LARGE if too_large else FALLBACK_INVALID
     return text_block(call_id, task_id, state, ts, seq, text, trace_id)
 

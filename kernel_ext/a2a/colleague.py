@@ -16,6 +16,7 @@ from typing import Any
 
 from kernel_ext.a2a.adapter import A2AStreamAdapter, ColleagueReply, Publisher
 from kernel_ext.errors import ColleagueError, ConfigError
+from kernel_ext.protocol import well_formed
 
 try:
     import httpx
@@ -79,7 +80,7 @@ def _user_message(
     message = Message(
         role=Role.ROLE_USER,
         message_id=uuid.uuid4().hex,
-        parts=[Part(text=text)],
+        parts=[Part(text=well_formed(text))],  # protobuf refuses a lone surrogate
         context_id=context_id or "",
         task_id=task_id or "",
     )
@@ -166,7 +167,9 @@ async def stream_colleague(
     timeouts are the caller's), an ``AgentCard`` or the agent's base URL (then a client
     is made with :func:`colleague_http_client`, or over ``http_client``, and closed).
     ``context_id`` continues a conversation with the colleague, ``task_id`` continues a
-    task that asked for input; ``metadata`` goes on the message.
+    task that asked for input; ``metadata`` goes on the message. ``text`` goes with each
+    lone surrogate replaced by U+FFFD (:func:`kernel_ext.protocol.well_formed`): A2A's
+    protobuf cannot carry one.
 
     ``timeout`` is the overall deadline (``None``: none), ``idle_timeout`` the longest
     silence allowed between events, ``connect_timeout`` bounds connecting. On a deadline

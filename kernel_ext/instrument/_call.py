@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import Token
@@ -42,6 +43,10 @@ from typing import Any, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.semconv.attributes.exception_attributes import (
+    EXCEPTION_MESSAGE,
+    EXCEPTION_STACKTRACE,
+)
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
 from kernel_ext._compat import sampled_trace_id
@@ -72,6 +77,7 @@ from kernel_ext.context import (
     set_call_id,
     span_id_hex,
 )
+from kernel_ext.protocol import well_formed
 
 __all__ = [
     "ActiveCall",
@@ -279,7 +285,7 @@ class ActiveCall:
         try:
             if span.is_recording():
                 if error is not None and self.opened and isinstance(error, Exception):
-                    span.record_exception(error)
+                    span.record_exception(error, _exception_attributes(error))
                     span.set_status(Status(StatusCode.ERROR, _error_text(error)))
                 if sink is not None and call is not None:
                     attributes = sink.call_attributes(call.call_id)
@@ -322,17 +328,32 @@ class ActiveCall:
                     self.rare("finish_error", "tool span could not be ended", exc_info=True)
 
 
+def _exception_attributes(error: Exception) -> dict[str, str] | None:
+    """What replaces the SDK's own message and stack trace in the span's exception event
+    when the error's message holds a lone surrogate (U+FFFD instead: span exporters encode
+    UTF-8); ``None`` — the SDK's own — otherwise."""
+    try:
+        message = str(error)
+    except Exception:
+        return None
+    if well_formed(message) is message:
+        return None
+    stacktrace = "".join(traceback.format_exception(error))
+    return {EXCEPTION_MESSAGE: well_formed(message), EXCEPTION_STACKTRACE: well_formed(stacktrace)}
+
+
 def _error_text(error: BaseException | None) -> str | None:
     """How a call's end reads in its span status and its sink's ``tool_call_ended``:
     ``Type: message`` for an ``Exception`` (``Type`` alone when its message cannot be
-    read), a fixed text for a cancellation and for an interruption (``KeyboardInterrupt``,
+    read; a lone surrogate in it as U+FFFD, :func:`~kernel_ext.protocol.well_formed`), a
+    fixed text for a cancellation and for an interruption (``KeyboardInterrupt``,
     ``SystemExit``), ``None`` — returned — for no error and for ``GeneratorExit`` (a
     generator its consumer closed early)."""
     if error is None or isinstance(error, GeneratorExit):
         return None
     if isinstance(error, Exception):
         try:
-            return f"{type(error).__name__}: {error}"
+            return well_formed(f"{type(error).__name__}: {error}")
         except Exception:
             return type(error).__name__
     if isinstance(error, asyncio.CancelledError):

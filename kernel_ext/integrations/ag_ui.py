@@ -26,6 +26,9 @@ Guarantees (docs/ag-ui.md):
 * Pane events go between the run's ``RUN_STARTED`` and its closing event; before the
   closing event the bridge waits (up to ``run_end_timeout``) for what the hub holds, and
   a colleague still open then gets ``SUBAGENT_ERROR`` (counted ``run_ended_open``).
+* Every event it yields is encodable: a lone surrogate in a block, a snapshot or the run's
+  own events is replaced by U+FFFD (:func:`kernel_ext.protocol.well_formed`), counted
+  ``surrogates_replaced``.
 * Nothing here raises into tool code; bad blocks are dropped by the pane model and counted.
 """
 
@@ -56,7 +59,9 @@ from kernel_ext.ledger import (  # counted in AGUIBridge.counts, re-exported
     NO_TOOL_CALL_ID,
     RUN_ENDED_OPEN,
     RUN_LIMIT,
+    SURROGATES_REPLACED,
 )
+from kernel_ext.protocol import well_formed_json
 from kernel_ext.relay.auth import JoinAuth, call_hook
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 from kernel_ext.viewing.view import Pane, PaneStore
@@ -70,6 +75,7 @@ __all__ = [
     "NO_TOOL_CALL_ID",
     "RUN_ENDED_OPEN",
     "RUN_LIMIT",
+    "SURROGATES_REPLACED",
     "AGUIBridge",
     "ag_ui_endpoint",
     "message_id_of",
@@ -246,10 +252,12 @@ class AGUIBridge(Emitter):
         for item in items:
             runs = self._runs.get(item.room)
             if isinstance(item, OutgoingChatEvent):
-                for run in runs or ():
-                    applied = run.store.apply_snapshot(item.event)
-                    if applied.call_id is not None and applied.outcome == "snapshot":
-                        self._touch(run, applied.call_id)
+                if runs:
+                    event = self._well_formed(item.event)
+                    for run in runs:
+                        applied = run.store.apply_snapshot(event)
+                        if applied.call_id is not None and applied.outcome == "snapshot":
+                            self._touch(run, applied.call_id)
                 continue
             if not isinstance(item, OutgoingBlock):
                 continue
@@ -257,12 +265,36 @@ class AGUIBridge(Emitter):
                 self.consumer.dropped(NO_LISTENER, 1, item.call_id)
                 continue
             delivered += 1
+            block = self._well_formed(item.block)
             for run in runs:
-                applied = run.store.apply_block(item.block)
+                applied = run.store.apply_block(block)
                 if applied.call_id is not None and applied.outcome in ("item", "terminal"):
                     self._touch(run, applied.call_id)
         if delivered:
             self.consumer.delivered(delivered)
+
+    def _well_formed(self, value: dict[str, Any]) -> dict[str, Any]:
+        """``value`` with its lone surrogates replaced (counted), for AG-UI's encoder."""
+        fixed: dict[str, Any] = well_formed_json(value)
+        if fixed is not value:
+            self._count(SURROGATES_REPLACED)
+        return fixed
+
+    def _well_formed_event(self, event: BaseEvent) -> BaseEvent:
+        """A run's own ``event`` with its lone surrogates replaced (counted)."""
+        try:
+            dumped = event.model_dump(by_alias=True)
+            fixed = well_formed_json(dumped)
+            if fixed is dumped:
+                return event
+            replaced = type(event).model_validate(fixed)
+        except Exception:  # not ours to judge: the event goes on as it came
+            logger.warning(
+                "ag_ui bridge: could not check a %s event for lone surrogates", event.type
+            )
+            return event
+        self._count(SURROGATES_REPLACED)
+        return replaced
 
     def _touch(self, run: _Run, call_id: str) -> None:
         """Mark ``call_id``'s pane changed in ``run``; on its first change, read its
@@ -323,7 +355,7 @@ class AGUIBridge(Emitter):
             error: BaseException | None = None
             try:
                 async for event in events:
-                    await queue.put(event)
+                    await queue.put(self._well_formed_event(event))
                     wake.set()
             except Exception as exc:  # re-raised in the caller's task
                 error = exc

@@ -9,7 +9,8 @@ received, one JSON object per line.
 Guarantees:
 
 * Peer text is never trusted with the terminal: control characters and bidirectional
-  overrides are printed as visible escapes (every line, by :func:`clean`).
+  overrides are printed as visible escapes (every line, by :func:`clean`), a lone
+  surrogate as U+FFFD (:func:`kernel_ext.protocol.well_formed`), ``--json`` lines too.
 * stdout holds only the stream; messages about the connection go to stderr.
 * Every (re)join catches up: what the viewer lacks is printed first, between
   ``── 同步中… ──`` and ``── 实时 ──``, and a call says how many blocks it will never get.
@@ -46,7 +47,13 @@ from kernel_ext._command_line import (
     positive_seconds,
 )
 from kernel_ext._telemetry import plural
-from kernel_ext.protocol import CHAT_EVENT, JOIN_EVENT, NAMESPACE, TOOL_EVENT_STREAM
+from kernel_ext.protocol import (
+    CHAT_EVENT,
+    JOIN_EVENT,
+    NAMESPACE,
+    TOOL_EVENT_STREAM,
+    well_formed,
+)
 from kernel_ext.viewing.view import (
     Applied,
     Final,
@@ -164,7 +171,8 @@ class TailPrinter:
         if not lines or self.broken:
             return
         try:
-            self.out.write("".join(line + "\n" for line in lines))
+            # A lone surrogate (valid in a block) cannot be written as UTF-8: U+FFFD instead.
+            self.out.write(well_formed("".join(line + "\n" for line in lines)))
             self.out.flush()
         except (BrokenPipeError, ValueError):  # ValueError: the stream was closed
             self.broken = True

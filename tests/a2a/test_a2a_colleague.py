@@ -50,6 +50,18 @@ async def test_ask_colleague_returns_the_final_text(colleague: Colleague) -> Non
     assert {c.conversation_id for c in publisher.calls} == {"conv-9"}
 
 
+@pytest.mark.network
+async def test_a_question_with_a_lone_surrogate_reaches_the_colleague_replaced(
+    colleague: Colleague,
+) -> None:
+    # A2A's protobuf refuses a lone surrogate: the question goes with U+FFFD instead.
+    publisher = RecordingPublisher()
+    answer = await ask_colleague(colleague.url, "where is \ud800 order 42?", publish=publisher)
+    assert answer == "Order 42 shipped on Monday; it arrives Friday."
+    thinking = publisher.running()[0].envelope.payload["text"]
+    assert thinking == "The question is: 'where is \ufffd order 42?'. Check orders first."
+
+
 @pytest.mark.parametrize(
     ("script", "state", "message"),
     [

@@ -27,6 +27,8 @@ from kernel_ext.protocol import (
     fits,
     pseudo_envelope,
     terminal_envelope,
+    well_formed,
+    well_formed_json,
 )
 from kernel_ext.schema import block_json_schema
 
@@ -416,9 +418,95 @@ def test_encode_cuts_any_mix_of_characters_to_the_bound_with_one_marker(text: st
 
 
 def test_fallback_terminal_is_a_valid_short_block_for_any_task_id() -> None:
-    for task_id in ["t", "x" * 600, ""]:
+    # A lone surrogate too, also one left by cutting a surrogate pair at 512 characters.
+    for task_id in ["t", "x" * 600, "", "t\ud800", "x" * 511 + "\ud83d\ude00"]:
         for state in ("done", "aborted"):
             wire = fallback_terminal("00f067aa0ba902b7", task_id, state, 1, 3, too_large=True)
             block = decode(wire)
             assert block.state == state
             assert block_size(wire) <= 2048  # fits any sane bound, even with a 512-char id
+
+
+@pytest.mark.parametrize(
+    ("field", "wire"),
+    [
+        ("taskId", wire_block(taskId="t\ud800")),
+        ("envelope.kind", wire_block(envelope={"kind": "te\udfffxt"})),
+        ("envelope.streamKey", wire_block(envelope={"streamKey": "s\ud800"})),
+        ("envelope.status", wire_block(envelope={"status": "\udc00"})),
+    ],
+)
+def test_a_lone_surrogate_is_refused_in_the_blocks_own_strings(
+    field: str, wire: dict[str, Any]
+) -> None:
+    with pytest.raises(DecodeError) as info:
+        decode(wire)
+    assert info.value.field == field
+
+
+def test_a_lone_surrogate_is_kept_in_payload_strings() -> None:
+    payload = {"text": "before \ud800 after", "nested": [{"name": "look\udfffup"}]}
+    block = decode(wire_block(envelope={"payload": payload}))
+    assert block.envelope.payload == payload
+    assert decode(encode(block)) == block
+
+
+LONE_CASES = [
+    ("before \ud800 after", "before \ufffd after"),  # a lone high surrogate
+    ("\udfff", "\ufffd"),  # a lone low one
+    ("\udc00\ud800", "\ufffd\ufffd"),  # low then high: two lone ones, not a pair
+    ("a\ud83d\ude00b", "a\U0001f600b"),  # a pair: the character it stands for
+    ("\ud800\ud83d\ude00\ud800", "\ufffd\U0001f600\ufffd"),
+    ("\ufeff中文 é", "\ufeff中文 é"),  # no surrogate: unchanged
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), LONE_CASES)
+def test_well_formed_replaces_each_lone_surrogate_and_joins_a_pair_as_json_reads_it(
+    text: str, expected: str
+) -> None:
+    assert well_formed(text) == expected
+    # What a JSON parser makes of the same text escaped (json.dumps' ensure_ascii) agrees
+    # wherever the parsed text is well formed.
+    parsed = json.loads(json.dumps(text))
+    if well_formed(parsed) == parsed:
+        assert parsed == expected
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text())  # any code point, lone surrogates included
+def test_well_formed_text_always_encodes_and_is_the_text_itself_when_it_already_did(
+    text: str,
+) -> None:
+    result = well_formed(text)
+    result.encode("utf-8")  # never raises
+    assert well_formed(result) == result
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        assert result != text
+    else:
+        assert result is text
+
+
+def test_well_formed_json_replaces_in_every_string_keys_included_and_leaves_the_input_alone() -> (
+    None
+):
+    value = {"a": ["x", {"k\ud800": ("\udc00", 1, None, 2.5)}], "b": True}
+    before = repr(value)
+    assert well_formed_json(value) == {"a": ["x", {"k\ufffd": ["\ufffd", 1, None, 2.5]}], "b": True}
+    assert repr(value) == before
+    clean = {"a": ["é", {"中": (1,)}], "b": None}
+    assert well_formed_json(clean) is clean
+    assert well_formed_json("x\ud800") == "x\ufffd"
+    assert well_formed_json(3) == 3
+
+
+def test_well_formed_json_takes_any_depth() -> None:
+    deep: list[Any] = ["\ud800"]
+    for _ in range(5_000):
+        deep = [deep]
+    fixed = well_formed_json(deep)
+    for _ in range(5_000):
+        fixed = fixed[0]
+    assert fixed == ["\ufffd"]

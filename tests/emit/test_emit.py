@@ -13,6 +13,9 @@ from support.network import free_port, serve_asgi
 from support.relay_helpers import (
     CALL,
     CONV,
+    LONE_BLOCKS,
+    LONE_STREAMS,
+    LONE_TOOL,
     SECRET,
     Browser,
     RelayProcess,
@@ -20,7 +23,9 @@ from support.relay_helpers import (
     count,
     emitter_for,
     in_call,
+    publish_lone_surrogates,
     record_sender_events,
+    streams_of,
     terminals,
 )
 from support.timing import wait_until
@@ -76,6 +81,27 @@ async def test_blocks_reach_the_browser_in_order_batched_with_one_terminal() -> 
         assert len(terminals(b.blocks)) == 3
         assert relay.stats()["frames"] < 303  # batched on the internal hop
         assert hub.stats()["delivered"] == 303
+
+
+async def test_lone_surrogates_reach_the_browser_as_published_live_and_in_the_catch_up() -> None:
+    # python-socketio's JSON (ensure_ascii) carries a lone surrogate as its escape; the relay
+    # checks, holds and sends each block back as it came (docs/protocol.md, Lone surrogates).
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    async with relay_in_loop() as (port, relay), browser_in(port) as live:
+        emitter = emitter_for(port, hub)
+        async with emitter:
+            await wait_until(lambda: emitter.healthy)
+            publish_lone_surrogates(hub)
+            await live.wait_for(count(LONE_BLOCKS))
+            assert await emitter.flush(10)
+        async with browser_in(port) as late:  # after the call: caught up from the memory
+            await late.wait_for(count(LONE_BLOCKS))
+            await barrier(late, port)
+        await barrier(live, port)
+        assert live.chat_events == [LONE_TOOL]
+        assert streams_of(live.blocks) == streams_of(late.blocks) == LONE_STREAMS
+        assert [name for name in relay.stats() if name.startswith("rejected_")] == []
+    assert (hub.stats()["invalid"], hub.stats()["error"]) == (1, 0)
 
 
 async def test_running_blocks_are_dropped_while_disconnected_and_the_terminal_waits() -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from support.attribution_helpers import pane_reads
 
@@ -177,6 +179,46 @@ async def test_a_call_that_raises_ends_aborted_with_its_error(
     call_id, blocks = await pane_of(emitter, 3)
     assert ending(blocks) == ("aborted", {"message": message})
     assert pane_reads(blocks, call_id) == ("ended", "aborted", message)
+
+
+async def test_a_lone_surrogate_in_the_error_reaches_span_and_pane_as_u_fffd() -> None:
+    # A span exporter encodes UTF-8 (OTLP: protobuf), which cannot hold a lone surrogate:
+    # one in the error's message would lose the span's whole export batch.
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    memory = MemoryEmitter()
+    kernel_ext.enable(
+        emitter=memory, tracer_provider=provider, targets=TARGETS, tap=Tap(), handle_sigterm=False
+    )
+    seen.clear()
+
+    def fail() -> None:
+        publish("before \ud800 after", task_id="own")  # a block may hold one
+        raise Boom("no \ud800 trains")
+
+    try:
+        with pytest.raises(Boom):
+            await run("sync", fail)
+        _, blocks = await pane_of(memory, 5)
+        assert ending(blocks) == ("aborted", {"message": "Boom: no \ufffd trains"})
+        own = [b["envelope"]["payload"] for b in blocks if b["taskId"] == "own"]
+        assert own[0] == {"text": "before \ud800 after"}
+        [span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool research"]
+        assert span.status.description == "Boom: no \ufffd trains"
+        [event] = span.events
+        attributes = dict(event.attributes or {})
+        assert attributes["exception.message"] == "no \ufffd trains"
+        assert str(attributes["exception.stacktrace"]).endswith("Boom: no \ufffd trains\n")
+        for finished in exporter.get_finished_spans():  # everything a span holds encodes
+            texts = [finished.name, finished.status.description or ""]
+            for mapping in [finished.attributes, *(e.attributes for e in finished.events)]:
+                texts += [str(value) for value in (mapping or {}).values()]
+            for text in texts:
+                text.encode("utf-8")
+    finally:
+        await kernel_ext.adisable()
+        provider.shutdown()
 
 
 async def test_a_cancelled_call_ends_aborted_as_cancelled(emitter: MemoryEmitter) -> None:

@@ -12,7 +12,7 @@ pytest.importorskip("ag_ui.core", reason="the agui extra (ag-ui-protocol) is not
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,7 @@ from kernel_ext.errors import ConfigError
 from kernel_ext.integrations.ag_ui import (
     ACTIVITY_TYPE,
     NO_TOOL_CALL_ID,
+    SURROGATES_REPLACED,
     AGUIBridge,
     ag_ui_endpoint,
     message_id_of,
@@ -43,10 +44,13 @@ from kernel_ext.testing.a2a_peer import SCRIPT_KEY, ScriptedPeer
 CLIENT = TESTS / "js" / "agui"
 ANSWER = "Order 42 shipped on Monday; it arrives Friday."
 HOSTILE = '</script><img src=x onerror=alert(1)>"\u2028{{x}}'
+LONE = "before \ud800 after"  # a lone surrogate: a block may hold one (docs/protocol.md)
+SHOWN = "before \ufffd after"  # what an AG-UI client gets instead (docs/ag-ui.md)
+COLLEAGUE = "colleague-task-1"
 USERS = {"alice": {"thread-a"}, "bob": {"thread-b"}}
 
 
-def model(calls: list[ToolCallPart]) -> FunctionModel:
+def model(calls: list[ToolCallPart], answer: str = "Here is what I found.") -> FunctionModel:
     """Asks for ``calls`` in its first turn, then answers (streamed, as AG-UI runs are)."""
 
     async def stream(
@@ -60,7 +64,7 @@ def model(calls: list[ToolCallPart]) -> FunctionModel:
                     )
                 }
         else:
-            yield "Here is what I found."
+            yield answer
 
     return FunctionModel(stream_function=stream)
 
@@ -107,14 +111,49 @@ class Served:
     bridge: AGUIBridge
 
 
+def build_lone_surrogate_agent(colleague_url: str, provider: TracerProvider) -> Agent[None, str]:
+    """An agent whose tool publishes (on its own stream and a colleague's), returns and
+    answers text with lone surrogates wherever a block may hold one: payload text, a
+    terminal's text, a tool name."""
+    agent: Agent[None, str] = Agent(
+        model([ToolCallPart("relay_text", {}, "llm-text")], answer=LONE),
+        capabilities=[KernelExtCapability(tracer_provider=provider)],
+    )
+
+    def envelope(kind: str, key: str, seq: int, payload: dict[str, Any]) -> dict[str, Any]:
+        head = {"v": 1, "kind": kind, "streamKey": key, "seq": seq, "status": "running"}
+        return {**head, "payload": payload}
+
+    @agent.tool_plain
+    async def relay_text() -> str:
+        tool_call = {"name": "look\udfffup", "args": {"query": [LONE]}}
+        kernel_ext.publish(envelope("tool_call", "own", 1, tool_call))
+        kernel_ext.publish(envelope("text", "own", 2, {"text": LONE}))
+        kernel_ext.publish(envelope("text", COLLEAGUE, 1, {"text": LONE}), task_id=COLLEAGUE)
+        kernel_ext.publish(LONE, task_id=COLLEAGUE, state="done")
+        kernel_ext.publish(LONE, state="done")
+        return LONE
+
+    return agent
+
+
+AgentFactory = Callable[[str, TracerProvider], Agent[None, str]]
+
+
 @pytest.fixture
-async def served() -> AsyncIterator[Served]:
+def agent_factory() -> AgentFactory:
+    """The agent the ``served`` fixture serves (a test may override it)."""
+    return build_agent
+
+
+@pytest.fixture
+async def served(agent_factory: AgentFactory) -> AsyncIterator[Served]:
     provider = TracerProvider()
     bridge = AGUIBridge()
     kernel_ext.enable(emitter=bridge, tracer_provider=provider, handle_sigterm=False)
     peer_port = free_port()
     peer = ScriptedPeer(f"http://127.0.0.1:{peer_port}/", flood_count=10)
-    agent = build_agent(f"http://127.0.0.1:{peer_port}", provider)
+    agent = agent_factory(f"http://127.0.0.1:{peer_port}", provider)
     endpoint = ag_ui_endpoint(
         agent, bridge, authenticate=authenticate, authorize_join=authorize_join
     )
@@ -270,6 +309,43 @@ async def test_an_unknown_user_is_refused_before_anything_runs(served: Served) -
     assert received["error"] is not None
     assert "401" in received["error"]
     assert received["events"] == []
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("agent_factory", [build_lone_surrogate_agent])
+async def test_a_lone_surrogate_reaches_the_official_client_replaced_and_the_run_finishes(
+    served: Served,
+) -> None:
+    received = await run_client(served.url, "thread-a", "alice")
+    assert received["error"] is None
+    events = received["events"]
+    types = [e["type"] for e in events]
+    assert types[0] == "RUN_STARTED"
+    assert types[-1] == "RUN_FINISHED"
+    # The run's own events: the tool's result and the model's answer.
+    [result] = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["toolCallId"] == "llm-text"
+    assert result["content"] == SHOWN
+    answer = "".join(e["delta"] for e in events if e["type"] == "TEXT_MESSAGE_CONTENT")
+    assert answer == SHOWN
+    # The pane: every string the blocks held, each lone surrogate replaced.
+    [pane] = [m["content"] for m in activities(received).values()]
+    assert pane["toolCallId"] == "llm-text"
+    assert pane["status"] == "ended"
+    assert pane["final"]["text"] == SHOWN
+    items = {task["taskId"]: task["items"] for task in pane["tasks"]}
+    assert items == {
+        pane["callId"]: [
+            {"kind": "tool_call", "seq": 1, "tool": "look\ufffdup"},
+            {"kind": "text", "seq": 2, "text": SHOWN},
+        ],
+        COLLEAGUE: [{"kind": "text", "seq": 1, "text": SHOWN}],
+    }
+    [finished] = [e for e in events if e["type"] == "SUBAGENT_FINISHED"]
+    assert finished["result"] == SHOWN
+    assert served.bridge.counts[SURROGATES_REPLACED] >= 7  # 5 blocks, the result, the answer
+    assert served.bridge.runs == 0
 
 
 async def test_a_thread_id_that_is_not_a_string_is_a_config_error() -> None:

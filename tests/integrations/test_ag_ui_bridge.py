@@ -8,9 +8,20 @@ import pytest
 pytest.importorskip("ag_ui.core", reason="the agui extra (ag-ui-protocol) is not installed")
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
-from ag_ui.core import BaseEvent, EventType, RunErrorEvent, RunFinishedEvent, RunStartedEvent
+import jsonpatch
+from ag_ui.core import (
+    BaseEvent,
+    EventType,
+    RunErrorEvent,
+    RunFinishedEvent,
+    RunStartedEvent,
+    ToolCallResultEvent,
+)
+from ag_ui.encoder import EventEncoder
 from opentelemetry.sdk.trace import TracerProvider
 from support.timing import CALL_TIMEOUT, FakeClock, wait_until
 
@@ -22,6 +33,7 @@ from kernel_ext.integrations.ag_ui import (
     NO_TOOL_CALL_ID,
     RUN_ENDED_OPEN,
     RUN_LIMIT,
+    SURROGATES_REPLACED,
     AGUIBridge,
     message_id_of,
     subagent_run_id_of,
@@ -262,3 +274,40 @@ async def test_a_run_error_closes_open_colleagues_before_it(bridge: AGUIBridge) 
     await asyncio.wait_for(task, CALL_TIMEOUT)
     assert types(got)[-2:] == ["SUBAGENT_ERROR", "RUN_ERROR"]
     assert got[-1].type == EventType.RUN_ERROR
+
+
+async def test_every_event_is_encodable_each_lone_surrogate_replaced_and_each_input_counted_once(
+    bridge: AGUIBridge,
+) -> None:
+    # AG-UI's encoder (pydantic's JSON) refuses a lone surrogate; a block may hold one.
+    run, got, task = await started(bridge, Run())
+    tool = {"toolCall": {"functionCall": {"name": "ask\ud800"}}}
+    bridge.hub.publish_chat_event(
+        {"eventId": CALL, "eventScene": "tool", "content": tool}, conversation_id="t1"
+    )
+    publish(bridge, "a \udc00 b", task_id=TASK)
+    publish(bridge, "nothing to replace", task_id="other-task")
+    publish(bridge, "done \ud800", task_id=TASK, state="done")
+    await wait_until(lambda: "SUBAGENT_FINISHED" in types(got), 5, "colleague not finished")
+    run.steps.put_nowait(
+        ToolCallResultEvent(message_id="m1", tool_call_id="llm-1", content="result \ud800")
+    )
+    await finish_after(run, got, len(got) + 1, task)
+    encoder = EventEncoder()
+    sent = [json.loads(encoder.encode(event).removeprefix("data: ")) for event in got]
+    pane: dict[str, Any] = {}
+    for event in sent:
+        if event["type"] == "ACTIVITY_SNAPSHOT":
+            pane = event["content"]
+        elif event["type"] == "ACTIVITY_DELTA":
+            pane = jsonpatch.apply_patch(pane, event["patch"])
+    assert pane["tool"] == "ask\ufffd"
+    items = {t["taskId"]: [i["text"] for i in t["items"]] for t in pane["tasks"]}
+    assert items == {TASK: ["a \ufffd b"], "other-task": ["nothing to replace"]}
+    assert pane["final"]["text"] == "done \ufffd"
+    [finished] = [e for e in sent if e["type"] == "SUBAGENT_FINISHED"]
+    assert finished["result"] == "done \ufffd"
+    [result] = [e for e in sent if e["type"] == "TOOL_CALL_RESULT"]
+    assert result["content"] == "result \ufffd"
+    # The snapshot, two blocks and the run's own event: once each, whatever was sent after.
+    assert bridge.counts[SURROGATES_REPLACED] == 4

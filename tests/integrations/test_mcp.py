@@ -64,6 +64,7 @@ SERVER = SUPPORT / "mcp_server.py"
 CALL = "00f067aa0ba902b7"
 CALL_B = "5b8aa5a2d2c872e8"
 CONV = "conv-mcp"
+LONE = "before \ud800 after"
 TRANSPORTS = [
     "memory",
     "stdio",
@@ -215,6 +216,19 @@ async def test_progress_reports_are_progress_blocks_then_one_done_with_the_resul
         {"text": "crawled 4 pages"},
     )
     assert terminal["envelope"]["seq"] == 5
+
+
+async def test_lone_surrogates_from_the_server_are_carried_into_the_blocks(pane: Pane) -> None:
+    # Only the in-memory transport carries a lone surrogate: over stdio or HTTP the server's
+    # JSON cannot encode one. A block may hold one in its payload (docs/protocol.md).
+    async with served("memory") as server:
+        with in_call():
+            result = await call_mcp_tool(server.session, "unpaired", {}, publish=pane.hub.publish)
+    await pane.wait_terminals()
+    terminal = one_stream(pane.blocks())
+    [progress] = running(pane.blocks())
+    assert progress["envelope"]["payload"] == {"progress": 1, "total": 2, "message": LONE}
+    assert terminal["envelope"]["payload"] == {"text": result_text(result)} == {"text": "x\udc00"}
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

@@ -99,6 +99,21 @@ STORY_LINES_EN = [
     "[00f067aa] Final answer: Order 42 arrives Friday.",
     "[00f067aa] ── Ended ──",
 ]
+# Lone surrogates wherever a block or snapshot may hold one (docs/protocol.md): a UTF-8
+# output cannot carry them; tail prints U+FFFD in their place.
+LONE_SNAPSHOT = snapshot(toolCall={"functionCall": {"name": "ask\ud800"}})
+LONE_STORY = [
+    block(1, "tool_call", {"name": "look\udfffup", "args": {"q": "\ud800"}}),
+    block(2, "text", {"text": "before \ud800 after"}),
+    block(3, "text", {"text": "answer \udc00"}, state="done"),
+]
+LONE_LINES = [
+    f"[00f067aa] ── ask\ufffd {CALL}",
+    "[00f067aa] ▶ look\ufffdup 开始",
+    "[00f067aa] before \ufffd after",
+    "[00f067aa] 最终回复：answer \ufffd",
+    "[00f067aa] ── 已结束 ──",
+]
 CJK = re.compile("[\u2e80-\u9fff\uf900-\ufaff\uff00-\uffef]")
 
 
@@ -217,6 +232,29 @@ def test_printer_json_mode_prints_each_raw_block_on_one_line() -> None:
     assert "\x9b" not in out.getvalue()
     assert "\u2028" not in out.getvalue()
     assert "中文" in out.getvalue()
+
+
+@pytest.mark.parametrize("json_mode", [False, True], ids=["lines", "json"])
+def test_printer_prints_a_lone_surrogate_on_a_utf8_output_as_the_replacement_character(
+    json_mode: bool,
+) -> None:
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="utf-8", errors="strict", write_through=True)
+    printer = TailPrinter(out, json_mode=json_mode)
+    printer.snapshot(LONE_SNAPSHOT)
+    for item in LONE_STORY:
+        printer.block(item)
+    assert not printer.broken
+    lines = raw.getvalue().decode("utf-8").splitlines()
+    if not json_mode:
+        assert lines == LONE_LINES
+        return
+    shown = [
+        block(1, "tool_call", {"name": "look\ufffdup", "args": {"q": "\ufffd"}}),
+        block(2, "text", {"text": "before \ufffd after"}),
+        block(3, "text", {"text": "answer \ufffd"}, state="done"),
+    ]
+    assert [json.loads(line) for line in lines] == shown
 
 
 def test_printer_stops_writing_when_its_output_is_closed() -> None:
@@ -503,8 +541,8 @@ async def test_tail_joins_again_after_the_relay_restarts() -> None:
     assert lines == [f"[00f067aa] ── {CALL}", *STORY_LINES[1:]]
 
 
-async def start_cli(*args: str) -> asyncio.subprocess.Process:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+async def start_cli(*args: str, **env_vars: str) -> asyncio.subprocess.Process:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **env_vars}
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -551,19 +589,30 @@ async def test_tail_json_prints_raw_blocks_and_exits_cleanly_on_ctrl_c() -> None
     assert "KeyboardInterrupt" not in stderr
 
 
-async def tail_the_story(*extra: str) -> tuple[list[str], int, str, str]:
-    """``kernel-ext tail`` (with ``extra`` options) following the story through a real
-    relay until Ctrl-C: its story lines, exit code, the rest of its stdout, its stderr."""
+async def tail_the_story(
+    *extra: str,
+    story: tuple[dict[str, Any], list[dict[str, Any]], list[str]] = (
+        snapshot(),
+        STORY,
+        STORY_LINES,
+    ),
+    **env_vars: str,
+) -> tuple[list[str], int, str, str]:
+    """``kernel-ext tail`` (with ``extra`` options and environment variables) following a
+    story (its snapshot, blocks and lines) through a real relay until Ctrl-C: its story
+    lines, exit code, the rest of its stdout, its stderr."""
+    first, blocks, story_lines = story
     async with relay() as url:
-        proc = await start_cli("--url", url, "--conversation", CONV, "--token", TOKEN, *extra)
+        args = ("--url", url, "--conversation", CONV, "--token", TOKEN, *extra)
+        proc = await start_cli(*args, **env_vars)
         try:
             assert proc.stderr is not None
             assert proc.stdout is not None
             await asyncio.wait_for(proc.stderr.readline(), WAIT)
             async with internal_sender(url) as sender:
-                await send_chat_event(sender, CONV, snapshot())
-                await send_blocks(sender, CONV, STORY)
-            lines = [await asyncio.wait_for(proc.stdout.readline(), WAIT) for _ in STORY_LINES]
+                await send_chat_event(sender, CONV, first)
+                await send_blocks(sender, CONV, blocks)
+            lines = [await asyncio.wait_for(proc.stdout.readline(), WAIT) for _ in story_lines]
             proc.send_signal(signal.SIGINT)
             code, rest, stderr = await finish(proc)
         finally:
@@ -581,6 +630,17 @@ async def test_tail_human_output_from_the_command_line() -> None:
     assert code == EXIT_INTERRUPTED
     assert "Traceback" not in stderr
     assert "reconnecting" not in stderr  # our own goodbye is not a lost connection
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_tail_prints_lone_surrogates_to_a_utf8_stdout_and_follows_to_the_end() -> None:
+    story = (LONE_SNAPSHOT, LONE_STORY, LONE_LINES)
+    lines, code, rest, stderr = await tail_the_story(story=story, PYTHONIOENCODING="utf-8")
+    assert lines == LONE_LINES
+    assert code == EXIT_INTERRUPTED  # still following: a surrogate did not close stdout
+    assert rest == ""
+    assert "Traceback" not in stderr
 
 
 @pytest.mark.network

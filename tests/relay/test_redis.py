@@ -10,13 +10,18 @@ from support.network import RedisServer
 from support.redis_helpers import wait_subscribed
 from support.relay_helpers import (
     CONV,
+    LONE_BLOCKS,
+    LONE_STREAMS,
+    LONE_TOOL,
     Browser,
     RelayProcess,
     barrier,
     count,
     emitter_for,
     in_call,
+    publish_lone_surrogates,
     record_sender_events,
+    streams_of,
     terminals,
 )
 from support.timing import wait_until
@@ -108,6 +113,43 @@ async def test_the_redis_emitter_keeps_every_rooms_order_and_chat_events_place_i
     finally:
         for b in browsers:
             await b.close()
+        for web in webs:
+            web.stop()
+
+
+async def test_lone_surrogates_cross_redis_as_published_live_and_from_the_rooms_log(
+    redis_server: RedisServer,
+) -> None:
+    """The Redis sender's JSON (ensure_ascii) and the room's log (compact UTF-8 with
+    surrogatepass, read back by ``json.loads``) carry a lone surrogate unchanged: a browser
+    on the web process that hears the call live, and one that joins afterwards on the
+    other (caught up from the room's log on Redis), get the same blocks."""
+    hub = StreamHub(max_running_per_second=None, tap=Tap())
+    webs = [RelayProcess(redis_url=redis_server.url) for _ in range(2)]
+    live, idle, late = Browser("live-on-web1"), Browser("idle-on-web2"), Browser("late-on-web2")
+    try:
+        for web in webs:
+            web.start()
+        for web in webs:
+            await web.wait_ready()
+        await live.connect(webs[0].port)
+        await idle.connect(webs[1].port)
+        assert await live.join(CONV) == {"ok": True}
+        await wait_subscribed(redis_server.url, 2)
+        async with RedisEmitter(redis_server.url, hub=hub) as emitter:
+            publish_lone_surrogates(hub)
+            await live.wait_for(count(LONE_BLOCKS))
+            assert await emitter.flush(10)
+        await late.connect(webs[1].port)
+        assert await late.join(CONV) == {"ok": True}
+        await barrier(late, webs[1].port)
+        await barrier(live, webs[0].port)
+        assert live.chat_events == [LONE_TOOL]
+        assert streams_of(live.blocks) == streams_of(late.blocks) == LONE_STREAMS
+        assert (hub.stats()["invalid"], hub.stats()["error"]) == (1, 0)
+    finally:
+        for browser in (live, idle, late):
+            await browser.close()
         for web in webs:
             web.stop()
 

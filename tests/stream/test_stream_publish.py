@@ -169,6 +169,36 @@ async def test_envelopes_pass_through_and_bad_mappings_are_dropped(
     assert hub.call_attributes(CALL)[ATTR_BLOCKS_DROPPED] == 2
 
 
+async def test_a_lone_surrogate_in_payload_text_passes_and_in_a_task_id_never_loses_the_terminal(
+    hub: StreamHub, mem: MemoryEmitter
+) -> None:
+    # A payload string may hold one (docs/protocol.md); a task id or a stream key may not:
+    # a running block is dropped, a terminal goes out as the fallback, the surrogate replaced.
+    def envelope(key: str, state: str) -> dict[str, Any]:
+        head = {"v": 1, "kind": "text", "streamKey": key, "seq": 1, "status": state}
+        return {**head, "payload": {"text": "x"}}
+
+    with in_call():
+        hub.publish("before \ud800 after", task_id="task-1")
+        hub.publish("the answer \udfff", task_id="task-1", state="done")
+        hub.publish("lost", task_id="t\ud800")
+        hub.publish("the answer", task_id="t\ud800", state="done")
+        hub.publish(envelope("s\ud800", "running"), task_id="task-2")
+        hub.publish(envelope("s\ud800", "done"), task_id="task-2", state="done")
+    records = await mem.wait_for(n_blocks(4))
+    blocks = [b for _, b in records]
+    assert [(b["taskId"], b["state"], b["envelope"]["payload"]) for b in blocks] == [
+        ("task-1", "running", {"text": "before \ud800 after"}),
+        ("task-1", "done", {"text": "the answer \udfff"}),
+        ("t\ufffd", "done", {"text": FALLBACK_INVALID}),
+        ("task-2", "done", {"text": FALLBACK_INVALID}),
+    ]
+    for block in blocks:
+        decode(block)
+    stats = hub.stats()
+    assert (stats["invalid"], stats["degraded"], stats["error"]) == (2, 2, 0)
+
+
 async def test_huge_text_is_truncated_with_a_marker(hub: StreamHub, mem: MemoryEmitter) -> None:
     with in_call():
         hub.publish("x" * 200_000, state="done")

@@ -13,7 +13,9 @@ or as a subprocess.
 * ``refuse()``: raises ``MCPError`` → a JSON-RPC error response (a protocol error);
 * ``hang()``: one progress report, then never answers;
 * ``pid()``: one progress report carrying the server's process id as its message, then
-  never answers (the test kills the process mid-call).
+  never answers (the test kills the process mid-call);
+* ``unpaired()``: one progress report whose message holds a lone surrogate, then a result
+  that holds one (only an in-memory transport carries them: JSON text cannot).
 """
 
 from __future__ import annotations
@@ -68,6 +70,12 @@ async def pid(ctx: Context) -> str:
     await ctx.report_progress(1, None, str(os.getpid()))
     await anyio.sleep_forever()
     return "unreachable"
+
+
+@server.tool()
+async def unpaired(ctx: Context) -> str:
+    await ctx.report_progress(1, 2, "before \ud800 after")
+    return "x\udc00"
 
 
 if __name__ == "__main__":

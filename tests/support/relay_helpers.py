@@ -23,6 +23,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from kernel_ext import metrics
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import LoopbackEmitter
+from kernel_ext.protocol import FALLBACK_INVALID
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import StreamHub
 from support.network import free_port, serve_asgi, wait_listening_async
@@ -201,6 +202,58 @@ class RelayProcess:
 
 def in_call(call_id: str = CALL) -> Any:
     return use_tool_call(ToolCall(call_id, "ask_colleague", CONV))
+
+
+LONE = "before \ud800 after"
+LONE_TOOL = {"eventId": CALL, "content": {"toolCall": {"functionCall": {"name": "ask\ud800"}}}}
+
+
+def _envelope(kind: str, seq: int, payload: dict[str, Any]) -> dict[str, Any]:
+    head = {"v": 1, "kind": kind, "streamKey": "task-1", "seq": seq, "status": "running"}
+    return {**head, "payload": payload}
+
+
+def publish_lone_surrogates(hub: StreamHub) -> None:
+    """One call whose blocks hold a lone surrogate wherever a block may (docs/protocol.md,
+    "Lone surrogates"): a tool's name in its ``chat_event`` and in a ``tool_call``, text,
+    a ``done`` answer, an ``aborted`` message; and in a task id, where it may not. What a
+    browser gets: :data:`LONE_STREAMS`."""
+    with in_call():
+        hub.publish_chat_event(LONE_TOOL)
+        tool_call = {"name": "look\udfffup", "args": {"q": LONE}}
+        hub.publish(_envelope("tool_call", 1, tool_call), task_id="task-1")
+        hub.publish(_envelope("text", 2, {"text": LONE}), task_id="task-1")
+        hub.publish(LONE, task_id="task-1", state="done")
+        hub.publish(LONE, task_id="task-2")
+        hub.publish("stopped \udc00", task_id="task-2", state="aborted")
+        hub.publish("lost", task_id="t\ud800")  # dropped: a task id cannot hold one
+        hub.publish("the answer", task_id="t\ud800", state="done")
+
+
+LONE_STREAMS = {
+    "task-1": [
+        ("running", {"name": "look\udfffup", "args": {"q": LONE}}),
+        ("running", {"text": LONE}),
+        ("done", {"text": LONE}),
+    ],
+    "task-2": [("running", {"text": LONE}), ("aborted", {"message": "stopped \udc00"})],
+    "t\ufffd": [("done", {"text": FALLBACK_INVALID})],
+}
+"""The streams of :func:`publish_lone_surrogates` as a browser gets them, by task id: each
+block's state and payload, in order; the stream of the task id the worker could not send
+ends with the fallback terminal, its task id made well formed."""
+LONE_BLOCKS = sum(len(blocks) for blocks in LONE_STREAMS.values())
+
+
+def streams_of(blocks: list[dict[str, Any]]) -> dict[str, list[tuple[str, Any]]]:
+    """``blocks`` of one call by task id: each one's state and payload, in order."""
+    streams: dict[str, list[tuple[str, Any]]] = {}
+    for block in blocks:
+        assert block["callId"] == CALL
+        streams.setdefault(block["taskId"], []).append(
+            (block["state"], block["envelope"]["payload"])
+        )
+    return streams
 
 
 def count(n: int) -> Callable[[list[dict[str, Any]]], bool]:
