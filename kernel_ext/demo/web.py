@@ -1,6 +1,7 @@
 """The demo's web process: the ``/chat`` relay plus the demo page, on one uvicorn port.
 
-Serves the page (``/``, ``/renderer.js``, ``/vendor/socket.io.esm.min.js``), python-socketio
+Serves the page (``/``, ``/static/…``, and from :mod:`kernel_ext.web` ``/renderer.js``,
+``/vendor/socket.io.esm.min.js`` and the CJK subset font ``/fonts/…``), python-socketio
 on ``/socket.io/`` with :class:`DemoRelay` on ``/chat`` (``--redis URL``: Redis as its
 client manager), ``/demo/config.json``, ``/demo/health`` and the relay's ``/healthz`` and
 ``/readyz``.
@@ -58,6 +59,7 @@ from kernel_ext.protocol import CHAT_EVENT
 from kernel_ext.relay import ChatRelay, RelayRedisManager, with_probes
 from kernel_ext.settings import env_name, load_settings
 from kernel_ext.web import SOCKET_IO_CLIENT, asset_path
+from kernel_ext.web.font import FONT_LICENCE, FONT_PATH
 
 __all__ = [
     "HISTORY_EVENTS",
@@ -298,7 +300,7 @@ def page_config(lang: str | None = None) -> dict[str, Any]:
 def create_demo_app(
     secret: str, *, redis_url: str | None = None, lang: str | None = None
 ) -> DemoApp:
-    """The demo's web app: page, renderer, Socket.IO client, config and health routes,
+    """The demo's web app: page, renderer, Socket.IO client, font, config and health routes,
     and the ``/chat`` :class:`DemoRelay` on an ``AsyncServer`` (same-origin browsers only;
     Redis client manager when ``redis_url`` is given). ``lang`` fixes the page's starting
     language; without it the page takes the browser's. Raises ``ValueError`` for a
@@ -322,9 +324,9 @@ def create_demo_app(
         response.headers["Cache-Control"] = "no-store"
         return response
 
-    def script(name: str) -> Any:
+    def asset(name: str, media_type: str = "text/javascript; charset=utf-8") -> Any:
         def serve(request: Request) -> Response:
-            return FileResponse(asset_path(name), media_type="text/javascript; charset=utf-8")
+            return FileResponse(asset_path(name), media_type=media_type)
 
         return serve
 
@@ -340,8 +342,10 @@ def create_demo_app(
     starlette = Starlette(
         routes=[
             Route("/", page),
-            Route("/renderer.js", script("renderer.js")),
-            Route("/" + SOCKET_IO_CLIENT, script(SOCKET_IO_CLIENT)),
+            Route("/renderer.js", asset("renderer.js")),
+            Route("/" + SOCKET_IO_CLIENT, asset(SOCKET_IO_CLIENT)),
+            Route("/" + FONT_PATH, asset(FONT_PATH, "font/woff2")),
+            Route("/" + FONT_LICENCE, asset(FONT_LICENCE, "text/plain; charset=utf-8")),
             Route("/demo/config.json", config),
             Route("/demo/health", health),
             Mount("/static", StaticFiles(directory=root), name="static"),

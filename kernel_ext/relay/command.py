@@ -23,9 +23,10 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   ``<url>/kernel_ext/example.html?conversation=ID`` follows a conversation in a browser.
 * Once listening (after its first attempt to reach Redis, if it has one) it prints one
   start-up line on stderr: URL, namespace, auth mode, Redis (``connected``,
-  ``unreachable…`` or ``connecting…``), and the example page's URL. Everything else it
-  writes there is a log record of ``--log-level`` or above (its own, uvicorn's, the
-  libraries'), each as ``<prog>: <level>: <message>`` (a traceback on the lines after).
+  ``unreachable…`` or ``connecting…``), the example page's URL and how to get its labels in
+  English. Everything else it writes there is a log record of ``--log-level`` or above (its
+  own, uvicorn's, the libraries'), each as ``<prog>: <level>: <message>`` (a traceback on the
+  lines after).
 * SIGINT and SIGTERM stop it gracefully; it then exits with 130 or 143.
 """
 
@@ -77,6 +78,8 @@ _DEFAULT_PORT = 8765
 PAGE_PREFIX = "/kernel_ext"
 """Where the relay serves the shipped browser files (:func:`kernel_ext.web.static_files`)."""
 PAGE = "example.html"
+PAGE_LANG = "(English labels: &lang=en)"
+"""How the start-up line says to get the example page in English (Chinese by default)."""
 _REDIS_CHANNEL_DEFAULT = Settings.model_fields["redis_channel"].default
 # The options that override settings fields, as a refusal names them.
 _OPTIONS = {
@@ -254,7 +257,7 @@ def _startup_line(
     if redis:
         state = _REDIS_STATE.get(redis_state or "", "connecting: not ready until it answers")
         where = f"Redis {redacted_url(redis)} ({state}), channel {channel}"
-    page = "" if args.no_page else f", page {url}{PAGE_PREFIX}/{PAGE}?conversation=ID"
+    page = "" if args.no_page else f", page {url}{PAGE_PREFIX}/{PAGE}?conversation=ID {PAGE_LANG}"
     return f"{prog}: serving {url}, namespace {namespace}, auth: {_auth_mode(args)}, {where}{page}"
 
 

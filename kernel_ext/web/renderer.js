@@ -690,16 +690,19 @@ export function attachSocket(
 // DOM views. Constant markup only; data goes in through textContent and attribute values.
 
 const STYLE_ID = "kx-renderer-style";
-// The font stack, in one place (the custom property --kx-font, which a page may use for its
-// own text too): Latin faces first, then common CJK faces (macOS, Windows, Linux). The
-// default labels are Chinese; without a CJK face in the stack a machine may show boxes.
+// The font stacks, in one place (the custom properties --kx-font and --kx-mono, which a page
+// may use for its own text too): Latin faces first, then common CJK faces (macOS, Windows,
+// Linux), the generic family, and last "kernel_ext CJK" — the package's CJK subset
+// (kernel_ext/web/font.py: fonts/), for a page that declares it with @font-face, as
+// example.html does. The default labels are Chinese; a machine with no CJK face shows them
+// as boxes unless the page declares that face.
 const STYLE = `
-:root { --kx-font: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei", "Noto Sans CJK SC", "Source Han Sans SC", "WenQuanYi Micro Hei", sans-serif; }
+:root { --kx-font: system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "PingFang SC", "Hiragino Sans GB", "Microsoft YaHei", "Noto Sans CJK SC", "Source Han Sans SC", "WenQuanYi Micro Hei", sans-serif, "kernel_ext CJK"; --kx-mono: ui-monospace, monospace, "kernel_ext CJK"; }
 .kx-room, .kx-room-panes, .kx-room-orphans { display: flex; flex-direction: column; gap: 12px; }
 .kx-pane { border: 1px solid #d0d4da; border-radius: 8px; padding: 10px 12px; font: 14px/1.45 var(--kx-font); color: #1f2328; background: #fff; }
 .kx-head { display: flex; gap: 8px; align-items: baseline; flex-wrap: wrap; }
 .kx-tool { font-weight: 600; overflow-wrap: anywhere; }
-.kx-call-id { color: #6e7781; font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
+.kx-call-id { color: #6e7781; font: 12px var(--kx-mono); overflow-wrap: anywhere; }
 .kx-status { margin-left: auto; font-size: 12px; color: #57606a; }
 .kx-mode { font-size: 12px; color: #9a6700; }
 .kx-pane[data-status="streaming"] .kx-status { color: #0969da; }
@@ -714,16 +717,16 @@ const STYLE = `
 .kx-items > * { margin: 4px 0; }
 .kx-thinking summary { cursor: pointer; color: #6e7781; font-style: italic; }
 .kx-thinking-body { padding-left: 1em; color: #57606a; }
-.kx-tool-call { font: 13px ui-monospace, monospace; overflow-wrap: anywhere; }
+.kx-tool-call { font: 13px var(--kx-mono); overflow-wrap: anywhere; }
 .kx-marker { color: #8250df; }
 .kx-tool-start { color: #6e7781; }
-.kx-output { background: #0d1117; color: #e6edf3; font: 12px/1.4 ui-monospace, monospace; padding: 6px 8px; border-radius: 4px; max-height: 14em; overflow: auto; white-space: pre-wrap; overflow-wrap: anywhere; }
+.kx-output { background: #0d1117; color: #e6edf3; font: 12px/1.4 var(--kx-mono); padding: 6px 8px; border-radius: 4px; max-height: 14em; overflow: auto; white-space: pre-wrap; overflow-wrap: anywhere; }
 .kx-progress { display: flex; gap: 8px; align-items: center; font-size: 13px; color: #57606a; }
 .kx-progress-bar { flex: 0 0 12em; height: 0.8em; }
-.kx-progress-count { font: 12px ui-monospace, monospace; white-space: nowrap; }
+.kx-progress-count { font: 12px var(--kx-mono); white-space: nowrap; }
 .kx-progress-text { overflow-wrap: anywhere; }
 .kx-other { color: #6e7781; font-size: 13px; }
-.kx-other-kind { font: 12px ui-monospace, monospace; overflow-wrap: anywhere; }
+.kx-other-kind { font: 12px var(--kx-mono); overflow-wrap: anywhere; }
 .kx-missing { color: #9a6700; font-size: 12px; font-style: italic; border-left: 2px dotted #d4a72c; padding-left: 8px; }
 .kx-empty, .kx-end { color: #6e7781; font-size: 12px; text-align: center; }
 .kx-orphan { border: 1px dashed #d0d4da; border-radius: 8px; padding: 8px 12px; font: 14px/1.45 var(--kx-font); }

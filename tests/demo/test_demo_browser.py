@@ -17,8 +17,10 @@ call filling live after the message. Three ways in:
   the visible text but the switch's "中文".
 
 Then the page's language: an English browser gets the English page, whose switch reloads it
-in Chinese in the same conversation, the follow-up answered in Chinese; and Chinese drawn in
-the page's own font by a Chromium that has no CJK font at all (screenshots compared).
+in Chinese in the same conversation, the follow-up answered in Chinese; and, in a Chromium
+that has no CJK font at all, every Chinese character of the Chinese page and of the English
+one (its switch's "中文") drawn in the page's own font (which font drew each glyph, as
+Chromium reports it, and screenshots compared with boxes).
 
 No console error and no uncaught exception in any of them (behind the proxy, only the
 browser's own report of the refused WebSocket handshake). Screenshots go to ``artifacts/``.
@@ -35,13 +37,21 @@ from typing import Any
 
 import pytest
 from support import ROOT
-from support.browser import Console
+from support.browser import (
+    MISSING,
+    Console,
+    latin_faces_with,
+    latin_only_fonts,
+    looks_like_boxes,
+    undrawn_cjk,
+)
 from support.demo_helpers import CJK, ENDED, PY_REASON, Demo, demo
 from support.network import chromium, no_websocket_proxy
 from support.renderer_page import CJK_FACES
 
 from kernel_ext.demo.colleague_server import CARRIER, ORDERS_DESK
 from kernel_ext.demo.script import DEFAULT_KERNEL, KERNELS, wording
+from kernel_ext.web.font import FONT_FAMILY, page_characters
 
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(180)]
 
@@ -308,17 +318,6 @@ def test_the_page_speaks_the_browsers_language_and_its_switch_keeps_the_conversa
         assert running.finish() == 143
 
 
-# A fontconfig that knows Latin faces only: Chromium then has no CJK font of the machine's.
-LATIN_ONLY_FONTS = """<?xml version="1.0"?>
-<!DOCTYPE fontconfig SYSTEM "fonts.dtd">
-<fontconfig>
-  <dir>/usr/share/fonts/truetype/dejavu</dir>
-  <dir>/usr/share/fonts/truetype/liberation</dir>
-  <cachedir>{cache}</cachedir>
-  <include ignore_missing="yes">/etc/fonts/conf.d</include>
-</fontconfig>
-"""
-
 PROBE = """() => {
   const probe = document.createElement("span");
   probe.id = "probe";
@@ -326,30 +325,33 @@ PROBE = """() => {
   document.body.append(probe);
 }"""
 
+FACE_STATUS = """(family) => Array.from(document.fonts)
+  .filter((face) => face.family.replace(/"/g, "") === family)
+  .map((face) => face.status)"""
 
-def test_chinese_renders_in_the_pages_own_font_without_any_cjk_font_on_the_machine(
+
+def test_both_languages_render_in_the_pages_own_font_without_any_cjk_font_on_the_machine(
     tmp_path: Path,
 ) -> None:
+    """Chinese, then the same conversation in English in a browser that never saw the page:
+    every CJK character the page lays out (its words, the panes' labels and what the
+    colleagues said, thinking opened, the placeholder, the switch's "中文") is drawn by the
+    page's own face, and the elements that hold them do not look like boxes."""
     pytest.importorskip("pydantic_ai", reason=PY_REASON)
-    conf = tmp_path / "fonts.conf"
-    conf.write_text(LATIN_ONLY_FONTS.format(cache=tmp_path / "cache"), encoding="utf-8")
-    import os
-
-    env = {**os.environ, "FONTCONFIG_FILE": str(conf)}
+    # Only the page's face has these characters: any it does not draw is a box.
+    assert latin_faces_with(page_characters() + MISSING) == {}
+    env = latin_only_fonts(tmp_path)
+    ARTIFACTS.mkdir(exist_ok=True)
     with demo("--fast", "--time-limit", "150") as running:
         with demo_page(running, locale="zh-CN", env=env) as (page, console):
             _check_first_question(page, "zh", "思考中…", "已结束")
             page.evaluate("document.fonts.ready")
-            status = page.evaluate(
-                "Array.from(document.fonts).filter((f) => f.family.replace(/\"/g, '') === "
-                "'kernel_ext demo CJK').map((f) => f.status)"
-            )
-            assert status == ["loaded"]
+            assert page.evaluate(FACE_STATUS, FONT_FAMILY) == ["loaded"]
             # 订 and 单 are in the page's font; 龘 and 齉 in no font Chromium has here.
             page.evaluate(PROBE)  # one place for each character, in the page's fonts
             probe = page.locator("#probe")
             shots = []
-            for char in ("订", "单", "龘", "齉"):
+            for char in ("订", "单", MISSING, "齉"):
                 probe.evaluate("(node, char) => { node.textContent = char; }", char)
                 shots.append(probe.screenshot())
             ding, dan, missing, missing_too = shots
@@ -363,17 +365,44 @@ def test_chinese_renders_in_the_pages_own_font_without_any_cjk_font_on_the_machi
             # differs from the same element holding as many characters no font has.
             for selector in ("#send", "#langs [aria-current='true']", ".kx-tool-start", ".who"):
                 element = page.locator(selector).first
-                drawn = element.screenshot()
-                text = element.inner_text()
-                assert CJK.search(text), (selector, text)
-                element.evaluate("(node, boxes) => { node.textContent = boxes; }", "龘" * len(text))
-                differs = element.screenshot() != drawn
-                assert differs, selector
-                element.evaluate("(node, text) => { node.textContent = text; }", text)
-            shot = tmp_path / "demo-zh-without-cjk-fonts.png"
-            page.screenshot(path=str(shot), full_page=True)
-            ARTIFACTS.mkdir(exist_ok=True)
+                assert CJK.search(element.inner_text()), selector
+                assert not looks_like_boxes(element), selector
+            for summary in page.locator("details.kx-thinking summary").all():
+                summary.click()  # folded thinking, opened, is shown text too
+            audit = undrawn_cjk(page)
+            assert audit.undrawn == []
+            shown = "".join(audit.drawn)
+            for text in ("已结束", "思考中…", wording("zh").page["placeholder"], "中文"):
+                assert text in shown, text
             page.screenshot(path=str(ARTIFACTS / "demo-zh-without-cjk-fonts.png"), full_page=True)
+            conversation = page.evaluate("window.kxDemo.conversationId")
+
+            # English, first visit (a browser context of its own: nothing cached).
+            context = page.context.browser.new_context(
+                viewport={"width": 1100, "height": 960}, locale="en-US"
+            )
+            english = context.new_page()
+            english.set_default_timeout(WAIT_MS)
+            english_console = Console(english)
+            english.goto(f"http://127.0.0.1:{running.port}/?c={conversation}&lang=en")
+            english.wait_for_function("() => document.body.dataset.joined === '1'")
+            english.wait_for_function(ENDED, arg=[2, 1], timeout=WAIT_MS)
+            assert english.evaluate("document.documentElement.lang") == "en"
+            assert english.locator("#langs button").all_inner_texts() == ["中文", "English"]
+            # Loaded though the page is English: the switch shows "中文".
+            assert english.evaluate(FACE_STATUS, FONT_FAMILY) == ["loaded"]
+            assert not looks_like_boxes(english.locator("#langs button[data-lang='zh']"))
+            audit = undrawn_cjk(english)
+            assert audit.undrawn == []
+            # The switch, and the conversation so far: it was in Chinese.
+            assert audit.drawn[0] == "中文"
+            assert wording("zh").questions[0] in audit.drawn
+            english.screenshot(
+                path=str(ARTIFACTS / "demo-en-without-cjk-fonts.png"), full_page=True
+            )
+            context.close()
+            assert english_console.exceptions == []
+            assert english_console.errors == []
             assert console.exceptions == []
             assert console.errors == []
         running.proc.send_signal(signal.SIGTERM)

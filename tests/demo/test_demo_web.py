@@ -20,6 +20,7 @@ from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext.demo.script import LANGS, MAX_MESSAGE_CHARS, wording
 from kernel_ext.web import vendored_client
+from kernel_ext.web.font import FONT_FILE, font_dir
 
 NS = "/chat"
 
@@ -228,10 +229,11 @@ async def test_the_page_and_its_assets_are_served_with_a_strict_policy() -> None
         for path in ("/renderer.js", "/static/app.js", "/static/app.css"):
             response = await http.get(base + path)
             assert response.status_code == 200, path
-        font = await http.get(base + "/static/fonts/noto-sans-sc-demo.woff2")
+        font = await http.get(base + "/fonts/noto-sans-sc-subset.woff2")  # kernel_ext.web's
         assert font.status_code == 200
-        assert font.content[:4] == b"wOF2"
-        licence = await http.get(base + "/static/fonts/OFL.txt")
+        assert font.headers["content-type"] == "font/woff2"
+        assert font.content == (font_dir() / FONT_FILE).read_bytes()
+        licence = await http.get(base + "/fonts/OFL.txt")
         assert "SIL OPEN FONT LICENSE Version 1.1" in licence.text
         client = await http.get(base + "/vendor/socket.io.esm.min.js")
         assert client.status_code == 200

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import importlib.metadata
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
+from support import ROOT
 from support.cli_helpers import CLI, STARTUP, cli_env, running
 from support.network import free_port, http_request
 from support.relay_helpers import HOOKS
@@ -280,11 +282,21 @@ async def test_relay_prints_one_startup_line_and_stops_on_a_signal(signum: int) 
             "no Redis (this process only)"
         )
         assert found.group(4) == f"{found.group(1)}/kernel_ext/example.html?conversation=ID"
+        assert found.group(5) == "English labels: &lang=en"
         assert relay.err == [found.group(0)]  # the only line
         code, err = await relay.stop(signum)
     assert code == exit_code_after(signum) == {signal.SIGTERM: 143, signal.SIGINT: 130}[signum]
     assert "Traceback" not in err
     assert "Warning" not in err
+
+
+def test_the_documented_startup_line_is_the_relays() -> None:
+    web = (ROOT / "docs" / "web.md").read_text(encoding="utf-8").splitlines()
+    (line,) = [text for text in web if text.startswith("kernel-ext relay: serving ")]
+    found = re.search(STARTUP, line)
+    assert found, line
+    assert found.group(4) == "http://127.0.0.1:8765/kernel_ext/example.html?conversation=ID"
+    assert found.group(5) == "English labels: &lang=en"
 
 
 @pytest.mark.network
@@ -301,6 +313,7 @@ async def test_relay_startup_line_names_the_open_mode_and_redis_without_its_pass
             "answers), channel socketio"
         )
         assert found.group(4) is None  # --no-page
+        assert found.group(5) is None
         code, err = await relay.stop(signal.SIGTERM)
     assert code == 143
     assert "hunter2" not in err
@@ -320,11 +333,12 @@ async def test_relay_serves_the_shipped_page_and_its_scripts_and_nothing_else() 
             status, kind, body = await asyncio.to_thread(_get, f"{url}/kernel_ext/{name}")
             assert status == 200, name
             assert body == asset_path(name).read_bytes(), name
-            expected = {".js": "text/javascript", ".html": "text/html"}.get(
+            expected = {".js": "text/javascript", ".html": "text/html", ".woff2": "font/woff2"}.get(
                 os.path.splitext(name)[1], "text/plain"
             )
             assert kind.startswith(expected), (name, kind)
-        for other in ("__init__.py", "typescript.py", "vendor/vendor.json", "../cli.py", ""):
+        others = ("__init__.py", "typescript.py", "vendor/vendor.json", "fonts/font.json")
+        for other in (*others, "font.py", "../cli.py", ""):
             status, _, _ = await asyncio.to_thread(_get, f"{url}/kernel_ext/{other}")
             assert status == 404, other
         await relay.stop(signal.SIGTERM)

@@ -7,7 +7,8 @@ clock), ``relay_helpers`` (relays in-process and as subprocesses, workers, brows
 hooks' environment), ``redis_helpers``, ``cli_helpers``, ``protocol_helpers``,
 ``stream_helpers``, ``sampling_helpers``, ``attribution_helpers``, ``a2a_helpers``,
 ``reliability_helpers``, ``demo_helpers``, ``vectors`` (the shared test vectors),
-``renderer_page`` and ``browser`` (the renderer's page in Chromium). No test module imports
+``renderer_page`` and ``browser`` (pages in Chromium: what they reported, and whether
+their Chinese is drawn on a machine without CJK fonts). No test module imports
 another: what two test modules share lives here, and a fixture one folder shares lives in
 that folder's ``conftest.py``. The other files here are scripts that tests run as
 subprocesses by path (:data:`SUPPORT` / name) and the pytest probe of ``test_markers``.

@@ -70,6 +70,7 @@ async def running(*args: str) -> AsyncIterator[Running]:
 
 STARTUP = (
     r"^kernel-ext relay: serving (http://127\.0\.0\.1:(\d+)), namespace /chat, auth: (.*?)"
-    r"(?:, page (\S+))?$"
+    r"(?:, page (\S+) \((.+)\))?$"
 )
-"""The relay's start-up line: its URL, port, auth mode and page (when it serves one)."""
+"""The relay's start-up line: its URL, port, auth mode, and page (when it serves one) with
+what it says about the page's language."""

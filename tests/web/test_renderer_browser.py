@@ -14,6 +14,8 @@ from support import ROOT, TESTS
 from support.renderer_page import CALL, CJK_FACES, WAIT_MS, block, feed, pane, snapshot
 from support.vectors import VECTOR_FILES, load
 
+from kernel_ext.web.font import FONT_FAMILY
+
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(120)]
 
 ARTIFACTS = ROOT / "artifacts"
@@ -275,7 +277,7 @@ def test_the_pane_and_the_page_fall_back_to_common_cjk_fonts(page: Any) -> None:
         faces = [face.strip().strip('"') for face in family.split(",")]
         for face in CJK_FACES:
             assert face in faces, (where, family)
-        assert faces[-1] == "sans-serif", (where, family)
+        assert faces[-2:] == ["sans-serif", FONT_FAMILY], (where, family)
         assert faces.index("system-ui") < faces.index("PingFang SC"), (where, family)
 
 

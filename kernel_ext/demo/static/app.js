@@ -22,10 +22,10 @@
 // * The box sends `user_message` {conversationId, text}; the web process forwards it to the
 //   agent. Nothing else can be sent from here but join_conversation.
 // * All data goes into the page through textContent and attribute values; never as markup.
-import { PaneStore, attachSocket, ensureStyles, labelsFor, mountPane } from "/renderer.js";
+import { LABELS, PaneStore, attachSocket, ensureStyles, labelsFor, mountPane } from "/renderer.js";
 import { io } from "/vendor/socket.io.esm.min.js";
 
-ensureStyles(); // the panes' stylesheet, and --kx-font (the font stack) for the whole page
+ensureStyles(); // the panes' stylesheet, and --kx-font, --kx-mono (the font stacks) for the whole page
 
 const params = new URLSearchParams(location.search);
 const ID_PATTERN = /^demo-[A-Za-z0-9_-]{1,64}$/;
@@ -45,7 +45,7 @@ const locale = chooseLang(params.get("lang"), config.lang, navigator.languages, 
 const current = config.langs[locale];
 const labels = labelsFor(locale);
 const words = current.text;
-await loadFonts(JSON.stringify(current) + Object.values(labels).join(""));
+await loadFonts(JSON.stringify(config.langs) + JSON.stringify(LABELS)); // every language's words
 document.documentElement.lang = current.tag;
 document.title = words.title;
 for (const node of document.querySelectorAll("[data-text]")) node.textContent = words[node.dataset.text];
@@ -229,9 +229,9 @@ function showConnected() {
 }
 
 // Loads the page's web faces (app.css's CJK subset) that `text` needs before any of it is
-// laid out: Chromium may keep a form control laid out while its face loaded in fallback
-// boxes. Text without CJK characters loads nothing; a face that fails to load leaves the
-// machine's fonts.
+// laid out: Chromium keeps a form control (the switch's "中文") laid out in fallback boxes
+// while its face loads. Given every language's words, it loads the face whatever the page's
+// language; a face that fails to load leaves the machine's fonts.
 async function loadFonts(text) {
   try {
     await document.fonts.load(`14px ${getComputedStyle(document.body).fontFamily}`, text);

@@ -1,17 +1,18 @@
-"""Make the demo page's CJK subset font: ``kernel_ext/demo/static/fonts/``.
+"""Make the pages' CJK subset font: ``kernel_ext/web/fonts/``.
 
-The font holds exactly :func:`kernel_ext.demo.font.page_characters` — every CJK character of
-the demo's words, the colleagues' scripts, the page's script and the renderer's labels —
-cut from Noto Sans CJK SC Regular (SIL Open Font License 1.1) with fontTools, as WOFF2.
+The font holds exactly :func:`kernel_ext.web.font.page_characters` — every CJK character of
+the renderer's labels, the example page, the demo's words, the colleagues' scripts and the
+demo page's script — cut from Noto Sans CJK SC Regular (SIL Open Font License 1.1) with
+fontTools, as WOFF2.
 It writes the font and its record, ``font.json`` (the source's name, version and sha256,
 the subset's sha256, the fontTools version and options, the characters). The licence,
 ``OFL.txt``, is the source's and does not change.
 
-Run it after adding or changing Chinese text the page shows (a test fails until you do)::
+Run it after adding or changing Chinese text a page shows (a test fails until you do)::
 
     pip install 'fonttools[woff]'
     apt-get download fonts-noto-cjk && dpkg-deb -x fonts-noto-cjk_*.deb noto  # no install
-    python scripts/demo_font.py \\
+    python scripts/cjk_font.py \\
         --source noto/usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc \\
         --origin "Debian package fonts-noto-cjk 1:20220127+repack1-1"
 
@@ -32,7 +33,7 @@ from typing import Any
 from fontTools import subset, version
 from fontTools.ttLib import TTCollection, TTFont
 
-from kernel_ext.demo.font import FONT_FAMILY, FONT_FILE, font_dir, page_characters
+from kernel_ext.web.font import FONT_FAMILY, FONT_FILE, font_dir, page_characters
 
 RECORD = "font.json"
 NAME_IDS = [0, 1, 2, 3, 4, 5, 6, 7, 13, 14]  # copyright, names, version, licence and its URL
@@ -79,7 +80,7 @@ def make(source: Path, face: str, origin: str, out_dir: Path) -> dict[str, Any]:
     data = buffer.getvalue()
     (out_dir / FONT_FILE).write_bytes(data)
     record = {
-        "name": f"{face} Regular, subset for the kernel_ext demo",
+        "name": f"{face} Regular, subset for kernel_ext's pages",
         "family": FONT_FAMILY,
         "license": "OFL-1.1",
         "licenseFile": "OFL.txt",
@@ -94,13 +95,13 @@ def make(source: Path, face: str, origin: str, out_dir: Path) -> dict[str, Any]:
             "upstream": "https://github.com/notofonts/noto-cjk",
         },
         "subset": {
-            "tool": f"fontTools {version} (scripts/demo_font.py)",
+            "tool": f"fontTools {version} (scripts/cjk_font.py)",
             "options": {
                 "flavor": "woff2",
                 "hinting": False,
                 "desubroutinize": True,
                 "name_IDs": NAME_IDS,
-                "text": "kernel_ext.demo.font.page_characters()",
+                "text": "kernel_ext.web.font.page_characters()",
             },
         },
         "characters": text,
@@ -112,7 +113,7 @@ def make(source: Path, face: str, origin: str, out_dir: Path) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python scripts/demo_font.py")
+    parser = argparse.ArgumentParser(prog="python scripts/cjk_font.py")
     parser.add_argument("--source", type=Path, required=True, help="the source font file")
     parser.add_argument("--face", default="Noto Sans CJK SC", help="the face to take")
     parser.add_argument("--origin", required=True, help="where the source file came from")
