@@ -31,7 +31,6 @@ MOVED = {
     "kernel_ext.relay.redis": "kernel_ext.relay.redis_manager",
     "kernel_ext.emit.redis": "kernel_ext.emit.redis_emitter",
     "kernel_ext.demo.colleague": "kernel_ext.demo.colleague_server",
-    "kernel_ext.demo.font": "kernel_ext.web.font",
 }
 """Old module path → the module's home now."""
 
