@@ -6,7 +6,8 @@ here). It guarantees, on this web process:
 
 * a browser connection past ``max_browsers`` browsers, or past ``max_per_identity``
   browsers of its identity, is refused (``socketio.exceptions.ConnectionRefusedError`` with a
-  message and ``{"reason": "browser_limit" | "identity_limit", "limit": n}``);
+  message and the data ``{"reason", "limit"}``, the reason ``browser_limit`` or
+  ``identity_limit``);
 * a join of one more conversation than ``max_browser_rooms`` is answered
   ``{"ok": false, "error": "room_limit", "limit": n}``; a join past the browser's join rate
   (a token bucket: ``join_burst`` joins at once, ``join_rate`` more per second) is answered

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
 import socketio
-from support.relay_helpers import NS, Browser, join, relay_server, worker
+from support.relay_helpers import NS, SECRET, Browser, join, relay_server, worker
 from support.timing import FakeClock, wait_until
 
 from kernel_ext.errors import ConfigError
@@ -28,8 +29,6 @@ from kernel_ext.relay.limits import (
     Admission,
     identity_key,
 )
-
-SECRET = "s3cret-for-tests"
 
 
 class MixedKeys(dict[Any, Any]):
@@ -389,6 +388,9 @@ def test_the_identity_key_rule() -> None:
     assert identity_key({"b": [1], "a": 2}) == identity_key({"a": 2, "b": [1]})
     assert identity_key({"a": 1}) != identity_key({"a": 2})
     assert identity_key(["alice"]) != identity_key("alice")
+    # A value JSON cannot hold counts by its repr.
+    assert identity_key({"n": Decimal("1.5")}) == identity_key({"n": Decimal("1.5")})
+    assert identity_key({"n": Decimal("1.5")}) != identity_key({"n": Decimal("2")})
     loop: list[Any] = []
     loop.append(loop)
     for odd in (loop, MixedKeys({1: "a", "b": 2}), Unhashable(), ("t", []), {"x": Unhashable()}):
