@@ -245,12 +245,12 @@ _DECODE_SITES: dict[tuple[str, str], frozenset[str] | None] = {
     (_SOCKETIO_DIR, "async_server.py"): frozenset({"_handle_eio_message", "_handle_event"}),
     (_SOCKETIO_DIR, "base_server.py"): frozenset({"_get_event_handler"}),
     (_ENGINEIO_DIR, "async_socket.py"): frozenset({"receive", "handle_post_request"}),
-    (_ENGINEIO_DIR, "packet.py"): None,
-    (_ENGINEIO_DIR, "payload.py"): None,
-    (_ENGINEIO_DIR, "json.py"): None,  # an integer of more than 100 digits
+    (_ENGINEIO_DIR, "packet.py"): frozenset({"decode"}),
+    (_ENGINEIO_DIR, "payload.py"): frozenset({"decode"}),
+    (_ENGINEIO_DIR, "json.py"): frozenset({"_safe_int"}),  # an integer of over 100 digits
     (_JSON_DIR, "decoder.py"): None,
     (_JSON_DIR, "__init__.py"): None,
-    (_BASE64_DIR, _BASE64_FILE): None,  # a binary packet that is not base64
+    (_BASE64_DIR, _BASE64_FILE): frozenset({"b64decode"}),  # a binary packet, not base64
 }
 # A library server (python-socketio's or its python-engineio server) -> its relay.
 _RELAY_OF: weakref.WeakKeyDictionary[Any, weakref.ref[GuardedNamespace]] = (

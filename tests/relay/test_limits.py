@@ -16,9 +16,12 @@ from typing import Any
 
 import pytest
 import socketio
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support.relay_helpers import NS, SECRET, Browser, join, relay_server, worker
 from support.timing import FakeClock, wait_until
 
+from kernel_ext import metrics
 from kernel_ext.errors import ConfigError
 from kernel_ext.relay import ChatRelay
 from kernel_ext.relay.limits import (
@@ -99,6 +102,25 @@ async def refusal(port: int, token: str | None) -> dict[str, Any]:
     return answer
 
 
+def record_frames(monkeypatch: pytest.MonkeyPatch) -> InMemoryMetricReader:
+    """Point ``kernel_ext.relay.frames`` at an SDK meter read in memory (for this test)."""
+    reader = InMemoryMetricReader()
+    meter = MeterProvider(metric_readers=[reader]).get_meter(metrics.METER_NAME)
+    monkeypatch.setattr(metrics, "relay_frames", meter.create_counter("kernel_ext.relay.frames"))
+    return reader
+
+
+def frames_by_outcome(reader: InMemoryMetricReader) -> dict[str, int]:
+    data = reader.get_metrics_data()
+    found: dict[str, int] = {}
+    for resource in data.resource_metrics if data is not None else []:
+        for scope in resource.scope_metrics:
+            for metric in scope.metrics:
+                for point in metric.data.data_points:
+                    found[str(point.attributes["outcome"])] = int(getattr(point, "value", 0))
+    return found
+
+
 async def all_gone(relay: ChatRelay, browsers: int = 0) -> None:
     """Wait (with a deadline) until the relay has ``browsers`` browsers."""
     await wait_until(lambda: relay.stats()["browsers"] == browsers, 10, lambda: f"{relay.stats()}")
@@ -114,7 +136,10 @@ def held(relay: ChatRelay) -> tuple[int, int, int]:
 
 @pytest.mark.network
 @pytest.mark.timeout(60)
-async def test_browsers_of_one_identity_are_capped_and_a_disconnect_frees_a_slot() -> None:
+async def test_browsers_of_one_identity_are_capped_and_a_disconnect_frees_a_slot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    reader = record_frames(monkeypatch)
     async with (
         relay_server(authenticate=authenticate, max_per_identity=3) as (port, relay),
         browsers_of(port, "user:alice", "user:alice", "user:alice") as alices,
@@ -126,6 +151,7 @@ async def test_browsers_of_one_identity_are_capped_and_a_disconnect_frees_a_slot
             "data": {"reason": "identity_limit", "limit": 3},
         }
         assert relay.stats()["rejected_identity_limit"] == 1
+        assert frames_by_outcome(reader) == {"identity_limit": 1}
         async with browsers_of(port, "user:bob"):  # another identity is not held back
             assert held(relay) == (4, 2, 0)
         await alices[0].close()
@@ -242,7 +268,9 @@ async def test_conversations_per_browser_are_capped_and_leaving_frees_a_slot() -
 
 @pytest.mark.network
 @pytest.mark.timeout(60)
-async def test_a_burst_of_joins_past_the_bucket_is_refused_until_it_refills() -> None:
+async def test_a_burst_of_joins_past_the_bucket_is_refused_until_it_refills(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     """A renderer that reconnects and joins its few conversations again is never refused:
     a new connection starts with a full bucket."""
     async with (
@@ -253,7 +281,7 @@ async def test_a_burst_of_joins_past_the_bucket_is_refused_until_it_refills() ->
             browser.client.call(
                 "join_conversation", {"conversationId": f"c{i}"}, namespace=NS, timeout=10
             )
-            for i in range(20)
+            for i in range(60)
         ]
         acks = await asyncio.gather(*calls)
         admitted = [ack for ack in acks if ack == {"ok": True}]
@@ -268,6 +296,9 @@ async def test_a_burst_of_joins_past_the_bucket_is_refused_until_it_refills() ->
         stats = relay.stats()
         assert stats["rejected_join_rate"] == len(refused)
         assert stats["browser_rooms"] == len(admitted)  # a refused join holds no slot
+        # Logged on the 1st, 2nd, 4th … time (the count is the process's, across relays).
+        logged = [r for r in caplog.records if "(join_rate)" in r.getMessage()]
+        assert 1 <= len(logged) <= len(refused).bit_length() + 1
         # The page reconnects (a new connection: its bucket full) and joins its few
         # conversations again at once, while the old connection's bucket is still empty.
         for _ in range(3):

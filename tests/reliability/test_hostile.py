@@ -36,7 +36,7 @@ from support.reliability_helpers import DEFAULT_PINGS, TestRelay, browser_on, re
 from support.timing import wait_until
 
 import kernel_ext.relay.guarded as relay_hostile
-from kernel_ext.relay import ChatRelay, allow_all, create_app, mount_relay
+from kernel_ext.relay import ChatRelay, allow_all, create_app, mount_relay, with_packet_guard
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
 
@@ -541,6 +541,23 @@ async def test_websocket_frames_that_are_no_engineio_packets_are_counted_and_clo
     assert "Exception in ASGI application" not in log
     assert log.count("Traceback (most recent call last)") == len(by_kind)
     assert log.count("could not decode a WebSocket frame") == logged
+
+
+async def test_the_packet_guard_passes_every_other_exception_unchanged() -> None:
+    """An application's own error — a ValueError from ``int("x")`` too, what python-engineio
+    raises on a frame that is no packet — leaves the guard as it came."""
+
+    async def application(scope: Any, receive: Any, send: Any) -> None:
+        int("x")
+
+    async def nothing() -> dict[str, Any]:
+        return {}
+
+    async def ignore(message: Any) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="invalid literal"):
+        await with_packet_guard(application)({"type": "websocket"}, nothing, ignore)
 
 
 # -- in one process: which records the filter takes, and that it is installed once -------
