@@ -64,7 +64,7 @@ DEFAULT_MAX_BROWSERS = 10_000
 DEFAULT_MAX_PER_IDENTITY = 64
 """Browsers of one identity on one web process (tabs, windows, devices of one user)."""
 DEFAULT_MAX_BROWSER_ROOMS = 100
-"""Conversations one browser holds at once (the renderer holds one per pane view)."""
+"""Conversations one browser holds at once (a page of the reference renderer holds one)."""
 DEFAULT_JOIN_RATE = 5.0
 """Joins per second of one browser once its bucket (``join_burst``, by default
 ``max_browser_rooms``) is spent."""
