@@ -29,8 +29,11 @@ __all__ = [
     "BAD_WORKER",
     "BLOCKS_EMITTED",
     "BROWSERS",
+    "BROWSER_IDENTITIES",
+    "BROWSER_LIMIT",
     "BROWSER_QUEUE_FULL",
     "BROWSER_REFUSED",
+    "BROWSER_ROOMS",
     "BUSY",
     "CALL_LIMIT",
     "CHAT_EVENTS",
@@ -51,11 +54,13 @@ __all__ = [
     "FRAME_TOO_LARGE",
     "HEARTBEATS",
     "HELD_TERMINALS",
+    "IDENTITY_LIMIT",
     "IGNORED_CURSORS",
     "INTERNAL",
     "INTERNAL_CONNECTS",
     "INVALID",
     "JOINS",
+    "JOIN_RATE",
     "JOIN_REFUSED",
     "LATE_TERMINALS",
     "NACKS",
@@ -90,6 +95,7 @@ __all__ = [
     "REPLAY_MISSING",
     "REPLAY_ROOMS",
     "REPLAY_STREAMS",
+    "ROOM_LIMIT",
     "RUN_ENDED_OPEN",
     "RUN_LIMIT",
     "STREAM_LIMIT",
@@ -211,6 +217,12 @@ REPLAY_STREAMS = "replay_streams"
 REPLAY_BYTES = "replay_bytes"
 REPLAY_DROPPED_STREAMS = "replay_dropped_streams"
 REPLAY_IDLE_RELEASED = "replay_idle_released"
+BROWSER_IDENTITIES = "browser_identities"
+"""Identities with a browser connected to this web process now (``True``, the identity of
+an open relay, not among them: :mod:`kernel_ext.relay.limits`)."""
+BROWSER_ROOMS = "browser_rooms"
+"""Conversations this process's browsers hold now, summed over the browsers (the rooms
+cap's count: :mod:`kernel_ext.relay.limits`)."""
 REJECTED_PREFIX = "rejected_"
 """A refused frame or connection is counted ``rejected_<its outcome below>``."""
 
@@ -244,3 +256,9 @@ BAD_EVENT_NAME = "bad_event_name"
 BAD_ARGUMENTS = "bad_arguments"
 CONNECT_ERROR = "connect_error"
 BAD_PACKET = "bad_packet"
+# The admission caps (:mod:`kernel_ext.relay.limits`); a join refused by one answers
+# ``{"ok": false, "error": <its name>}``.
+BROWSER_LIMIT = "browser_limit"
+IDENTITY_LIMIT = "identity_limit"
+ROOM_LIMIT = "room_limit"
+JOIN_RATE = "join_rate"

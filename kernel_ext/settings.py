@@ -154,6 +154,22 @@ class Settings(BaseSettings):
     max_queue: int = Field(default=10_000, ge=1)
     targets: Annotated[tuple[str, ...], NoDecode] = ()
     describe: str | None = None
+    # The relay's admission caps (kernel-ext relay); unset: the relay's own defaults.
+    max_browsers: int | None = Field(default=None, ge=1)
+    max_per_identity: int | None = Field(default=None, ge=1)
+    max_browser_rooms: int | None = Field(default=None, ge=1)
+    join_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+
+    def relay_caps(self) -> dict[str, Any]:
+        """The admission caps set (by variable or argument), as the relay's options: the
+        ones unset are left to :class:`~kernel_ext.relay.ChatRelay`'s defaults."""
+        caps = {
+            "max_browsers": self.max_browsers,
+            "max_per_identity": self.max_per_identity,
+            "max_browser_rooms": self.max_browser_rooms,
+            "join_rate": self.join_rate,
+        }
+        return {name: value for name, value in caps.items() if value is not None}
 
     @field_validator("targets", mode="before")
     @classmethod

@@ -9,7 +9,10 @@ worker side: ``stream``, ``emit``, ``plugin``):
 ``workers``            which streams each worker has open; ending a gone worker's streams
 ``terminal_memory``    terminals emitted: a re-send not shown twice, late joiners still served
 ``auth``               who connects: the internal secret and worker id, the browsers' hooks
-``guarded``            hostile packets: event-name and arity checks, the library log filter
+``limits``             :class:`~kernel_ext.relay.limits.Admission`: browsers per process and
+                       per identity, conversations and joins per second per browser
+``guarded``            hostile packets: event-name and arity checks, the library log filter,
+                       :func:`with_packet_guard` for frames below Socket.IO
 ``redis_manager``      :class:`RelayRedisManager`: terminals published again after a Redis
                        outage, write-only workers' streams ended when they are gone, whether
                        Redis answers
@@ -38,6 +41,7 @@ if TYPE_CHECKING:
     from kernel_ext.relay.app import RelayApp, create_app, mount_relay
     from kernel_ext.relay.auth import BrowserAuth, JoinAuth, allow_all
     from kernel_ext.relay.command import is_loopback_host, main
+    from kernel_ext.relay.guarded import with_packet_guard
     from kernel_ext.relay.health import Readiness, with_probes
     from kernel_ext.relay.namespace import ChatRelay
     from kernel_ext.relay.redis_manager import RelayRedisManager
@@ -63,6 +67,7 @@ __all__ = [
     "is_loopback_host",
     "main",
     "mount_relay",
+    "with_packet_guard",
     "with_probes",
 ]
 
@@ -77,6 +82,7 @@ _LAZY = {
     "allow_all": "auth",
     "is_loopback_host": "command",
     "main": "command",
+    "with_packet_guard": "guarded",
     "Readiness": "health",
     "with_probes": "health",
     "ChatRelay": "namespace",

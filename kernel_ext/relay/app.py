@@ -9,6 +9,7 @@ from typing import Any
 
 import socketio
 
+from kernel_ext.relay.guarded import with_packet_guard
 from kernel_ext.relay.health import with_probes
 from kernel_ext.relay.namespace import ChatRelay
 from kernel_ext.relay.redis_manager import RelayRedisManager
@@ -52,6 +53,8 @@ def create_app(
     ``worker_grace``, ``max_workers`` and ``max_worker_streams`` go to the Redis manager too.
 
     ``max_http_buffer_size`` bounds one incoming message (a whole ``kx_blocks`` frame).
+    A WebSocket frame that is no Engine.IO packet is counted, not raised to the ASGI server
+    (:func:`~kernel_ext.relay.with_packet_guard`).
     ``assets_prefix`` (e.g. ``"/kernel_ext"``) also serves the shipped browser files there
     (:func:`kernel_ext.web.static_files`: the example page, the renderer, the Socket.IO
     client); ``None`` serves none.
@@ -84,5 +87,7 @@ def create_app(
         from kernel_ext.web import static_files
 
         static = static_files(assets_prefix)
-    app = socketio.ASGIApp(sio, other_asgi_app=other_asgi_app, static_files=static)
+    app = with_packet_guard(
+        socketio.ASGIApp(sio, other_asgi_app=other_asgi_app, static_files=static)
+    )
     return RelayApp(app=with_probes(app, relay) if probes else app, sio=sio, relay=relay)

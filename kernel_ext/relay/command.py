@@ -56,6 +56,12 @@ from kernel_ext._command_line import (
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import NAMESPACE
 from kernel_ext.relay._log import log_as_command, logger
+from kernel_ext.relay.limits import (
+    DEFAULT_JOIN_RATE,
+    DEFAULT_MAX_BROWSER_ROOMS,
+    DEFAULT_MAX_BROWSERS,
+    DEFAULT_MAX_PER_IDENTITY,
+)
 from kernel_ext.relay.replay import DEFAULT_CONVERSATION_BYTES, DEFAULT_TOTAL_BYTES
 from kernel_ext.settings import (
     MAKE_SECRET,
@@ -86,7 +92,18 @@ _OPTIONS = {
     "redis_url": "--redis-url",
     "redis_channel": "--redis-channel",
     "namespace": "--namespace",
+    "max_browsers": "--max-browsers",
+    "max_per_identity": "--max-per-identity",
+    "max_browser_rooms": "--max-browser-rooms",
+    "join_rate": "--join-rate",
 }
+# The admission caps' options: (settings field, metavar, what, default).
+_CAPS = (
+    ("max_browsers", "N", "browsers on this process", DEFAULT_MAX_BROWSERS),
+    ("max_per_identity", "N", "browsers of one identity", DEFAULT_MAX_PER_IDENTITY),
+    ("max_browser_rooms", "N", "conversations per browser", DEFAULT_MAX_BROWSER_ROOMS),
+    ("join_rate", "RATE", "joins per second per browser", f"{DEFAULT_JOIN_RATE:g}"),
+)
 
 DESCRIPTION = (
     "Serve the kernel_ext /chat relay on its own (uvicorn): blocks from internal senders "
@@ -96,8 +113,10 @@ _EPILOG = (
     f"The internal senders' secret comes from {_SECRET} (at least {MIN_SECRET_BYTES} bytes; "
     f"make one with: {MAKE_SECRET}). Without both --authenticate and "
     "--authorize-join the relay refuses to start, unless --allow-anyone is given on a "
-    "loopback --host. It answers GET /healthz (liveness) and GET /readyz (readiness). "
-    "SIGINT or SIGTERM stop it (exit status 130 or 143)."
+    "loopback --host. The caps --max-browsers, --max-per-identity, --max-browser-rooms "
+    "and --join-rate hold per web process; each defaults to its KERNEL_EXT_ variable "
+    f"({env_name('max_browsers')} …) if set. It answers GET /healthz (liveness) and "
+    "GET /readyz (readiness). SIGINT or SIGTERM stop it (exit status 130 or 143)."
 )
 
 
@@ -117,6 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the relay's options to ``parser`` (``kernel-ext relay`` or the module's own)."""
     parser.description = DESCRIPTION
     parser.epilog = _EPILOG
+    parser.usage = "%(prog)s [options]"
     parser.add_argument(
         "--host",
         default="127.0.0.1",
@@ -183,6 +203,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MIB",
         help=f"MiB held for catch-up, at least {_CONVERSATION_MIB} (default: %(default)s)",
     )
+    for field, metavar, what, default in _CAPS:
+        parser.add_argument(
+            _OPTIONS[field], default=None, metavar=metavar, help=f"{what} (default: {default})"
+        )
     parser.add_argument(
         "--no-page",
         action="store_true",
@@ -327,6 +351,7 @@ def _problems(
         redis_url=args.redis_url,
         redis_channel=args.redis_channel,
         namespace=args.namespace,
+        **{field: getattr(args, field) for field, *_ in _CAPS},
     )
     problems = list(bad.values())
     if "secret" not in bad and not settings.secret_value():
@@ -404,6 +429,7 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
             assets_prefix=None if args.no_page else PAGE_PREFIX,
             catch_up=not args.no_catch_up,
             replay_total_bytes=args.catch_up_memory << 20,
+            **settings.relay_caps(),
         )
         manager = ready.sio.manager
 

@@ -11,13 +11,17 @@ guarantees, for whatever a client writes on the socket:
 * a ``connect`` handler that raises anything but a refusal refuses the connection
   (``rejected_connect_error``, logged rarely) instead of leaving it half-open in
   python-socketio's manager;
-* a packet python-socketio cannot decode or dispatch is counted (``rejected_bad_packet``),
-  and of the tracebacks the libraries log about such packets only the 1st, 2nd, 4th … of
-  each kind pass (the rest are counted ``suppressed_log_records``): one
-  :class:`logging.Filter` on the server's python-socketio and python-engineio loggers and
-  on ``asyncio``, installed once per logger however many relays a process builds, hands
-  exactly those records to the namespace of their server; every other record passes
-  untouched.
+* a packet python-socketio or python-engineio cannot decode or dispatch (an integer of
+  more than 100 digits, a long-polling body that is not Engine.IO packets, …) is counted
+  (``rejected_bad_packet``), and of the tracebacks the libraries log about such packets
+  only the 1st, 2nd, 4th … of each kind pass (the rest are counted
+  ``suppressed_log_records``): one :class:`logging.Filter` on the server's python-socketio
+  and python-engineio loggers and on ``asyncio``, installed once per logger however many
+  relays a process builds, hands exactly those records to the namespace of their server;
+  every other record passes untouched;
+* a WebSocket frame that is no Engine.IO packet is counted and logged the same way, and
+  its connection closed, by :func:`with_packet_guard` around the ASGI app
+  (:func:`~kernel_ext.relay.create_app` applies it).
 
 Every refusal is counted ``rejected_<reason>`` in the namespace's counts, on the
 ``kernel_ext.relay.frames`` metric (``outcome=<reason>``) and logged on its 1st, 2nd, 4th …
@@ -26,6 +30,7 @@ occurrence.
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import inspect
@@ -34,11 +39,13 @@ import logging
 import math
 import os
 import weakref
-from types import FrameType
+from collections.abc import Awaitable, Callable, MutableMapping
+from types import FrameType, TracebackType
 from typing import Any
 
 import engineio
 import socketio
+from engineio.async_socket import AsyncSocket
 
 from kernel_ext._telemetry import RareLog, is_rare, plural
 from kernel_ext.ledger import (
@@ -53,7 +60,7 @@ from kernel_ext.ledger import (
 from kernel_ext.protocol import REFUSED_UNAUTHORIZED
 from kernel_ext.relay._log import count_frame, logger, rare
 
-__all__ = ["GuardedNamespace"]
+__all__ = ["GuardedNamespace", "with_packet_guard"]
 
 
 class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc, unused-ignore]
@@ -161,24 +168,32 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc, unused-ig
         and say whether to keep it: the 1st, 2nd, 4th … of each kind (exception type), the
         first with its traceback, the later ones in one line; the rest are dropped
         (``suppressed_log_records``)."""
-        error = record.exc_info[1] if record.exc_info else None
+        seen, note = self._bad_packet(record.exc_info[1] if record.exc_info else None)
+        if note is None:
+            return False
+        if seen > 1:
+            record.exc_info = None
+            record.exc_text = None
+        record.msg = f"{record.getMessage()} [{note}]"
+        record.args = ()
+        return True
+
+    def _bad_packet(self, error: BaseException | None) -> tuple[int, str | None]:
+        """Count a packet the libraries refused with ``error`` (``rejected_bad_packet``):
+        how many of its kind (exception type) were seen, and what to log about it — ``None``
+        but on the 1st, 2nd, 4th … time (the rest count ``suppressed_log_records``)."""
         kind = type(error).__name__
         self._count(REJECTED_PREFIX + BAD_PACKET)
         count_frame(BAD_PACKET)
         seen = self._packet_log.note(kind)
         if not is_rare(seen):
             self._count(SUPPRESSED_LOG_RECORDS)
-            return False
+            return seen, None
         detail = str(error)[:200]
         note = f"a malformed packet from a client: {kind}: {detail}; seen {plural(seen, 'time')}"
         if seen == 1:
             note += "; logged again on the 2nd, 4th, 8th … time, without the traceback"
-        else:
-            record.exc_info = None
-            record.exc_text = None
-        record.msg = f"{record.getMessage()} [{note}]"
-        record.args = ()
-        return True
+        return seen, note
 
 
 def _positional_bounds(handler: Any) -> tuple[int, float]:
@@ -197,21 +212,31 @@ def _positional_bounds(handler: Any) -> tuple[int, float]:
 
 # -- the libraries' log records of malformed packets --------------------------------------
 #
-# For a packet it cannot decode or dispatch (``42/chat,[]``, ``{}``, not JSON, nested past
-# the recursion limit, an unknown packet type) python-socketio raises, and python-engineio
-# logs the exception with its traceback at ERROR, once per packet, on the server's
-# engineio logger ("message async handler error"; "Unknown receive error" for its own
-# packet types). asyncio logs the same when python-socketio's event task fails on an
-# unhashable event name (only when the server has decorator handlers for the namespace:
-# the relay drops non-string names itself). One filter on those loggers hands exactly these
-# records to the relay of their server; every other record passes untouched.
+# For a packet it cannot decode or dispatch (``42/chat,[]``, ``{}``, not JSON, an integer
+# of more than 100 digits, nested past the recursion limit, an unknown packet type)
+# python-socketio raises, and python-engineio logs the exception with its traceback at
+# ERROR, once per packet, on the server's engineio logger ("message async handler error";
+# "Unknown receive error" for its own packet types; "post request handler error" for a
+# long-polling body it cannot decode: not Engine.IO packets, not UTF-8, too many packets).
+# asyncio logs the same when python-socketio's event task fails on an unhashable event name
+# (only when the server has decorator handlers for the namespace: the relay drops
+# non-string names itself). One filter on those loggers hands exactly these records to the
+# relay of their server; every other record passes untouched. A WebSocket frame that is no
+# Engine.IO packet makes python-engineio raise out of the ASGI app instead:
+# :func:`with_packet_guard` takes those.
 
-_LIBRARY_MESSAGES = frozenset({"message async handler error", "Unknown receive error"})
+_LIBRARY_MESSAGES = frozenset(
+    {"message async handler error", "Unknown receive error", "post request handler error"}
+)
 _TASK_MESSAGE = "Task exception was never retrieved"
 _SOCKETIO_DIR = os.path.dirname(socketio.__file__)
 _ENGINEIO_DIR = os.path.dirname(engineio.__file__)
 _JSON_DIR = os.path.dirname(json.__file__)
-_LIBRARY_DIRS = tuple(d + os.sep for d in (_SOCKETIO_DIR, _ENGINEIO_DIR, _JSON_DIR))
+_BASE64_DIR, _BASE64_FILE = os.path.split(base64.__file__)
+_LIBRARY_DIRS = (
+    *(d + os.sep for d in (_SOCKETIO_DIR, _ENGINEIO_DIR, _JSON_DIR)),
+    base64.__file__,
+)
 # Where a malformed packet makes the libraries raise: (directory, file) -> functions, or
 # None for any function of the file.
 _DECODE_SITES: dict[tuple[str, str], frozenset[str] | None] = {
@@ -219,9 +244,13 @@ _DECODE_SITES: dict[tuple[str, str], frozenset[str] | None] = {
     (_SOCKETIO_DIR, "msgpack_packet.py"): None,
     (_SOCKETIO_DIR, "async_server.py"): frozenset({"_handle_eio_message", "_handle_event"}),
     (_SOCKETIO_DIR, "base_server.py"): frozenset({"_get_event_handler"}),
-    (_ENGINEIO_DIR, "async_socket.py"): frozenset({"receive"}),
+    (_ENGINEIO_DIR, "async_socket.py"): frozenset({"receive", "handle_post_request"}),
+    (_ENGINEIO_DIR, "packet.py"): frozenset({"decode"}),
+    (_ENGINEIO_DIR, "payload.py"): frozenset({"decode"}),
+    (_ENGINEIO_DIR, "json.py"): frozenset({"_safe_int"}),  # an integer of over 100 digits
     (_JSON_DIR, "decoder.py"): None,
     (_JSON_DIR, "__init__.py"): None,
+    (_BASE64_DIR, _BASE64_FILE): frozenset({"b64decode"}),  # a binary packet, not base64
 }
 # A library server (python-socketio's or its python-engineio server) -> its relay.
 _RELAY_OF: weakref.WeakKeyDictionary[Any, weakref.ref[GuardedNamespace]] = (
@@ -265,11 +294,20 @@ def _relay_of_record(record: logging.LogRecord) -> GuardedNamespace | None:
         return None
     if message not in _LIBRARY_MESSAGES and not message.startswith(_TASK_MESSAGE):
         return None
+    return _relay_of_frames(_frames(record.exc_info[2]))
+
+
+def _frames(tb: TracebackType | None) -> list[FrameType]:
     frames: list[FrameType] = []
-    tb = record.exc_info[2]
     while tb is not None:
         frames.append(tb.tb_frame)
         tb = tb.tb_next
+    return frames
+
+
+def _relay_of_frames(frames: list[FrameType]) -> GuardedNamespace | None:
+    """The relay whose server raised through ``frames`` (a traceback's, outermost first) at
+    a site where a malformed packet makes the libraries raise, else ``None``."""
     if not frames or not all(f.f_code.co_filename.startswith(_LIBRARY_DIRS) for f in frames):
         return None  # an application's or the relay's own code raised: a real error
     code = frames[-1].f_code
@@ -290,3 +328,71 @@ def _relay_of_record(record: logging.LogRecord) -> GuardedNamespace | None:
             if relay is not None:
                 return relay
     return None
+
+
+# -- WebSocket frames python-engineio cannot decode ------------------------------------------
+
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+_ASGIApp = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
+
+
+class _PacketGuard:
+    """The ASGI app :func:`with_packet_guard` returns."""
+
+    def __init__(self, app: _ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
+        try:
+            await self.app(scope, receive, send)
+        except Exception as exc:
+            frames = _frames(exc.__traceback__)
+            # From python-engineio's ASGI app on, only library code: the guard's own frame
+            # and any wrapping app's come before it.
+            inside = _ENGINEIO_DIR + os.sep
+            start = next(
+                (i for i, f in enumerate(frames) if f.f_code.co_filename.startswith(inside)),
+                len(frames),
+            )
+            relay = _relay_of_frames(frames[start:])
+            if relay is None:
+                raise
+            seen, note = relay._bad_packet(exc)
+            if note is not None:
+                logger.error(
+                    "relay: python-engineio could not decode a WebSocket frame; its connection "
+                    "is closed [%s]",
+                    note,
+                    exc_info=exc if seen == 1 else None,
+                )
+            await _close_socket(frames)
+
+
+async def _close_socket(frames: list[FrameType]) -> None:
+    """Close python-engineio's socket whose handler raised (as that handler would have,
+    had it caught the error): its connection's disconnect runs now, not at its ping
+    timeout."""
+    for frame in frames:
+        socket = frame.f_locals.get("self")
+        if isinstance(socket, AsyncSocket):
+            with contextlib.suppress(Exception):
+                await socket.queue.put(None)  # the writer task, if any, ends
+                await socket.close(
+                    wait=False, abort=True, reason=socket.server.reason.TRANSPORT_ERROR
+                )
+            if socket.server.sockets.get(socket.sid) is socket:
+                del socket.server.sockets[socket.sid]
+            return
+
+
+def with_packet_guard(app: _ASGIApp) -> _ASGIApp:
+    """``app`` (a ``socketio.ASGIApp`` serving a relay's server, or an app around one) with
+    the WebSocket frames python-engineio cannot decode (not an Engine.IO packet: ``x``, an
+    empty frame, bad base64) counted ``rejected_bad_packet`` by the relay of their server
+    and logged on the 1st, 2nd, 4th … time of each kind, their connection closed — instead
+    of an exception out of the app, which the ASGI server logs with its traceback each time
+    and whose connection python-engineio holds until its ping timeout. Every other
+    exception passes unchanged. :func:`~kernel_ext.relay.create_app` applies it."""
+    return _PacketGuard(app)

@@ -103,6 +103,13 @@ from kernel_ext.relay.auth import (
 )
 from kernel_ext.relay.guarded import GuardedNamespace
 from kernel_ext.relay.health import Readiness
+from kernel_ext.relay.limits import (
+    DEFAULT_JOIN_RATE,
+    DEFAULT_MAX_BROWSER_ROOMS,
+    DEFAULT_MAX_BROWSERS,
+    DEFAULT_MAX_PER_IDENTITY,
+    Admission,
+)
 from kernel_ext.relay.redis_manager import RelayRedisManager
 from kernel_ext.relay.replay import (
     DEFAULT_CONVERSATION_BYTES,
@@ -192,6 +199,10 @@ class ChatRelay(GuardedNamespace):
             of that queued, at most ``ack_pace_timeout`` seconds; a browser that made it
             wait that long is not waited for again until it has caught up to that quarter.
         ack_pace_timeout: seconds an acknowledgement waits for the browsers at most.
+        max_browsers, max_per_identity, max_browser_rooms, join_rate, join_burst: the
+            admission caps of this process's browsers (``None``: no cap;
+            :class:`~kernel_ext.relay.limits.Admission`): browsers, browsers of one
+            identity, conversations one browser holds, its joins per second and at once.
         worker_grace: seconds a worker may stay disconnected before the relay ends its open
             streams with ``aborted`` (``None`` disables; see "Gone workers" below).
         max_workers: workers with open streams tracked at once.
@@ -241,8 +252,22 @@ class ChatRelay(GuardedNamespace):
         max_cursors: int = 1_000,
         browser_queue_max: int | None = 2_000,
         ack_pace_timeout: float = 1.0,
+        max_browsers: int | None = DEFAULT_MAX_BROWSERS,
+        max_per_identity: int | None = DEFAULT_MAX_PER_IDENTITY,
+        max_browser_rooms: int | None = DEFAULT_MAX_BROWSER_ROOMS,
+        join_rate: float | None = DEFAULT_JOIN_RATE,
+        join_burst: int | None = None,
     ) -> None:
         self._secret = InternalSecret(secret)
+        self.limits = Admission(
+            max_browsers=max_browsers,
+            max_per_identity=max_per_identity,
+            max_browser_rooms=max_browser_rooms,
+            join_rate=join_rate,
+            join_burst=join_burst,
+            reject=self._reject,
+        )
+        """The admission caps of this relay's browsers."""
         if browser_queue_max is not None:
             check_positive_ints(browser_queue_max=browser_queue_max)
             if browser_queue_max < 4:
@@ -344,6 +369,7 @@ class ChatRelay(GuardedNamespace):
         if self.replay is not None:
             counts.update(self.replay.sizes())
         counts.update(self.browser_queues())
+        counts.update(self.limits.sizes())
         return counts
 
     def readiness(self) -> Readiness:
@@ -402,11 +428,13 @@ class ChatRelay(GuardedNamespace):
         if identity is None or identity is False:
             self._count(BROWSER_REFUSED)
             raise socketio.exceptions.ConnectionRefusedError(REFUSED_UNAUTHORIZED)
+        self.limits.connect(sid, identity)  # raises a refusal past a cap
         self._browsers[sid] = identity
         return True
 
     async def on_disconnect(self, sid: str, reason: Any = None) -> None:
         """Forget the connection; an internal sender's queued frames are still emitted."""
+        self.limits.disconnect(sid)
         self._browsers.pop(sid, None)
         self._lagging.discard(sid)
         conn = self._internal.pop(sid, None)
@@ -427,6 +455,9 @@ class ChatRelay(GuardedNamespace):
         if room is None:
             self._reject(sid, BAD_JOIN, JOIN_EVENT)
             return {"ok": False, "error": "conversationId must be a non-empty string"}
+        refused = self.limits.join(sid, room)
+        if refused is not None:
+            return refused
         try:
             allowed = await call_hook(self._authorize_join, self._browsers[sid], room)
         except Exception:
@@ -526,6 +557,7 @@ class ChatRelay(GuardedNamespace):
         if sid not in self._browsers or room is None:
             self._reject(sid, BAD_LEAVE, LEAVE_EVENT)
             return {"ok": False, "error": "conversationId must be a non-empty string"}
+        self.limits.leave(sid, room)
         await self.leave_room(sid, room)
         return {"ok": True}
 

@@ -82,6 +82,40 @@ def test_a_bad_argument_is_named_as_the_argument() -> None:
         load_settings(max_streams=-3)
 
 
+def test_the_relay_caps_are_read_and_only_the_ones_set_reach_the_relay(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("MAX_BROWSERS", "MAX_PER_IDENTITY", "MAX_BROWSER_ROOMS", "JOIN_RATE"):
+        monkeypatch.delenv(env_name(name), raising=False)
+    assert load_settings().relay_caps() == {}
+    monkeypatch.setenv("KERNEL_EXT_MAX_BROWSERS", "300")
+    monkeypatch.setenv("KERNEL_EXT_JOIN_RATE", "0.5")
+    settings = load_settings(max_per_identity=2)
+    assert settings.relay_caps() == {"max_browsers": 300, "max_per_identity": 2, "join_rate": 0.5}
+    assert load_settings(max_browsers="7").relay_caps()["max_browsers"] == 7  # a flag's text
+    relay = ChatRelay("s3cret-for-settings-tests", **settings.relay_caps())
+    assert (relay.limits.max_browsers, relay.limits.max_per_identity) == (300, 2)
+    assert (relay.limits.max_browser_rooms, relay.limits.join_rate) == (100, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("KERNEL_EXT_MAX_BROWSERS", "0"),
+        ("KERNEL_EXT_MAX_PER_IDENTITY", "many"),
+        ("KERNEL_EXT_MAX_BROWSER_ROOMS", "1.5"),
+        ("KERNEL_EXT_JOIN_RATE", "inf"),
+        ("KERNEL_EXT_JOIN_RATE", "0"),
+    ],
+)
+def test_a_bad_relay_cap_names_its_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=rf"^{variable} \("):
+        load_settings()
+
+
 def test_settings_are_immutable() -> None:
     settings = Settings()
     with pytest.raises(Exception, match="frozen"):

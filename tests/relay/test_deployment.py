@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import socketio
 from support import ROOT, SUPPORT
@@ -329,3 +330,55 @@ async def test_the_pod_s_probe_paths_answer_on_the_page_s_web_processes(
         for path in probes.values():
             status, _, body = await asyncio.to_thread(http_request, f"http://127.0.0.1:{web}{path}")
             assert (status, json.loads(body)) == (200, {"status": "ok"}), (web, path)
+
+
+def page_number(pattern: str) -> int:
+    """The number ``pattern``'s one group matches in the page's nginx block."""
+    found = re.findall(pattern, page_block("nginx"))
+    assert len(found) == 1, f"deployment.md's nginx block should hold {pattern!r} once"
+    return int(found[0])
+
+
+async def test_the_page_s_caps_per_client_address_refuse_past_their_bounds(
+    tmp_path: Path,
+) -> None:
+    """The page's "Caps at the proxy": while ``limit_conn`` WebSockets from one address are
+    open the next is refused with 429; new sessions past the ``limit_req`` bucket are
+    refused with 429, and admitted again once it refills. A deployment of its own: the
+    test spends the shared one's bucket."""
+    connections = page_number(r"limit_conn kx_conn (\d+);")
+    burst = page_number(r"limit_req zone=kx_sessions burst=(\d+) nodelay;")
+    assert "limit_conn_status 429;" in page_block("nginx")
+    assert "limit_req_status 429;" in page_block("nginx")
+    with deployment(tmp_path) as (proxy, _, _):
+        public = f"https://127.0.0.1:{proxy}/socket.io/?EIO=4"
+        async with aiohttp.ClientSession() as session:
+            async with contextlib.AsyncExitStack() as held:
+                for _ in range(connections):
+                    ws = await held.enter_async_context(
+                        session.ws_connect(
+                            f"{public}&transport=websocket",
+                            ssl=False,
+                            timeout=aiohttp.ClientWSTimeout(15),
+                        )
+                    )
+                    opening = await ws.receive(timeout=15)
+                    assert str(opening.data).startswith("0{"), opening
+                with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                    await session.ws_connect(f"{public}&transport=websocket", ssl=False)
+                assert refused.value.status == 429
+
+            async def new_session() -> int:
+                async with session.get(f"{public}&transport=polling", ssl=False) as answer:
+                    await answer.read()
+                    return answer.status
+
+            statuses = [await new_session() for _ in range(2 * burst)]
+            assert statuses[0] == 200
+            assert 429 in statuses, statuses
+            assert set(statuses) == {200, 429}
+
+            async def admitted_again() -> bool:
+                return await new_session() == 200
+
+            await wait_until(admitted_again, 30, "no new session admitted again", interval=0.2)

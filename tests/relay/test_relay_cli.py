@@ -167,6 +167,10 @@ def test_help_is_short_and_shows_every_default() -> None:
         "--authenticate",
         "--authorize-join",
         "--allow-anyone",
+        "--max-browsers",
+        "--max-per-identity",
+        "--max-browser-rooms",
+        "--join-rate",
     ]
     described = " ".join(text.split())  # argparse wraps the help texts
     for option, default in zip(
@@ -180,6 +184,10 @@ def test_help_is_short_and_shows_every_default() -> None:
             "none",
             "none",
             "off",
+            "10000",
+            "64",
+            "100",
+            "5",
         ),
         strict=True,
     ):
@@ -344,3 +352,65 @@ async def test_catch_up_memory_at_one_conversations_bound_starts_and_catches_up(
 @pytest.mark.parametrize("value", ["3", "0", "-4", "4.5", "lots"])
 def test_catch_up_memory_below_one_conversations_bound_is_refused(value: str) -> None:
     assert_refused(run_relay("--allow-anyone", "--catch-up-memory", value), "--catch-up-memory")
+
+
+# -- the admission caps (issue 36, item 4): options win over their variables ---------------
+
+
+async def connect_error(port: int, auth: Any = None) -> Any:
+    """The ``connect_error`` data of a browser the relay refuses."""
+    refused = Browser("refused", reconnect=False)
+    errors: list[Any] = []
+    refused.client.on("connect_error", errors.append, namespace=NS)
+    try:
+        with pytest.raises(socketio.exceptions.ConnectionError):
+            await refused.connect(port, auth=auth)
+    finally:
+        await refused.close()
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+async def test_the_caps_come_from_their_options_and_variables() -> None:
+    env = dict(support_env(), KERNEL_EXT_JOIN_RATE="0.001", KERNEL_EXT_MAX_PER_IDENTITY="5")
+    alice = {"token": "token-of-alice"}
+    caps = ("--max-per-identity", "1", "--max-browser-rooms", "1")
+    async with cli_relay(*HOOKS, *caps, env=env) as relay:
+        first = Browser("alice", reconnect=False)
+        try:
+            await first.connect(relay.port, auth=alice)
+            refused = await connect_error(relay.port, alice)
+            assert refused["data"] == {"reason": "identity_limit", "limit": 1}
+            assert await first.join("conv-of-alice") == {"ok": True}
+            assert await first.join("conv-of-bob") == {
+                "ok": False,
+                "error": "room_limit",
+                "limit": 1,
+            }
+            again = await first.join("conv-of-alice")  # its bucket: one join, then 0.001/s
+            assert (again["ok"], again["error"]) == (False, "join_rate")
+        finally:
+            await first.close()
+    env = dict(support_env(), KERNEL_EXT_MAX_BROWSERS="1")
+    async with cli_relay("--allow-anyone", "--max-browsers", "2", env=env) as relay:
+        two = [Browser(f"b{i}", reconnect=False) for i in range(2)]
+        try:
+            for browser in two:
+                await browser.connect(relay.port)
+            refused = await connect_error(relay.port)
+            assert refused["data"] == {"reason": "browser_limit", "limit": 2}
+        finally:
+            for browser in two:
+                await browser.close()
+
+
+def test_a_bad_cap_is_refused_at_start_naming_its_option_or_variable() -> None:
+    env = dict(support_env(), KERNEL_EXT_JOIN_RATE="nan")
+    line = assert_refused(
+        run_relay("--allow-anyone", "--max-browsers", "0", "--max-browser-rooms", "2.5", env=env),
+        "3 problems",
+        "--max-browsers: Input should be greater than or equal to 1 (got '0')",
+        "--max-browser-rooms: Input should be a valid integer",
+        "KERNEL_EXT_JOIN_RATE (join_rate): ",
+    )
+    assert "Traceback" not in line

@@ -36,7 +36,7 @@ from support.reliability_helpers import DEFAULT_PINGS, TestRelay, browser_on, re
 from support.timing import wait_until
 
 import kernel_ext.relay.guarded as relay_hostile
-from kernel_ext.relay import ChatRelay, allow_all, create_app, mount_relay
+from kernel_ext.relay import ChatRelay, allow_all, create_app, mount_relay, with_packet_guard
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(300)]
 
@@ -405,6 +405,159 @@ async def test_malformed_packets_are_counted_and_their_tracebacks_logged_rarely(
     assert log.count("a malformed packet from a client") == 2 * logged
     assert_flat_and_bounded(figures)
     report_figures("hostile: packets python-socketio cannot decode", figures, TRIES)
+
+
+# -- integers of more than 100 digits, long-polling bodies, frames below Engine.IO --------
+
+BIG = "9" * 101  # python-engineio's JSON decoder refuses integers of more than 100 digits
+BIG_INTEGERS = (
+    f'42{NS},["join_conversation",{{"conversationId":{BIG}}}]',
+    f'42{NS},["leave_conversation",{BIG}]',
+    f'42{NS},7["join_conversation",{{"conversationId":"c","have":[{{"seq":{BIG}}}]}}]',
+    f"43{NS},1[{BIG}]",
+    f'40{NS},{{"token":{BIG}}}',
+)
+
+
+async def test_integers_of_more_than_100_digits_are_counted_and_logged_rarely() -> None:
+    """Regression: each such packet was logged with its traceback, twice, and not counted:
+    1,000 of them (202 KB) made 58,000 log lines."""
+    async with running_relay(pings=DEFAULT_PINGS) as relay, aiohttp.ClientSession() as session:
+        async with RawSocket(session, relay.port) as raw:
+            assert (await raw.connect() or "").startswith(f"40{NS},")
+            lines_before = len(relay.log().splitlines())
+            sent = 0
+
+            async def attack(n: int) -> None:
+                nonlocal sent
+                for _ in range(n):
+                    await raw.send(BIG_INTEGERS[sent % len(BIG_INTEGERS)])
+                    sent += 1
+                    if sent % 50 == 0:
+                        await raw.barrier()
+                await raw.barrier()  # the connection survives every one of them
+
+            figures = await attack_with_a_legit_stream(relay, attack, "big-integers")
+
+            async def handled() -> bool:
+                return (await relay.stats())["counts"].get("rejected_bad_packet", 0) >= TRIES
+
+            await wait_until(handled, 30, "not every packet was handled", interval=0.05)
+        stats = (await relay.stats())["counts"]
+        log = relay.log()
+    assert sent == TRIES
+    assert stats["rejected_bad_packet"] == TRIES
+    assert stats["suppressed_log_records"] == TRIES - logged_occurrences(TRIES)
+    # One kind (ValueError): its first record with the traceback, then one line on the 2nd,
+    # 4th … time; python-engineio's own handler prints each record too (twice).
+    assert log.count("Traceback (most recent call last)") == 2
+    assert log.count("a malformed packet from a client: ValueError: Integer is too large") == (
+        2 * logged_occurrences(TRIES)
+    )
+    assert len(log.splitlines()) - lines_before < 100
+    assert_flat_and_bounded(figures)
+    report_figures("hostile: integers of more than 100 digits", figures, TRIES)
+
+
+# body -> the exception python-engineio raises on it
+UNDECODABLE_BODIES = {
+    b"x": "ValueError",  # no packet type
+    b"\xff\xfe not UTF-8": "UnicodeDecodeError",
+    "\x1e".join(["6"] * 20).encode(): "ValueError",  # more packets than it decodes at once
+    f'42{NS},["join_conversation",{BIG}]'.encode(): "ValueError",
+}
+
+
+async def test_long_polling_bodies_engineio_cannot_decode_are_counted_and_logged_rarely() -> None:
+    """Regression: python-engineio logged each such body's traceback ("post request handler
+    error") and the relay did not count it."""
+    tries = 200
+    bodies = list(UNDECODABLE_BODIES)
+    async with running_relay(pings=DEFAULT_PINGS) as relay, aiohttp.ClientSession() as session:
+        base = f"http://127.0.0.1:{relay.port}/socket.io/?EIO=4&transport=polling"
+        async with session.get(base) as opened:
+            url = f"{base}&sid={json.loads((await opened.text())[1:])['sid']}"
+        by_kind: dict[str, int] = {}
+        for i in range(tries):
+            body = bodies[i % len(bodies)]
+            async with session.post(url, data=body) as answer:
+                assert answer.status == 200
+            kind = UNDECODABLE_BODIES[body]
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+
+        async def handled() -> bool:
+            return (await relay.stats())["counts"].get("rejected_bad_packet", 0) >= tries
+
+        await wait_until(handled, 30, "not every body was handled", interval=0.05)
+        async with session.post(url, data=f"40{NS},".encode()) as answer:
+            assert answer.status == 200  # the session survived every one of them
+        async with session.get(url) as answer:
+            assert (await answer.text()).startswith(f"40{NS},")
+        stats = (await relay.stats())["counts"]
+        log = relay.log()
+    logged = sum(logged_occurrences(n) for n in by_kind.values())
+    assert stats["rejected_bad_packet"] == tries
+    assert stats["suppressed_log_records"] == tries - logged
+    assert log.count("Traceback (most recent call last)") == 2 * len(by_kind)
+    assert log.count("a malformed packet from a client") == 2 * logged
+
+
+# frame -> the exception python-engineio raises on it, out of the ASGI app
+NOT_ENGINEIO = {"x": "ValueError", "": "ValueError", "bA": "Error"}
+
+
+async def test_websocket_frames_that_are_no_engineio_packets_are_counted_and_closed() -> None:
+    """Regression: python-engineio raised out of the ASGI app on each such frame, uvicorn
+    logged its traceback ("Exception in ASGI application"), and the connection's socket and
+    browser stayed in the server until their ping timeout (45 s here)."""
+    tries = 60
+    frames = list(NOT_ENGINEIO)
+    async with running_relay(pings=DEFAULT_PINGS) as relay, aiohttp.ClientSession() as session:
+        base = await settled_sizes(relay)
+        by_kind: dict[str, int] = {}
+        for i in range(tries):
+            async with RawSocket(session, relay.port) as raw:
+                assert (await raw.connect() or "").startswith(f"40{NS},")
+                await raw.send(frames[i % len(frames)])
+                while await raw.receive() is not None:  # closed by the server
+                    pass
+            kind = NOT_ENGINEIO[frames[i % len(frames)]]
+            by_kind[kind] = by_kind.get(kind, 0) + 1
+
+        async def released() -> bool:
+            now = await relay.stats()
+            return bool(
+                now["counts"].get("rejected_bad_packet", 0) >= tries
+                and now["counts"]["browsers"] == base["counts"]["browsers"]
+                and (now["eio_sockets"], now["environs"]) == (base["eio_sockets"], base["environs"])
+            )
+
+        await wait_until(released, 15, "the sockets were not released", interval=0.05)
+        stats = (await relay.stats())["counts"]
+        log = relay.log()
+    logged = sum(logged_occurrences(n) for n in by_kind.values())
+    assert stats["rejected_bad_packet"] == tries
+    assert stats["suppressed_log_records"] == tries - logged
+    assert "Exception in ASGI application" not in log
+    assert log.count("Traceback (most recent call last)") == len(by_kind)
+    assert log.count("could not decode a WebSocket frame") == logged
+
+
+async def test_the_packet_guard_passes_every_other_exception_unchanged() -> None:
+    """An application's own error — a ValueError from ``int("x")`` too, what python-engineio
+    raises on a frame that is no packet — leaves the guard as it came."""
+
+    async def application(scope: Any, receive: Any, send: Any) -> None:
+        int("x")
+
+    async def nothing() -> dict[str, Any]:
+        return {}
+
+    async def ignore(message: Any) -> None:
+        return None
+
+    with pytest.raises(ValueError, match="invalid literal"):
+        await with_packet_guard(application)({"type": "websocket"}, nothing, ignore)
 
 
 # -- in one process: which records the filter takes, and that it is installed once -------
