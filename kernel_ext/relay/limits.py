@@ -19,9 +19,9 @@ here). It guarantees, on this web process:
   slot; a new connection starts with a full bucket.
 
 A conversation is held from the join that passed these caps until the browser leaves it or
-disconnects — a join the ``authorize_join`` hook then refuses included (the caps are
-checked before the hook, so a flood never reaches it). Joining a held conversation again
-takes a join from the bucket, not another slot.
+disconnects; a join the ``authorize_join`` hook then refuses gives its slot back (the caps
+are checked before the hook, so a flood never reaches it). Joining a held conversation
+again takes a join from the bucket, not another slot.
 
 Identity: what the ``authenticate`` hook returned. ``True`` — what every browser of a relay
 without the hook is, and what a hook that only says yes returns — is nobody in particular:

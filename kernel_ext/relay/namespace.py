@@ -464,6 +464,8 @@ class ChatRelay(GuardedNamespace):
             logger.exception("relay: authorize_join hook failed")
             allowed = False
         if not allowed:
+            if not self._in_room(sid, room):
+                self.limits.leave(sid, room)  # a refused join holds no slot
             self._count(JOIN_REFUSED)
             return {"ok": False, "error": "forbidden"}
         manager = self.server.manager
