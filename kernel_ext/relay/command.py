@@ -24,7 +24,8 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
 * Once listening (after its first attempt to reach Redis, if it has one) it prints one
   start-up line on stderr: URL, namespace, auth mode, Redis (``connected``,
   ``unreachable…`` or ``connecting…``), and the example page's URL.
-* SIGINT and SIGTERM stop it gracefully; it then exits with 130 or 143.
+* SIGINT, SIGTERM and SIGHUP stop it gracefully, in one line, with exit status 130, 143 or
+  129 (:class:`kernel_ext._command_line.StopSignals`); one at start-up too.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -42,12 +42,13 @@ from typing import Any
 
 from kernel_ext._command_line import (
     EXIT_OK,
-    STOP_SIGNALS,
     CommandLineError,
     Parser,
-    exit_code_after,
+    StopSignals,
     listen,
+    on_stop_signal,
     port_or_zero,
+    run_command,
     url_host,
     usage_error,
 )
@@ -257,58 +258,41 @@ def _startup_line(
     return f"{prog}: serving {url}, namespace {namespace}, auth: {_auth_mode(args)}, {where}{page}"
 
 
-@contextlib.contextmanager
-def _stop_on_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
-    """SIGINT and SIGTERM call ``on_signal(signum)`` on the running loop while inside."""
-    loop = asyncio.get_running_loop()
-    installed: list[int] = []
-    for signum in STOP_SIGNALS:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signum, on_signal, signum)
-            installed.append(signum)
-    try:
-        yield
-    finally:
-        for each in installed:
-            loop.remove_signal_handler(each)
-
-
 def _serve(
     app: Any, sock: socket.socket, log_level: str, announce: Callable[[], Awaitable[None]]
 ) -> int:
-    """Serve ``app`` on the listening ``sock`` until SIGINT/SIGTERM; the exit code."""
+    """Serve ``app`` on the listening ``sock`` until a stop signal; the exit code."""
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, but the signal that stopped it becomes the exit code instead
-        of being raised again after the graceful shutdown, and the start-up line is printed
-        once it serves (its signal handlers in place: a SIGTERM after the line is a clean
-        stop)."""
+        """uvicorn's server, but a stop signal is the command's (it asks uvicorn for its
+        graceful shutdown and is never raised again after it), and the start-up line is
+        printed once it serves — unless a stop signal comes first, even while the line
+        waits for the first attempt to reach Redis."""
 
-        stopped_by: int | None = None
+        announcing: asyncio.Future[None] | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            with _stop_on_signals(self.stop):
+            with on_stop_signal(self.stop):
                 yield
 
         def stop(self, signum: int) -> None:
-            if self.stopped_by is None:
-                self.stopped_by = signum
             self.handle_exit(signum, None)
+            if self.announcing is not None:
+                self.announcing.cancel()
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
-            if self.started:
-                await announce()
+            if self.started and not self.should_exit:
+                self.announcing = asyncio.ensure_future(announce())
+                await asyncio.wait({self.announcing})  # cancelled by a stop: no line
+                if not self.announcing.cancelled():
+                    self.announcing.result()
 
     # Lifespan events on: the app starts its Redis listener at start-up (relay.health).
-    server = Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # a SIGINT before the loop's handler was in place
-        return exit_code_after(signal.SIGINT)
-    return exit_code_after(server.stopped_by) if server.stopped_by is not None else EXIT_OK
+    Server(uvicorn.Config(app, log_level=log_level, lifespan="on")).run(sockets=[sock])
+    return EXIT_OK
 
 
 def _problems(
@@ -424,7 +408,10 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel_ext.relay") -> int:
     """``python -m kernel_ext.relay``: the same command as ``kernel-ext relay``."""
-    parser = Parser(prog=prog)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return run(args, prog)
+
+    def command(stop: StopSignals) -> int:
+        parser = Parser(prog=prog)
+        add_arguments(parser)
+        return run(parser.parse_args(argv), prog)
+
+    return run_command(prog, command)

@@ -4,8 +4,11 @@
   stderr, ``<prog>: error: …``, exit status 2, never a traceback nor a usage block; an
   unknown option after a subcommand is reported by that subcommand.
 * ``tail`` against nothing says it could not connect to the URL, and why, in one line.
-* ``relay`` and ``tail`` stop on SIGTERM with 143 and on SIGINT with 130 (the demo's own
-  test is in test_demo_process.py); ``relay`` prints one start-up line first.
+* ``relay`` and ``tail`` stop on SIGTERM with 143, on SIGINT with 130 and on SIGHUP with 129
+  (unless it is ignored: ``nohup``), in one line and without a traceback, in every phase:
+  ``relay`` while it imports its hooks, while it serves, with a browser connected; ``tail``
+  while it connects and while it follows (issue 33, item 4; the demo's phases are in
+  test_demo_process.py); ``relay`` prints one start-up line first.
 * ``--version`` prints the package's version; ``relay --help`` shows every option with its
   default; ``python -m kernel_ext.relay`` is the same command, without a RuntimeWarning;
   ``python -m kernel_ext`` is ``kernel-ext``.
@@ -22,13 +25,20 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from support.cli_helpers import CLI, STARTUP, cli_env, running
-from support.network import free_port, http_request
-from support.relay_helpers import HOOKS
+from support.cli_helpers import (
+    CLI,
+    STARTUP,
+    WAIT,
+    assert_stopped_cleanly,
+    cli_env,
+    running,
+)
+from support.network import HOST, free_port, http_request
+from support.relay_helpers import HOOKS, Browser
 
 from kernel_ext import __version__
 from kernel_ext._command_line import exit_code_after, never_resolves
@@ -285,6 +295,7 @@ async def test_relay_prints_one_startup_line_and_stops_on_a_signal(signum: int) 
     assert code == exit_code_after(signum) == {signal.SIGTERM: 143, signal.SIGINT: 130}[signum]
     assert "Traceback" not in err
     assert "Warning" not in err
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signum, STARTUP)
 
 
 @pytest.mark.network
@@ -346,4 +357,112 @@ async def test_tail_stops_on_a_signal(signum: int) -> None:
             code, err = await tail.stop(signum)
         assert code == exit_code_after(signum)
         assert "Traceback" not in err
+        following = rf"kernel-ext tail: following conversation 'conv-1' at {url} \(.*\)"
+        assert_stopped_cleanly(code, tail.err, "kernel-ext tail", signum, following)
         assert (await relay.stop(signal.SIGTERM))[0] == 143
+
+
+SLOW_APP = """
+import sys
+import threading
+
+sys.stderr.write("slowapp: importing\\n")
+sys.stderr.flush()
+threading.Event().wait()  # an application that takes its time to import: forever, here
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", STOPS, ids=["SIGTERM", "SIGINT"])
+async def test_relay_stops_in_one_line_while_it_imports_its_hooks(
+    tmp_path: Path, signum: int
+) -> None:
+    """Start-up: the signal arrives before any event loop runs, inside the import of the
+    hooks' module (``python -m`` has the working directory on the path)."""
+    (tmp_path / "slowapp.py").write_text(SLOW_APP, encoding="utf-8")
+    hooks = ["--authenticate", "slowapp:authenticate", "--authorize-join", "slowapp:authorize"]
+    async with running("relay", "--port", "0", *hooks, cwd=tmp_path) as relay:
+        await relay.wait_for_line("^slowapp: importing$")
+        code, _ = await relay.stop(signum)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signum, "slowapp: importing")
+
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[tuple[int, asyncio.Event]]:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers: its port, and an
+    event set once it has accepted one."""
+    accepted = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        accepted.set()
+
+    server = await asyncio.start_server(hold, HOST, 0)
+    try:
+        yield server.sockets[0].getsockname()[1], accepted
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", STOPS, ids=["SIGTERM", "SIGINT"])
+async def test_relay_stops_in_one_line_while_it_waits_for_redis_at_start_up(signum: int) -> None:
+    """Start-up: serving, but its start-up line waits for the first attempt to reach Redis
+    (a Redis that never answers); the stop does not wait for it, nor print that line."""
+    async with silent_server() as (port, accepted):
+        redis = f"redis://{HOST}:{port}/0"
+        async with running("relay", "--port", "0", *HOOKS, "--redis-url", redis) as relay:
+            await asyncio.wait_for(accepted.wait(), WAIT)
+            code, _ = await relay.stop(signum)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signum, "")
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", STOPS, ids=["SIGTERM", "SIGINT"])
+async def test_relay_stops_in_one_line_with_a_browser_connected(signum: int) -> None:
+    async with running("relay", "--port", "0", *HOOKS) as relay:
+        port = int((await relay.wait_for_line(STARTUP)).group(2))
+        browser = Browser(reconnect=False)
+        try:
+            await browser.connect(port, auth={"token": "token-of-alice"})
+            assert await browser.join("conv-of-alice") == {"ok": True}
+            code, _ = await relay.stop(signum)
+        finally:
+            await browser.close()
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signum, STARTUP)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+async def test_a_closed_terminal_stops_the_relay_in_one_line_unless_nohup_ignores_it() -> None:
+    async with running("relay", "--port", "0", *HOOKS) as relay:
+        await relay.wait_for_line(STARTUP)
+        code, _ = await relay.stop(signal.SIGHUP)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signal.SIGHUP, STARTUP)
+    nohup = shutil.which("nohup")
+    if nohup is None:
+        pytest.skip("no nohup here")
+    async with running("relay", "--port", "0", *HOOKS, command=[nohup, *CLI]) as relay:
+        await relay.wait_for_line(STARTUP)
+        relay.proc.send_signal(signal.SIGHUP)  # ignored, as nohup asks
+        code, _ = await relay.stop(signal.SIGTERM)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signal.SIGTERM, STARTUP)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", STOPS, ids=["SIGTERM", "SIGINT"])
+async def test_tail_stops_in_one_line_while_it_connects(signum: int) -> None:
+    """Start-up: a server that accepts the connection and never answers holds ``tail`` in
+    its handshake."""
+    async with silent_server() as (port, accepted):
+        args = ["--url", f"http://{HOST}:{port}", "--conversation", "conv-1", "--timeout", "100"]
+        async with running("tail", *args) as tail:
+            await asyncio.wait_for(accepted.wait(), WAIT)
+            code, _ = await tail.stop(signum)
+    assert_stopped_cleanly(code, tail.err, "kernel-ext tail", signum, "")

@@ -1,14 +1,17 @@
 """Test helpers for the ``kernel-ext`` command run as a real subprocess: its environment (the
-tests' secret, tests/support on the path for the hooks module), a long-running command read
-line by line from its stderr, and the relay's start-up line."""
+tests' secret, tests/support on the path for the hooks module),
+a long-running command read line by line from its stderr, the relay's start-up line, and how
+every command ends on a stop signal (:func:`assert_stopped_cleanly`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import re
+import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 from support.relay_helpers import support_env
 
@@ -49,13 +52,19 @@ class Running:
 
 
 @contextlib.asynccontextmanager
-async def running(*args: str) -> AsyncIterator[Running]:
-    """``kernel-ext ARGS`` started (stdout and stderr piped), killed at the end if it still
-    runs."""
+async def running(
+    *args: str,
+    command: Sequence[str] = CLI,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> AsyncIterator[Running]:
+    """``kernel-ext ARGS`` (``command ARGS``, in ``cwd``) started (stdout and stderr piped),
+    killed at the end if it still runs."""
     proc = await asyncio.create_subprocess_exec(
-        *CLI,
+        *command,
         *args,
-        env=cli_env(),
+        cwd=cwd,
+        env=env if env is not None else cli_env(),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -73,3 +82,30 @@ STARTUP = (
     r"(?:, page (\S+))?$"
 )
 """The relay's start-up line: its URL, port, auth mode and page (when it serves one)."""
+
+
+# -- a stop signal -------------------------------------------------------------------------
+
+EXIT_AFTER = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+"""The exit status of a command a stop signal ended: ``128 + n``, as a shell reports it."""
+
+
+def stopping_line(prog: str, signum: int) -> str:
+    """The one line a command writes when stop signal ``signum`` arrives."""
+    return f"{prog}: stopping ({signal.Signals(signum).name})"
+
+
+def assert_stopped_cleanly(
+    code: int, err: Sequence[str], prog: str, signum: int, before: str, out: str = ""
+) -> None:
+    """How every long-running command ends on a stop signal, whatever it was doing: exit
+    status ``128 + n``, no traceback, and one line saying so, the last on stderr; each line
+    before it is one the command prints before the signal (matches ``before``)."""
+    text = "\n".join([*err, out])
+    assert code == EXIT_AFTER[signal.Signals(signum)], (code, text)
+    for word in ("Traceback", "CancelledError", "KeyboardInterrupt"):
+        assert word not in text, text
+    assert err, "nothing on stderr"
+    assert err[-1] == stopping_line(prog, signum), err
+    for line in err[:-1]:
+        assert re.fullmatch(before, line), (line, err)
