@@ -1,5 +1,5 @@
 """What every ``kernel-ext`` command shares: one-line argument errors, option types, the
-listening socket, exit codes, how a stop signal ends it.
+listening socket, exit codes, how a stop signal ends it, the application directory.
 
 * :class:`Parser` reports a bad command line as one line on stderr,
   ``<prog>: error: <what>``, and exits with :data:`EXIT_USAGE` (2) — never a usage block,
@@ -16,6 +16,8 @@ listening socket, exit codes, how a stop signal ends it.
   command, in every phase (:func:`run_command`, :class:`StopSignals`,
   :func:`on_stop_signal`, :func:`run_until_stopped`): one line on stderr,
   ``<prog>: stopping (SIGINT)``, then exit ``128 + n`` — never a traceback.
+* :func:`use_app_dir` puts an application directory first on the import path, as uvicorn's
+  ``--app-dir`` does, before a command imports ``module:function`` hooks.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import errno
 import math
+import os
 import signal
 import socket
 import sys
@@ -56,6 +59,7 @@ __all__ = [
     "seconds",
     "url_host",
     "usage_error",
+    "use_app_dir",
 ]
 
 EXIT_OK = 0
@@ -224,6 +228,23 @@ def listen(host: str, port_number: int) -> socket.socket:
             message = f"cannot listen on {where}: {exc.strerror or exc}"
         raise CommandLineError(message) from None
     return sock
+
+
+# -- the application directory ---------------------------------------------------------------
+
+
+def use_app_dir(directory: str, option: str = "--app-dir") -> str:
+    """Put ``directory`` (relative to the working directory) first on ``sys.path`` and return
+    it as an absolute path: ``module:function`` specs are then looked up there before the
+    installed packages, as ``python -m`` does with the working directory and uvicorn with
+    its ``--app-dir``. Raises :class:`CommandLineError` naming ``option`` when it is not a
+    directory."""
+    path = os.path.abspath(directory)
+    if not os.path.isdir(path):
+        raise CommandLineError(f"{option} {directory!r} is not a directory")
+    if not sys.path or sys.path[0] != path:
+        sys.path.insert(0, path)
+    return path
 
 
 # -- stopping on a signal --------------------------------------------------------------------

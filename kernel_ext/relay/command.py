@@ -13,9 +13,12 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   2 naming every unmet requirement at once (``N problems: (1) …; (2) …`` when there are
   several): no ``KERNEL_EXT_SECRET``, one shorter than 16 bytes (with how to make one), a
   Redis URL redis-py cannot parse, any other ``KERNEL_EXT_*`` value that does not parse,
-  missing hooks, a non-loopback host without them, a hook that does not load, a host or
-  port it cannot listen on. A command line argparse cannot parse (an unknown option, a
-  port that is not a number) is refused first, alone, the same way.
+  missing hooks, a non-loopback host without them, an ``--app-dir`` that is not a
+  directory, a hook that does not load, a host or port it cannot listen on. A command line
+  argparse cannot parse (an unknown option, a port that is not a number) is refused first,
+  alone, the same way.
+* Hooks are imported from its app directory first, then from the installed packages: the
+  working directory, or ``--app-dir``, is put first on ``sys.path``, as uvicorn does.
 * A Redis that does not answer does not stop it: it starts, says so at WARNING with the
   retry schedule, is not ready (``/readyz`` 503) and keeps trying until Redis answers.
 * It answers ``/healthz`` and ``/readyz`` (:mod:`kernel_ext.relay.health`) and serves the
@@ -51,6 +54,7 @@ from kernel_ext._command_line import (
     run_command,
     url_host,
     usage_error,
+    use_app_dir,
 )
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import NAMESPACE
@@ -94,7 +98,7 @@ _EPILOG = (
     f"make one with: {MAKE_SECRET}). Without both --authenticate and "
     "--authorize-join the relay refuses to start, unless --allow-anyone is given on a "
     "loopback --host. It answers GET /healthz (liveness) and GET /readyz (readiness). "
-    "SIGINT or SIGTERM stop it (exit status 130 or 143)."
+    "Ctrl-C or SIGTERM: exit 130 or 143."
 )
 
 
@@ -163,6 +167,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: none, every join is allowed)",
     )
     parser.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="import the hooks from DIR first (default: working dir)",
+    )
+    parser.add_argument(
         "--allow-anyone",
         action="store_true",
         help="start without both hooks (loopback --host only): any browser may join any "
@@ -184,7 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-page",
         action="store_true",
         help=f"do not serve the example page and its files under {PAGE_PREFIX}/ (default: "
-        f"serve {PAGE_PREFIX}/{PAGE}?conversation=ID&token=T)",
+        "serve them)",
     )
 
 
@@ -218,11 +228,14 @@ def _openness(authenticate: str | None, authorize_join: str | None) -> str:
     return ""
 
 
-def _load_hook(option: str, spec: str) -> Callable[..., Any] | str:
-    """The hook ``spec`` names, or the problem (a string) when it cannot be loaded."""
+def _load_hook(option: str, spec: str, app_dir: str | None) -> Callable[..., Any] | str:
+    """The hook ``spec`` names, or the problem (a string) when it cannot be loaded; a module
+    not found names the app directory it was looked for in."""
     try:
         return load_callable(spec, option)
     except ConfigError as exc:
+        if app_dir is not None and isinstance(exc.__cause__, ModuleNotFoundError):
+            return f"{exc}; the app directory (--app-dir) is {app_dir}"
         return str(exc)
     except Exception as exc:  # the module itself failed while importing
         return f"{option} {spec!r} cannot be loaded ({type(exc).__name__}: {exc})"
@@ -300,7 +313,8 @@ def _problems(
 ) -> tuple[Settings, list[str], dict[str, Callable[..., Any]], socket.socket | None]:
     """Every requirement ``args`` and the environment do not meet (in the order a reader
     checks them: settings, secret, hooks, host and port), with what was found meanwhile:
-    the settings, the loaded hooks and the listening socket."""
+    the settings, the loaded hooks and the listening socket. The app directory is put on
+    the import path before the hooks are loaded."""
     settings, bad = read_settings(
         labels=_OPTIONS,
         redis_url=args.redis_url,
@@ -325,12 +339,17 @@ def _problems(
             "or --allow-anyone to accept that"
         )
     hooks: dict[str, Callable[..., Any]] = {}
+    app_dir = None
+    try:
+        app_dir = use_app_dir(args.app_dir)
+    except CommandLineError as exc:
+        problems.append(str(exc))
     for option, spec in (
         ("--authenticate", args.authenticate),
         ("--authorize-join", args.authorize_join),
     ):
         if spec:
-            hook = _load_hook(option, spec)
+            hook = _load_hook(option, spec, app_dir)
             if isinstance(hook, str):
                 problems.append(hook)
             else:
@@ -350,8 +369,8 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
     through :class:`SystemExit`) without both hooks unless ``--allow-anyone`` is given, and
     without both hooks on a non-loopback ``--host`` (:func:`is_loopback_host`) even then;
     without a ``KERNEL_EXT_SECRET`` of at least 16 bytes; with a Redis URL that does not
-    parse, a ``KERNEL_EXT_*`` variable that does not parse, a hook that cannot be loaded,
-    a host or port it cannot listen on."""
+    parse, a ``KERNEL_EXT_*`` variable that does not parse, an ``--app-dir`` that is not a
+    directory, a hook that cannot be loaded, a host or port it cannot listen on."""
     prog = prog or getattr(args, "prog", None) or "kernel-ext relay"
     settings, problems, hooks, sock = _problems(args)
     if problems or sock is None:

@@ -9,6 +9,10 @@
   ``relay`` while it imports its hooks, while it serves, with a browser connected; ``tail``
   while it connects and while it follows (issue 33, item 4; the demo's phases are in
   test_demo_process.py); ``relay`` prints one start-up line first.
+* docs/deployment.md's systemd unit works as written: its ``ExecStart`` arguments, run by the
+  installed console script in its ``WorkingDirectory``, load the hooks module there; the
+  app directory is the working directory unless ``--app-dir`` names another, and one that
+  is not a directory, or lacks the module, is refused naming it (issue 33, item 3).
 * ``--version`` prints the package's version; ``relay --help`` shows every option with its
   default; ``python -m kernel_ext.relay`` is the same command, without a RuntimeWarning;
   ``python -m kernel_ext`` is ``kernel-ext``.
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
+import json
 import os
 import shutil
 import signal
@@ -29,13 +34,19 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import socketio
 from support.cli_helpers import (
     CLI,
+    CONSOLE_SCRIPT,
+    SECRET,
     STARTUP,
     WAIT,
     assert_stopped_cleanly,
     cli_env,
     running,
+    unit,
+    unit_command,
+    write_documented_app,
 )
 from support.network import HOST, free_port, http_request
 from support.relay_helpers import HOOKS, Browser
@@ -226,7 +237,7 @@ def test_version_is_the_packages() -> None:
 
 
 def test_python_m_kernel_ext_is_the_kernel_ext_command() -> None:
-    script = shutil.which("kernel-ext", path=str(Path(sys.executable).parent))
+    script = shutil.which(CONSOLE_SCRIPT.name, path=str(CONSOLE_SCRIPT.parent))
     assert script is not None, "the kernel-ext console script is not installed next to python"
     for args, code in ((["--version"], 0), (["relay", "--port", "-1", *HOOKS], 2)):
         runs = [
@@ -466,3 +477,92 @@ async def test_tail_stops_in_one_line_while_it_connects(signum: int) -> None:
             await asyncio.wait_for(accepted.wait(), WAIT)
             code, _ = await tail.stop(signum)
     assert_stopped_cleanly(code, tail.err, "kernel-ext tail", signum, "")
+
+
+# -- the app directory: the documented unit as written --------------------------------------
+
+
+def unit_env() -> dict[str, str]:
+    """The unit's environment file (its comment names the secret and a Redis URL; one web
+    process needs no Redis): the secret, and nothing added to the import path."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_EXT_")}
+    return {**base, "KERNEL_EXT_SECRET": SECRET}
+
+
+async def assert_the_documented_hooks_hold(port: int) -> None:
+    """docs/web.md's myapp/auth.py is the relay's: a wrong token is refused, alice's is
+    accepted, and alice may join conv-1 and no other conversation."""
+    intruder = Browser("intruder", reconnect=False)
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await intruder.connect(port, auth={"token": "wrong"})
+    await intruder.close()
+    alice = Browser("alice", reconnect=False)
+    try:
+        await alice.connect(port, auth={"token": "token-of-alice"})
+        assert await alice.join("conv-1") == {"ok": True}
+        assert await alice.join("conv-2") == {"ok": False, "error": "forbidden"}
+    finally:
+        await alice.close()
+    status, _, body = await asyncio.to_thread(http_request, f"http://{HOST}:{port}/readyz")
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+async def test_the_documented_unit_loads_the_hooks_from_its_working_directory(
+    tmp_path: Path,
+) -> None:
+    """docs/deployment.md's unit as systemd runs it: the installed console script, in the
+    ``WorkingDirectory`` (holding docs/web.md's myapp/auth.py), with exactly the
+    ``ExecStart`` arguments; SIGTERM, systemd's stop, ends it with a status the unit counts
+    as a success."""
+    settings = unit()
+    port = free_port()
+    argv = unit_command(port)
+    assert argv[0] == f"{settings['WorkingDirectory']}/venv/bin/{CONSOLE_SCRIPT.name}"
+    app = write_documented_app(tmp_path / "srv-myapp")
+    async with running(*argv[1:], command=[str(CONSOLE_SCRIPT)], cwd=app, env=unit_env()) as relay:
+        found = await relay.wait_for_line(STARTUP)
+        assert int(found.group(2)) == port
+        await assert_the_documented_hooks_hold(port)
+        code, _ = await relay.stop(signal.SIGTERM)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signal.SIGTERM, STARTUP)
+    assert str(code) in settings["SuccessExitStatus"].split()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("spelled", ["absolute", "relative"])
+async def test_app_dir_names_another_directory_to_import_the_hooks_from(
+    tmp_path: Path, spelled: str
+) -> None:
+    app = write_documented_app(tmp_path / "apps" / "myapp-1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    app_dir = str(app) if spelled == "absolute" else "../apps/myapp-1"
+    port = free_port()
+    args = [*unit_command(port)[1:], "--app-dir", app_dir]
+    command = [str(CONSOLE_SCRIPT)]
+    async with running(*args, command=command, cwd=elsewhere, env=unit_env()) as relay:
+        await relay.wait_for_line(STARTUP)
+        await assert_the_documented_hooks_hold(port)
+        await relay.stop(signal.SIGTERM)
+
+
+def test_an_app_dir_that_is_no_directory_or_lacks_the_hooks_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    argv = unit_command(0)
+    hooks = argv[argv.index("--authenticate") :]
+    assert hooks == [
+        "--authenticate",
+        "myapp.auth:authenticate",
+        "--authorize-join",
+        "myapp.auth:authorize_join",
+    ]
+    missing = tmp_path / "nowhere"
+    line = one_line(kernel_ext("relay", "--port", "0", "--app-dir", str(missing), *hooks), 2)
+    assert f"--app-dir '{missing}' is not a directory" in line
+    line = one_line(kernel_ext("relay", "--port", "0", "--app-dir", str(tmp_path), *hooks), 2)
+    not_found = "(ModuleNotFoundError: No module named 'myapp'); the app directory (--app-dir)"
+    assert line.count(f"{not_found} is {tmp_path}") == 2, line

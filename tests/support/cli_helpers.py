@@ -1,23 +1,28 @@
 """Test helpers for the ``kernel-ext`` command run as a real subprocess: its environment (the
-tests' secret, tests/support on the path for the hooks module),
-a long-running command read line by line from its stderr, the relay's start-up line, and how
-every command ends on a stop signal (:func:`assert_stopped_cleanly`)."""
+tests' secret, tests/support on the path for the hooks module), its installed console script,
+a long-running command read line by line from its stderr, the relay's start-up line, how
+every command ends on a stop signal (:func:`assert_stopped_cleanly`), and the systemd unit
+and hooks module the docs show (:func:`unit`, :func:`write_documented_app`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import re
+import shlex
 import signal
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
+from support import ROOT
 from support.relay_helpers import support_env
 
 SECRET = "s3cret-for-cli-tests"
 WAIT = 30.0
 CLI = [sys.executable, "-m", "kernel_ext.cli"]
+CONSOLE_SCRIPT = Path(sys.executable).parent / "kernel-ext"
+"""The installed ``kernel-ext`` entry point next to this Python (a venv's, a tox env's)."""
 
 
 def cli_env() -> dict[str, str]:
@@ -109,3 +114,37 @@ def assert_stopped_cleanly(
     assert err[-1] == stopping_line(prog, signum), err
     for line in err[:-1]:
         assert re.fullmatch(before, line), (line, err)
+
+
+# -- what the docs show ----------------------------------------------------------------------
+
+DEPLOYMENT = ROOT / "docs" / "deployment.md"
+WEB = ROOT / "docs" / "web.md"
+
+
+def unit() -> dict[str, str]:
+    """The systemd unit of docs/deployment.md (its one ``ini`` block): each setting's value."""
+    text = DEPLOYMENT.read_text(encoding="utf-8")
+    (block,) = re.findall(r"^```ini\n(.*?)^```$", text, re.S | re.M)
+    settings = {}
+    for line in block.splitlines():
+        name, equals, value = line.partition("=")
+        if equals and not line.startswith(("#", "[")):
+            settings[name.strip()] = value.strip()
+    return settings
+
+
+def unit_command(port: int) -> list[str]:
+    """The unit's ``ExecStart`` as argv, with ``port`` for ``%i``."""
+    return shlex.split(unit()["ExecStart"].replace("%i", str(port)))
+
+
+def write_documented_app(folder: Path) -> Path:
+    """``folder/myapp/auth.py`` as docs/web.md shows it (token-of-alice is alice, who may join
+    conv-1; any other token is refused); returns ``folder``."""
+    text = WEB.read_text(encoding="utf-8")
+    (module,) = re.findall(r"^```python\n(# myapp/auth\.py\n.*?)^```$", text, re.S | re.M)
+    (folder / "myapp").mkdir(parents=True)
+    (folder / "myapp" / "__init__.py").write_text("", encoding="utf-8")
+    (folder / "myapp" / "auth.py").write_text(module, encoding="utf-8")
+    return folder
