@@ -2,7 +2,8 @@
 
 Conventions of every subcommand (:mod:`kernel_ext._command_line`): a bad command line is one line on
 stderr and exit status 2, never a usage block or a traceback; ``--help`` lists every option
-with its default; a command stopped by SIGINT or SIGTERM exits with 130 or 143.
+with its default; a command stopped by SIGINT, SIGTERM or SIGHUP, in any phase, says so in
+one line on stderr and exits with 130, 143 or 129, never with a traceback.
 """
 
 from __future__ import annotations
@@ -14,11 +15,10 @@ import json
 import sys
 from collections.abc import Sequence
 
-from kernel_ext import demo
-from kernel_ext._command_line import Parser
+from kernel_ext._command_line import Parser, StopSignals, run_command
 from kernel_ext._version import __version__
-from kernel_ext.relay import command as relay_command
-from kernel_ext.viewing import tail
+
+PROG = "kernel-ext"
 
 
 def _cmd_schema(args: argparse.Namespace) -> int:
@@ -45,7 +45,12 @@ def _version() -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kernel-ext``; each subcommand sets ``func``."""
-    parser = Parser(prog="kernel-ext", description="Live, attributed tool-call detail streams.")
+    # The commands are imported here, where a stop signal already ends them in one line.
+    from kernel_ext import demo
+    from kernel_ext.relay import command as relay_command
+    from kernel_ext.viewing import tail
+
+    parser = Parser(prog=PROG, description="Live, attributed tool-call detail streams.")
     parser.add_argument("--version", action="version", version=f"kernel-ext {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     relay = sub.add_parser(
@@ -88,13 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``kernel-ext``; returns the process exit code."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # reported by the subcommand that got them, with its own usage
+
+    def command(stop: StopSignals) -> int:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
         owner = args.subparsers.get(args.command, parser)
-        owner.error(f"unrecognized arguments: {' '.join(extra)}")
-    code: int = args.func(args)
-    return code
+        if extra:  # reported by the subcommand that got them, with its own usage
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
+        stop.prog = owner.prog
+        code: int = args.func(args)
+        return code
+
+    return run_command(PROG, command)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import sys
 
-from kernel_ext._command_line import Parser
+from kernel_ext._command_line import Parser, StopSignals, run_command
 from kernel_ext.demo import add_arguments, run
 
-if __name__ == "__main__":
-    parser = Parser(prog="python -m kernel_ext.demo")
+PROG = "python -m kernel_ext.demo"
+
+
+def _command(stop: StopSignals) -> int:
+    parser = Parser(prog=PROG)
     add_arguments(parser)
-    sys.exit(run(parser.parse_args()))
+    return run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    sys.exit(run_command(PROG, _command))

@@ -15,7 +15,8 @@ Guarantees:
 * ``--headless``: one scripted conversation, printed as ``kernel-ext tail --lang`` prints;
   exit 0 once the agent answered every question and every tool call ended ``done``, else 1.
 * Exit 2 when ``--host``/``--port`` cannot be served (one line says why); 130 after Ctrl-C
-  (SIGINT), 143 after SIGTERM, 129 after SIGHUP.
+  (SIGINT), 143 after SIGTERM, 129 after SIGHUP, in any phase, with one line and no
+  traceback (:class:`kernel_ext._command_line.StopSignals`).
 * Logs are removed after a clean run and kept (path printed) after a failure.
 
 Design: docs/contracts.md, "The demo's processes".
@@ -44,7 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kernel_ext._command_line import EXIT_USAGE, CommandLineError, exit_code_after, listen
+from kernel_ext._command_line import (
+    EXIT_USAGE,
+    CommandLineError,
+    exit_code_after,
+    listen,
+    run_until_stopped,
+)
 from kernel_ext.demo.script import (
     COLLEAGUES,
     DEFAULT_BEAT,
@@ -59,7 +66,7 @@ __all__ = ["EXIT_FAILED", "EXIT_INTERRUPTED", "EXIT_OK", "Child", "Options", "Su
 
 EXIT_OK = 0
 EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = exit_code_after(signal.SIGINT)
 """After Ctrl-C (SIGINT); another stop signal gives its own ``128 + n``."""
 _STOP_GRACE = 5.0
 _STARTUP_LIMIT = 60.0
@@ -322,7 +329,9 @@ async def _converse(url: str, out: TextIO, err: TextIO, lang: str) -> int:
 
     transcript = _Transcript(out, lang)
     conversation_id = f"demo-headless-{uuid.uuid4().hex[:12]}"
-    sio = socketio.AsyncClient(reconnection=False)
+    # handle_sigint=False: Ctrl-C is the command's (a clean stop), not engineio's
+    # cancel-every-task.
+    sio = socketio.AsyncClient(reconnection=False, handle_sigint=False)
     sio.on(TOOL_EVENT_STREAM, transcript.on_block, namespace=NAMESPACE)
     sio.on(CHAT_EVENT, transcript.on_chat_event, namespace=NAMESPACE)
     try:
@@ -389,8 +398,8 @@ def _url_host(host: str) -> str:
 
 
 async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> int:
-    stop = asyncio.Event()
-    stopped_by = _stop_on_signals(stop)
+    """The demo until it ends; a stop signal cancels it (:func:`launch`), and its children
+    are stopped on every way out."""
     if options.redis:
         await _check_redis(options.redis)
     env = {
@@ -407,47 +416,26 @@ async def _main(options: Options, out: TextIO, err: TextIO, log_dir: Path) -> in
         err.flush()
         job = asyncio.ensure_future(_run(supervisor, options, url, colleague_urls, out, err))
         watcher = asyncio.ensure_future(_watch(supervisor))
-        stopper = asyncio.ensure_future(stop.wait())
-        done, _ = await asyncio.wait(
-            {job, watcher, stopper},
-            timeout=options.time_limit,
-            return_when=asyncio.FIRST_COMPLETED,
-        )
-        for task in (job, watcher, stopper):
-            if task not in done:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        try:
+            done, _ = await asyncio.wait(
+                {job, watcher}, timeout=options.time_limit, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for task in (job, watcher):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
         if job in done:
             return job.result()
         if watcher in done:
             return watcher.result()  # raises DemoFailed: a child died
-        if stopper in done:
-            err.write("kernel-ext demo: stopping\n")
-            return exit_code_after(stopped_by[0]) if stopped_by else EXIT_INTERRUPTED
         if options.headless:
             raise DemoFailed(f"the conversation did not finish within {options.time_limit:g} s")
         err.write(f"kernel-ext demo: time limit of {options.time_limit:g} s reached; stopping\n")
         return EXIT_OK
     finally:
         supervisor.stop()
-
-
-def _stop_on_signals(stop: asyncio.Event) -> list[int]:
-    """Set ``stop`` on SIGINT, SIGTERM or SIGHUP; the list it returns gets the signal."""
-    loop = asyncio.get_running_loop()
-    stopped_by: list[int] = []
-
-    def on_signal(signum: int) -> None:
-        stopped_by.append(signum)
-        stop.set()
-
-    for name in ("SIGINT", "SIGTERM", "SIGHUP"):
-        signum = getattr(signal, name, None)
-        if signum is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(signum, on_signal, signum)
-    return stopped_by
 
 
 def _start_children(supervisor: Supervisor, options: Options, url: str) -> list[str]:
@@ -538,20 +526,21 @@ def launch(options: Options, out: TextIO | None = None, err: TextIO | None = Non
         err.flush()
         return EXIT_USAGE
     log_dir = Path(tempfile.mkdtemp(prefix="kernel-ext-demo-"))
-    code = EXIT_FAILED
+    code = None  # stays None when a stop signal ends it here (kernel_ext._command_line)
     try:
-        code = asyncio.run(_main(options, out, err, log_dir))
+        code = run_until_stopped(_main(options, out, err, log_dir))
     except DemoFailed as exc:
+        code = EXIT_FAILED
         err.write(f"kernel-ext demo: {exc}\n")
-    except KeyboardInterrupt:  # a Ctrl-C before the loop's handler was in place
-        code = EXIT_INTERRUPTED
     except Exception:  # a defect: say so, the children are stopped already
+        code = EXIT_FAILED
         err.write("kernel-ext demo: unexpected error\n")
         traceback.print_exc(file=err)
     finally:
-        if code == EXIT_OK or code > 128 or not any(log_dir.iterdir()):  # > 128: stopped
-            shutil.rmtree(log_dir, ignore_errors=True)
-        else:
+        failed = code is not None and code != EXIT_OK and code <= 128  # > 128: stopped
+        if failed and any(log_dir.iterdir()):
             err.write(f"kernel-ext demo: the processes' logs are in {log_dir}\n")
+        else:
+            shutil.rmtree(log_dir, ignore_errors=True)
         err.flush()
     return code

@@ -13,9 +13,12 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   2 naming every unmet requirement at once (``N problems: (1) …; (2) …`` when there are
   several): no ``KERNEL_EXT_SECRET``, one shorter than 16 bytes (with how to make one), a
   Redis URL redis-py cannot parse, any other ``KERNEL_EXT_*`` value that does not parse,
-  missing hooks, a non-loopback host without them, a hook that does not load, a host or
-  port it cannot listen on. A command line argparse cannot parse (an unknown option, a
-  port that is not a number) is refused first, alone, the same way.
+  missing hooks, a non-loopback host without them, an ``--app-dir`` that is not a
+  directory, a hook that does not load, a host or port it cannot listen on. A command line
+  argparse cannot parse (an unknown option, a port that is not a number) is refused first,
+  alone, the same way.
+* Hooks are imported from its app directory first, then from the installed packages: the
+  working directory, or ``--app-dir``, is put first on ``sys.path``, as uvicorn does.
 * A Redis that does not answer does not stop it: it starts, says so at WARNING with the
   retry schedule, is not ready (``/readyz`` 503) and keeps trying until Redis answers.
 * It answers ``/healthz`` and ``/readyz`` (:mod:`kernel_ext.relay.health`) and serves the
@@ -27,7 +30,8 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   English. Everything else it writes there is a log record of ``--log-level`` or above (its
   own, uvicorn's, the libraries'), each as ``<prog>: <level>: <message>`` (a traceback on the
   lines after).
-* SIGINT and SIGTERM stop it gracefully; it then exits with 130 or 143.
+* SIGINT, SIGTERM and SIGHUP stop it gracefully, in one line, with exit status 130, 143 or
+  129 (:class:`kernel_ext._command_line.StopSignals`); one at start-up too.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
-import signal
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -44,14 +47,16 @@ from typing import Any
 
 from kernel_ext._command_line import (
     EXIT_OK,
-    STOP_SIGNALS,
     CommandLineError,
     Parser,
-    exit_code_after,
+    StopSignals,
     listen,
+    on_stop_signal,
     port_or_zero,
+    run_command,
     url_host,
     usage_error,
+    use_app_dir,
 )
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import NAMESPACE
@@ -116,7 +121,7 @@ _EPILOG = (
     "loopback --host. The caps --max-browsers, --max-per-identity, --max-browser-rooms "
     "and --join-rate hold per web process; each defaults to its KERNEL_EXT_ variable "
     f"({env_name('max_browsers')} …) if set. It answers GET /healthz (liveness) and "
-    "GET /readyz (readiness). SIGINT or SIGTERM stop it (exit status 130 or 143)."
+    "GET /readyz (readiness). Ctrl-C or SIGTERM: exit 130 or 143."
 )
 
 
@@ -186,6 +191,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: none, every join is allowed)",
     )
     parser.add_argument(
+        "--app-dir",
+        default=".",
+        metavar="DIR",
+        help="import the hooks from DIR first (default: working dir)",
+    )
+    parser.add_argument(
         "--allow-anyone",
         action="store_true",
         help="start without both hooks (loopback --host only): any browser may join any "
@@ -211,7 +222,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-page",
         action="store_true",
         help=f"do not serve the example page and its files under {PAGE_PREFIX}/ (default: "
-        f"serve {PAGE_PREFIX}/{PAGE}?conversation=ID&token=T)",
+        "serve them)",
     )
 
 
@@ -245,11 +256,14 @@ def _openness(authenticate: str | None, authorize_join: str | None) -> str:
     return ""
 
 
-def _load_hook(option: str, spec: str) -> Callable[..., Any] | str:
-    """The hook ``spec`` names, or the problem (a string) when it cannot be loaded."""
+def _load_hook(option: str, spec: str, app_dir: str | None) -> Callable[..., Any] | str:
+    """The hook ``spec`` names, or the problem (a string) when it cannot be loaded; a module
+    not found names the app directory it was looked for in."""
     try:
         return load_callable(spec, option)
     except ConfigError as exc:
+        if app_dir is not None and isinstance(exc.__cause__, ModuleNotFoundError):
+            return f"{exc}; the app directory (--app-dir) is {app_dir}"
         return str(exc)
     except Exception as exc:  # the module itself failed while importing
         return f"{option} {spec!r} cannot be loaded ({type(exc).__name__}: {exc})"
@@ -285,59 +299,44 @@ def _startup_line(
     return f"{prog}: serving {url}, namespace {namespace}, auth: {_auth_mode(args)}, {where}{page}"
 
 
-@contextlib.contextmanager
-def _stop_on_signals(on_signal: Callable[[int], None]) -> Iterator[None]:
-    """SIGINT and SIGTERM call ``on_signal(signum)`` on the running loop while inside."""
-    loop = asyncio.get_running_loop()
-    installed: list[int] = []
-    for signum in STOP_SIGNALS:
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-            loop.add_signal_handler(signum, on_signal, signum)
-            installed.append(signum)
-    try:
-        yield
-    finally:
-        for each in installed:
-            loop.remove_signal_handler(each)
-
-
 def _serve(
     app: Any, sock: socket.socket, log_level: str, announce: Callable[[], Awaitable[None]]
 ) -> int:
-    """Serve ``app`` on the listening ``sock`` until SIGINT/SIGTERM; the exit code."""
+    """Serve ``app`` on the listening ``sock`` until a stop signal; the exit code."""
     import uvicorn
 
     class Server(uvicorn.Server):
-        """uvicorn's server, but the signal that stopped it becomes the exit code instead
-        of being raised again after the graceful shutdown, and the start-up line is printed
-        once it serves (its signal handlers in place: a SIGTERM after the line is a clean
-        stop)."""
+        """uvicorn's server, but a stop signal is the command's (it asks uvicorn for its
+        graceful shutdown and is never raised again after it), and the start-up line is
+        printed once it serves — unless a stop signal comes first, even while the line
+        waits for the first attempt to reach Redis."""
 
-        stopped_by: int | None = None
+        announcing: asyncio.Future[None] | None = None
 
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
-            with _stop_on_signals(self.stop):
+            with on_stop_signal(self.stop):
                 yield
 
         def stop(self, signum: int) -> None:
-            if self.stopped_by is None:
-                self.stopped_by = signum
             self.handle_exit(signum, None)
+            if self.announcing is not None:
+                self.announcing.cancel()
 
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
-            if self.started:
-                await announce()
+            if self.started and not self.should_exit:
+                self.announcing = asyncio.ensure_future(announce())
+                await asyncio.wait({self.announcing})  # cancelled by a stop: no line
+                if not self.announcing.cancelled():
+                    self.announcing.result()
 
     # Lifespan events on: the app starts its Redis listener at start-up (relay.health).
     # log_config=None: uvicorn's records go to the handler run() set up, in its format.
-    server = Server(uvicorn.Config(app, log_level=log_level, log_config=None, lifespan="on"))
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # a SIGINT before the loop's handler was in place
-        return exit_code_after(signal.SIGINT)
-    return exit_code_after(server.stopped_by) if server.stopped_by is not None else EXIT_OK
+    Server(uvicorn.Config(app, log_level=log_level, log_config=None, lifespan="on")).run(
+        sockets=[sock]
+    )
+    return EXIT_OK
 
 
 def _problems(
@@ -345,7 +344,8 @@ def _problems(
 ) -> tuple[Settings, list[str], dict[str, Callable[..., Any]], socket.socket | None]:
     """Every requirement ``args`` and the environment do not meet (in the order a reader
     checks them: settings, secret, hooks, host and port), with what was found meanwhile:
-    the settings, the loaded hooks and the listening socket."""
+    the settings, the loaded hooks and the listening socket. The app directory is put on
+    the import path before the hooks are loaded."""
     settings, bad = read_settings(
         labels=_OPTIONS,
         redis_url=args.redis_url,
@@ -371,12 +371,17 @@ def _problems(
             "or --allow-anyone to accept that"
         )
     hooks: dict[str, Callable[..., Any]] = {}
+    app_dir = None
+    try:
+        app_dir = use_app_dir(args.app_dir)
+    except CommandLineError as exc:
+        problems.append(str(exc))
     for option, spec in (
         ("--authenticate", args.authenticate),
         ("--authorize-join", args.authorize_join),
     ):
         if spec:
-            hook = _load_hook(option, spec)
+            hook = _load_hook(option, spec, app_dir)
             if isinstance(hook, str):
                 problems.append(hook)
             else:
@@ -396,8 +401,8 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
     through :class:`SystemExit`) without both hooks unless ``--allow-anyone`` is given, and
     without both hooks on a non-loopback ``--host`` (:func:`is_loopback_host`) even then;
     without a ``KERNEL_EXT_SECRET`` of at least 16 bytes; with a Redis URL that does not
-    parse, a ``KERNEL_EXT_*`` variable that does not parse, a hook that cannot be loaded,
-    a host or port it cannot listen on."""
+    parse, a ``KERNEL_EXT_*`` variable that does not parse, an ``--app-dir`` that is not a
+    directory, a hook that cannot be loaded, a host or port it cannot listen on."""
     prog = prog or getattr(args, "prog", None) or "kernel-ext relay"
     settings, problems, hooks, sock = _problems(args)
     if problems or sock is None:
@@ -455,7 +460,10 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel_ext.relay") -> int:
     """``python -m kernel_ext.relay``: the same command as ``kernel-ext relay``."""
-    parser = Parser(prog=prog)
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    return run(args, prog)
+
+    def command(stop: StopSignals) -> int:
+        parser = Parser(prog=prog)
+        add_arguments(parser)
+        return run(parser.parse_args(argv), prog)
+
+    return run_command(prog, command)

@@ -16,8 +16,9 @@ Guarantees:
   ``── 同步中… ──`` and ``── 实时 ──``, and a call says how many blocks it will never get.
 * Exit codes: 2 for a command line that cannot be used (a bad option, a ``--url`` where no
   relay can be reached at start; one line says why); 1 when the relay refuses the
-  connection or the join; 130 after Ctrl-C, 143 after SIGTERM, with no traceback; 0 when
-  stdout is closed.
+  connection or the join; 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP, with one
+  line and no traceback, in any phase (:class:`kernel_ext._command_line.StopSignals`); 0
+  when stdout is closed.
 
 Design (the line formats): docs/contracts.md, "The terminal viewer".
 """
@@ -31,20 +32,21 @@ import json
 import math
 import os
 import re
+import signal
 import socket
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
 from kernel_ext._command_line import (
     EXIT_USAGE,
-    STOP_SIGNALS,
     exit_code_after,
     http_url,
     never_resolves,
     positive_seconds,
+    run_until_stopped,
 )
 from kernel_ext._telemetry import plural
 from kernel_ext.protocol import (
@@ -77,7 +79,7 @@ __all__ = [
 ]
 
 EXIT_FAILED = 1
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = exit_code_after(signal.SIGINT)
 """After Ctrl-C (SIGINT); SIGTERM gives 143."""
 
 # C0 controls but tab and newline, DEL, C1 controls, bidi embeddings/overrides/isolates.
@@ -555,34 +557,6 @@ async def _quietly(awaitable: Awaitable[Any], timeout: float) -> None:
         await asyncio.wait_for(awaitable, timeout)
 
 
-async def _until_interrupted(make: Callable[[], Awaitable[int]]) -> int:
-    """Run ``make()``; SIGINT/SIGTERM cancel it and give 130/143."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.ensure_future(make())
-    interrupted: list[int] = []
-
-    def interrupt(signum: int) -> None:
-        interrupted.append(signum)
-        task.cancel()
-
-    installed = []
-    for signum in STOP_SIGNALS:
-        try:
-            loop.add_signal_handler(signum, interrupt, signum)
-            installed.append(signum)
-        except (NotImplementedError, RuntimeError, ValueError):  # not Unix / not main thread
-            pass
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if interrupted:
-            return exit_code_after(interrupted[0])
-        raise
-    finally:
-        for signum in installed:
-            loop.remove_signal_handler(signum)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``tail``'s options to ``parser``."""
     parser.add_argument(
@@ -636,14 +610,13 @@ def _conversation(value: str) -> str:
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run ``kernel-ext tail`` with parsed ``args``; returns the exit code (never raises on
-    Ctrl-C)."""
+    """Run ``kernel-ext tail`` with parsed ``args``; returns the exit code. A stop signal
+    ends it as every command's does (:func:`kernel_ext._command_line.run_until_stopped`)."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     printer = TailPrinter(out, locale=args.lang, json_mode=args.json, trace_url=args.trace_url)
-
-    def make() -> Awaitable[int]:
-        return follow(
+    code = run_until_stopped(
+        follow(
             args.url,
             args.conversation,
             printer,
@@ -652,11 +625,7 @@ def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None 
             timeout=args.timeout,
             err=err,
         )
-
-    try:
-        code = asyncio.run(_until_interrupted(make))
-    except KeyboardInterrupt:  # a SIGINT before the loop's handler was in place
-        code = EXIT_INTERRUPTED
+    )
     if printer.broken and out is sys.stdout:
         # Keep the interpreter's final flush from complaining about the closed pipe.
         devnull = os.open(os.devnull, os.O_WRONLY)

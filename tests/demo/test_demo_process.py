@@ -1,6 +1,8 @@
 """The whole ``kernel-ext demo`` as a subprocess: ``--headless`` on each kernel streams
 every call to its terminal and exits 0, in the locale's language or ``--lang en``, also
-``--redis``; a child that dies stops the others; Ctrl-C or SIGTERM stops every process.
+``--redis``; a child that dies stops the others; Ctrl-C or SIGTERM stops every process, in
+one line and without a traceback, in every phase: starting its processes, serving the page,
+in the middle of a headless conversation (issue 33, item 4).
 
 The agent needs pydantic-ai (Python ≥ 3.11): these tests skip without it.
 """
@@ -12,6 +14,7 @@ import re
 import signal
 
 import pytest
+from support.cli_helpers import assert_stopped_cleanly
 from support.demo_helpers import CJK, FIRST_QUESTION, SECOND_QUESTION, Demo, alive, demo
 from support.demo_helpers import skip_unless_kernel as _kernel
 from support.demo_helpers import skip_without_pydantic_ai as _pydantic_ai
@@ -155,3 +158,35 @@ def test_ctrl_c_or_sigterm_stops_every_process(signum: int) -> None:
         running.proc.send_signal(signum)
         assert running.finish() == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum]
         _assert_no_child_left(running)
+        out = "\n".join(running.out)
+        assert_stopped_cleanly(running.proc.returncode, running.err, PROG, signum, BEFORE, out)
+
+
+PROG = "kernel-ext demo"
+BEFORE = r"kernel-ext demo: (\S+ started \(pid \d+\)|ready at .*)"
+"""The demo's lines on stderr before a stop signal: its processes started, ready."""
+PHASES = {
+    "starting": ((), "colleague-orders started"),
+    "headless, starting": (("--headless",), "colleague-orders started"),
+    "headless, mid-call": (("--headless",), "▶"),  # a tool call's first line
+}
+"""Where a stop signal reaches the demo: its options, and the output it waits for first."""
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_stop_signal_in_any_phase_stops_every_process_in_one_line(
+    phase: str, signum: int
+) -> None:
+    """At the colleagues' default pace a call lasts seconds: the signal comes mid-call."""
+    _pydantic_ai()
+    options, first = PHASES[phase]
+    with demo(*options, "--time-limit", "90", locale="C.UTF-8") as running:
+        running.wait_for(first)
+        running.proc.send_signal(signum)
+        code = running.finish()
+        _assert_no_child_left(running)
+        out = "\n".join(running.out)
+        assert_stopped_cleanly(code, running.err, PROG, signum, BEFORE, out)

@@ -4,8 +4,15 @@
   stderr, ``<prog>: error: …``, exit status 2, never a traceback nor a usage block; an
   unknown option after a subcommand is reported by that subcommand.
 * ``tail`` against nothing says it could not connect to the URL, and why, in one line.
-* ``relay`` and ``tail`` stop on SIGTERM with 143 and on SIGINT with 130 (the demo's own
-  test is in test_demo_process.py); ``relay`` prints one start-up line first.
+* ``relay`` and ``tail`` stop on SIGTERM with 143, on SIGINT with 130 and on SIGHUP with 129
+  (unless it is ignored: ``nohup``), in one line and without a traceback, in every phase:
+  ``relay`` while it imports its hooks, while it serves, with a browser connected; ``tail``
+  while it connects and while it follows (issue 33, item 4; the demo's phases are in
+  test_demo_process.py); ``relay`` prints one start-up line first.
+* docs/deployment.md's systemd unit works as written: its ``ExecStart`` arguments, run by the
+  installed console script in its ``WorkingDirectory``, load the hooks module there; the
+  app directory is the working directory unless ``--app-dir`` names another, and one that
+  is not a directory, or lacks the module, is refused naming it (issue 33, item 3).
 * ``--version`` prints the package's version; ``relay --help`` shows every option with its
   default; ``python -m kernel_ext.relay`` is the same command, without a RuntimeWarning;
   ``python -m kernel_ext`` is ``kernel-ext``.
@@ -16,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.metadata
+import json
 import os
 import re
 import shutil
@@ -23,14 +31,27 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 
 import pytest
+import socketio
 from support import ROOT
-from support.cli_helpers import CLI, STARTUP, cli_env, running
-from support.network import free_port, http_request
-from support.relay_helpers import HOOKS
+from support.cli_helpers import (
+    CLI,
+    CONSOLE_SCRIPT,
+    SECRET,
+    STARTUP,
+    WAIT,
+    assert_stopped_cleanly,
+    cli_env,
+    running,
+    unit,
+    unit_command,
+    write_documented_app,
+)
+from support.network import HOST, free_port, http_request
+from support.relay_helpers import HOOKS, Browser
 
 from kernel_ext import __version__
 from kernel_ext._command_line import exit_code_after, never_resolves
@@ -218,7 +239,7 @@ def test_version_is_the_packages() -> None:
 
 
 def test_python_m_kernel_ext_is_the_kernel_ext_command() -> None:
-    script = shutil.which("kernel-ext", path=str(Path(sys.executable).parent))
+    script = shutil.which(CONSOLE_SCRIPT.name, path=str(CONSOLE_SCRIPT.parent))
     assert script is not None, "the kernel-ext console script is not installed next to python"
     for args, code in ((["--version"], 0), (["relay", "--port", "-1", *HOOKS], 2)):
         runs = [
@@ -288,6 +309,7 @@ async def test_relay_prints_one_startup_line_and_stops_on_a_signal(signum: int) 
     assert code == exit_code_after(signum) == {signal.SIGTERM: 143, signal.SIGINT: 130}[signum]
     assert "Traceback" not in err
     assert "Warning" not in err
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signum, STARTUP)
 
 
 def test_the_documented_startup_line_is_the_relays() -> None:
@@ -360,4 +382,201 @@ async def test_tail_stops_on_a_signal(signum: int) -> None:
             code, err = await tail.stop(signum)
         assert code == exit_code_after(signum)
         assert "Traceback" not in err
+        following = rf"kernel-ext tail: following conversation 'conv-1' at {url} \(.*\)"
+        assert_stopped_cleanly(code, tail.err, "kernel-ext tail", signum, following)
         assert (await relay.stop(signal.SIGTERM))[0] == 143
+
+
+SLOW_APP = """
+import sys
+import threading
+
+sys.stderr.write("slowapp: importing\\n")
+sys.stderr.flush()
+threading.Event().wait()  # an application that takes its time to import: forever, here
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", STOPS, ids=["SIGTERM", "SIGINT"])
+async def test_relay_stops_in_one_line_while_it_imports_its_hooks(
+    tmp_path: Path, signum: int
+) -> None:
+    """Start-up: the signal arrives before any event loop runs, inside the import of the
+    hooks' module (``python -m`` has the working directory on the path)."""
+    (tmp_path / "slowapp.py").write_text(SLOW_APP, encoding="utf-8")
+    hooks = ["--authenticate", "slowapp:authenticate", "--authorize-join", "slowapp:authorize"]
+    async with running("relay", "--port", "0", *hooks, cwd=tmp_path) as relay:
+        await relay.wait_for_line("^slowapp: importing$")
+        code, _ = await relay.stop(signum)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signum, "slowapp: importing")
+
+
+@contextlib.asynccontextmanager
+async def silent_server() -> AsyncIterator[tuple[int, asyncio.Event]]:
+    """A TCP server on 127.0.0.1 that accepts connections and never answers: its port, and an
+    event set once it has accepted one."""
+    accepted = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        accepted.set()
+
+    server = await asyncio.start_server(hold, HOST, 0)
+    try:
+        yield server.sockets[0].getsockname()[1], accepted
+    finally:
+        for writer in held:
+            writer.close()
+        server.close()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", STOPS, ids=["SIGTERM", "SIGINT"])
+async def test_relay_stops_in_one_line_while_it_waits_for_redis_at_start_up(signum: int) -> None:
+    """Start-up: serving, but its start-up line waits for the first attempt to reach Redis
+    (a Redis that never answers); the stop does not wait for it, nor print that line."""
+    async with silent_server() as (port, accepted):
+        redis = f"redis://{HOST}:{port}/0"
+        async with running("relay", "--port", "0", *HOOKS, "--redis-url", redis) as relay:
+            await asyncio.wait_for(accepted.wait(), WAIT)
+            code, _ = await relay.stop(signum)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signum, "")
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", STOPS, ids=["SIGTERM", "SIGINT"])
+async def test_relay_stops_in_one_line_with_a_browser_connected(signum: int) -> None:
+    async with running("relay", "--port", "0", *HOOKS) as relay:
+        port = int((await relay.wait_for_line(STARTUP)).group(2))
+        browser = Browser(reconnect=False)
+        try:
+            await browser.connect(port, auth={"token": "token-of-alice"})
+            assert await browser.join("conv-of-alice") == {"ok": True}
+            code, _ = await relay.stop(signum)
+        finally:
+            await browser.close()
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signum, STARTUP)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+async def test_a_closed_terminal_stops_the_relay_in_one_line_unless_nohup_ignores_it() -> None:
+    async with running("relay", "--port", "0", *HOOKS) as relay:
+        await relay.wait_for_line(STARTUP)
+        code, _ = await relay.stop(signal.SIGHUP)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signal.SIGHUP, STARTUP)
+    nohup = shutil.which("nohup")
+    if nohup is None:
+        pytest.skip("no nohup here")
+    async with running("relay", "--port", "0", *HOOKS, command=[nohup, *CLI]) as relay:
+        await relay.wait_for_line(STARTUP)
+        relay.proc.send_signal(signal.SIGHUP)  # ignored, as nohup asks
+        code, _ = await relay.stop(signal.SIGTERM)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signal.SIGTERM, STARTUP)
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("signum", STOPS, ids=["SIGTERM", "SIGINT"])
+async def test_tail_stops_in_one_line_while_it_connects(signum: int) -> None:
+    """Start-up: a server that accepts the connection and never answers holds ``tail`` in
+    its handshake."""
+    async with silent_server() as (port, accepted):
+        args = ["--url", f"http://{HOST}:{port}", "--conversation", "conv-1", "--timeout", "100"]
+        async with running("tail", *args) as tail:
+            await asyncio.wait_for(accepted.wait(), WAIT)
+            code, _ = await tail.stop(signum)
+    assert_stopped_cleanly(code, tail.err, "kernel-ext tail", signum, "")
+
+
+# -- the app directory: the documented unit as written --------------------------------------
+
+
+def unit_env() -> dict[str, str]:
+    """The unit's environment file (its comment names the secret and a Redis URL; one web
+    process needs no Redis): the secret, and nothing added to the import path."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_EXT_")}
+    return {**base, "KERNEL_EXT_SECRET": SECRET}
+
+
+async def assert_the_documented_hooks_hold(port: int) -> None:
+    """docs/web.md's myapp/auth.py is the relay's: a wrong token is refused, alice's is
+    accepted, and alice may join conv-1 and no other conversation."""
+    intruder = Browser("intruder", reconnect=False)
+    with pytest.raises(socketio.exceptions.ConnectionError):
+        await intruder.connect(port, auth={"token": "wrong"})
+    await intruder.close()
+    alice = Browser("alice", reconnect=False)
+    try:
+        await alice.connect(port, auth={"token": "token-of-alice"})
+        assert await alice.join("conv-1") == {"ok": True}
+        assert await alice.join("conv-2") == {"ok": False, "error": "forbidden"}
+    finally:
+        await alice.close()
+    status, _, body = await asyncio.to_thread(http_request, f"http://{HOST}:{port}/readyz")
+    assert (status, json.loads(body)) == (200, {"status": "ok"})
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+async def test_the_documented_unit_loads_the_hooks_from_its_working_directory(
+    tmp_path: Path,
+) -> None:
+    """docs/deployment.md's unit as systemd runs it: the installed console script, in the
+    ``WorkingDirectory`` (holding docs/web.md's myapp/auth.py), with exactly the
+    ``ExecStart`` arguments; SIGTERM, systemd's stop, ends it with a status the unit counts
+    as a success."""
+    settings = unit()
+    port = free_port()
+    argv = unit_command(port)
+    assert argv[0] == f"{settings['WorkingDirectory']}/venv/bin/{CONSOLE_SCRIPT.name}"
+    app = write_documented_app(tmp_path / "srv-myapp")
+    async with running(*argv[1:], command=[str(CONSOLE_SCRIPT)], cwd=app, env=unit_env()) as relay:
+        found = await relay.wait_for_line(STARTUP)
+        assert int(found.group(2)) == port
+        await assert_the_documented_hooks_hold(port)
+        code, _ = await relay.stop(signal.SIGTERM)
+    assert_stopped_cleanly(code, relay.err, "kernel-ext relay", signal.SIGTERM, STARTUP)
+    assert str(code) in settings["SuccessExitStatus"].split()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("spelled", ["absolute", "relative"])
+async def test_app_dir_names_another_directory_to_import_the_hooks_from(
+    tmp_path: Path, spelled: str
+) -> None:
+    app = write_documented_app(tmp_path / "apps" / "myapp-1")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    app_dir = str(app) if spelled == "absolute" else "../apps/myapp-1"
+    port = free_port()
+    args = [*unit_command(port)[1:], "--app-dir", app_dir]
+    command = [str(CONSOLE_SCRIPT)]
+    async with running(*args, command=command, cwd=elsewhere, env=unit_env()) as relay:
+        await relay.wait_for_line(STARTUP)
+        await assert_the_documented_hooks_hold(port)
+        await relay.stop(signal.SIGTERM)
+
+
+def test_an_app_dir_that_is_no_directory_or_lacks_the_hooks_is_refused_naming_it(
+    tmp_path: Path,
+) -> None:
+    argv = unit_command(0)
+    hooks = argv[argv.index("--authenticate") :]
+    assert hooks == [
+        "--authenticate",
+        "myapp.auth:authenticate",
+        "--authorize-join",
+        "myapp.auth:authorize_join",
+    ]
+    missing = tmp_path / "nowhere"
+    line = one_line(kernel_ext("relay", "--port", "0", "--app-dir", str(missing), *hooks), 2)
+    assert f"--app-dir '{missing}' is not a directory" in line
+    line = one_line(kernel_ext("relay", "--port", "0", "--app-dir", str(tmp_path), *hooks), 2)
+    not_found = "(ModuleNotFoundError: No module named 'myapp'); the app directory (--app-dir)"
+    assert line.count(f"{not_found} is {tmp_path}") == 2, line

@@ -28,6 +28,7 @@ import aiohttp
 import pytest
 import socketio
 from support import ROOT, SUPPORT
+from support.cli_helpers import unit_command
 from support.network import RedisServer, free_port, http_request, need_binary, wait_listening
 from support.timing import CALL_TIMEOUT, wait_until
 
@@ -67,15 +68,13 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
 
 
 def relay_command(port: int) -> list[str]:
-    """The unit's ExecStart with the port for ``%i``, this Python's console script and the
-    tests' hooks module for ``myapp.auth``."""
-    unit = page_block("ini")
-    (line,) = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
-    line = swap(line, "/srv/myapp/venv/bin/kernel-ext", "KERNEL_EXT_CLI")
-    line = swap(line, "myapp.auth:", "relay_cli_hooks:")
-    argv = shlex.split(line.removeprefix("ExecStart=").replace("%i", str(port)))
-    assert argv[0] == "KERNEL_EXT_CLI"
-    return [sys.executable, "-m", "kernel_ext.cli", *argv[1:]]
+    """The unit's ExecStart with the port for ``%i``, this Python's ``kernel-ext`` and the
+    tests' hooks module for ``myapp.auth`` (the unit as written, console script and working
+    directory included: test_cli.py)."""
+    script, *args = unit_command(port)
+    assert script == "/srv/myapp/venv/bin/kernel-ext"
+    line = swap(shlex.join(args), "myapp.auth:", "relay_cli_hooks:")
+    return [sys.executable, "-m", "kernel_ext.cli", *shlex.split(line)]
 
 
 def unit_environment(redis_url: str) -> dict[str, str]:
