@@ -292,7 +292,7 @@ async def serve(
         agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=timeout, lang=lang)
     else:
         raise ValueError(f"the demo's kernels are {', '.join(KERNELS)}, not {kernel!r}")
-    control = socketio.AsyncClient(reconnection=True, reconnection_delay_max=2)
+    control = socketio.AsyncClient(reconnection=True, reconnection_delay_max=2, handle_sigint=False)
 
     async def on_user_message(data: Any = None) -> dict[str, Any]:
         message = _valid_message(data)

@@ -335,7 +335,11 @@ class LoopbackEmitter(Emitter):
 
         self._first_attempt = asyncio.Event()
         # reconnection ours: module docstring; frames sent as their blocks' text (_packet_class)
-        client = socketio.AsyncClient(reconnection=False, serializer=_packet_class())
+        # handle_sigint=False: the application's Ctrl-C stays its own (python-engineio would
+        # otherwise take SIGINT over on the main thread's loop, cancel every task and stop it).
+        client = socketio.AsyncClient(
+            reconnection=False, serializer=_packet_class(), handle_sigint=False
+        )
         client.on("connect", self._on_connect, namespace=self.namespace)
         client.on("disconnect", self._on_disconnect, namespace=self.namespace)
         client.on("connect_error", self._on_connect_error, namespace=self.namespace)

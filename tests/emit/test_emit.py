@@ -466,3 +466,66 @@ async def test_blocks_of_many_rooms_share_frames_when_the_relay_takes_them(older
             assert frames < len(rooms)  # blocks of several rooms per frame
         assert relay.stats().get("rejected_unknown_event", 0) == 0
         assert hub.stats()["delivered"] == 5 * len(rooms)
+
+
+_CTRL_C_APP = """
+import asyncio, sys
+from support.network import serve_asgi
+from support.relay_helpers import SECRET
+from kernel_ext.emit import LoopbackEmitter
+from kernel_ext.relay import allow_all, create_app
+from kernel_ext.stream import StreamHub
+
+async def main():
+    ready = create_app(SECRET, authorize_join=allow_all)
+    async with serve_asgi(ready.app) as port:
+        emitter = LoopbackEmitter(f"http://127.0.0.1:{port}", SECRET, hub=StreamHub())
+        await emitter.start()
+        while not emitter.healthy:
+            await asyncio.sleep(0.01)
+        print("ready", flush=True)
+        try:
+            await asyncio.sleep(120)
+        finally:
+            await emitter.stop(timeout=5)
+
+try:
+    asyncio.run(main())
+except KeyboardInterrupt:
+    print("the application's own Ctrl-C", flush=True)
+"""
+
+
+@pytest.mark.network
+@pytest.mark.timeout(120)
+def test_an_emitter_on_the_main_threads_loop_leaves_ctrl_c_to_the_application() -> None:
+    """python-engineio's client takes SIGINT over on the main thread's loop unless told not
+    to (it cancels every task and stops the loop: ``asyncio.run`` then raises "Event loop
+    stopped before Future completed"); a sender is a library and must not."""
+    import os
+    import subprocess
+    import sys
+
+    from support.relay_helpers import SUPPORT, support_env
+
+    env = support_env()
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(SUPPORT), env["PYTHONPATH"]])
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _CTRL_C_APP],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert "the application's own Ctrl-C" in out, (out, err)
+    assert "Event loop stopped" not in err, err
+    assert proc.returncode == 0, (proc.returncode, err)

@@ -18,7 +18,7 @@ import signal
 
 import pytest
 import socketio
-from support.cli_helpers import STARTUP, running
+from support.cli_helpers import EXIT_AFTER, STARTUP, running, stopping_line
 from support.network import RedisServer, free_port, need_binary, started
 from support.relay_helpers import SECRET
 from support.timing import wait_until
@@ -34,8 +34,12 @@ LOG_RECORD = r"^kernel-ext relay: (debug|info|warning|error|critical): \S.*$"
 
 
 def assert_one_format(err: str) -> list[re.Match[str]]:
-    """Every line of ``err`` is the start-up line or a log record; the log records."""
+    """Every line of ``err`` is the start-up line, a log record or the line a stop signal
+    writes (once); the log records."""
+    stops = {stopping_line("kernel-ext relay", signum) for signum in EXIT_AFTER}
     lines = err.splitlines()
+    assert sum(line in stops for line in lines) <= 1, lines
+    lines = [line for line in lines if line not in stops]
     assert lines
     records = []
     for line in lines:
