@@ -43,7 +43,6 @@ from kernel_ext.errors import (
 )
 from kernel_ext.ledger import (
     ACCEPTED,
-    ACK_PACE_TIMEOUTS,
     AFTER_WORKER_ABORTED,
     BAD_CURSOR,
     BAD_FRAME,
@@ -52,7 +51,6 @@ from kernel_ext.ledger import (
     BAD_SECRET,
     BAD_WORKER,
     BLOCKS_EMITTED,
-    BROWSER_QUEUE_FULL,
     BROWSER_REFUSED,
     BROWSERS,
     BUSY,
@@ -68,7 +66,6 @@ from kernel_ext.ledger import (
     LATE_TERMINALS,
     NOT_BROWSER,
     NOT_INTERNAL,
-    PACED_ACKS,
     REPLAY_BLOCKS,
     REPLAY_MISSING,
     WORKERS_IN_GRACE,
@@ -101,6 +98,7 @@ from kernel_ext.relay.auth import (
     call_hook,
     worker_of,
 )
+from kernel_ext.relay.backpressure import BackPressure
 from kernel_ext.relay.guarded import GuardedNamespace
 from kernel_ext.relay.health import Readiness
 from kernel_ext.relay.redis_manager import RelayRedisManager
@@ -119,10 +117,6 @@ __all__ = ["ChatRelay"]
 
 _ROOM_MAX = 512
 _CATCH_UP_ROUNDS = 8
-_PACE_POLL = 0.005
-"""Seconds between two looks at the browsers' queues while acknowledgements wait (the
-queues are python-engineio's ``asyncio.Queue``: nothing to wait on below a level); one
-task looks for every waiting acknowledgement."""
 """Rounds a catch-up takes at most to find nothing more to send before the browser enters
 the room (each sends what arrived during the one before)."""
 
@@ -250,13 +244,6 @@ class ChatRelay(GuardedNamespace):
         check_positive_numbers(ack_pace_timeout=ack_pace_timeout)
         self.browser_queue_max = browser_queue_max
         self.ack_pace_timeout = float(ack_pace_timeout)
-        self._lagging: set[str] = set()  # browsers (sids) an acknowledgement gave up on
-        # Running blocks on their way into a browser's queue (a frame's emits not yet
-        # returned; they overlap: _emit_in_order), so the queue alone would undercount.
-        self._sending: dict[str, int] = {}
-        # Acknowledgements waiting for their rooms' browsers: (rooms, waiter, deadline).
-        self._pacing: list[tuple[list[str], asyncio.Future[None], float]] = []
-        self._pacer: asyncio.Task[None] | None = None
         check_positive_ints(
             max_block_bytes=max_block_bytes,
             max_frame_blocks=max_frame_blocks,
@@ -282,6 +269,14 @@ class ChatRelay(GuardedNamespace):
         if catch_up:
             hold_terminals = 0  # the held streams keep their terminals
         super().__init__(namespace)
+        self.back_pressure = BackPressure(
+            self.namespace,
+            self._count,
+            browser_queue_max=browser_queue_max,
+            ack_pace_timeout=self.ack_pace_timeout,
+        )
+        """What each browser may have queued
+        (:class:`~kernel_ext.relay.backpressure.BackPressure`)."""
         streams = track_workers(
             worker_grace,
             self._count,
@@ -322,6 +317,10 @@ class ChatRelay(GuardedNamespace):
             )
         )
 
+    def _set_server(self, server: Any) -> None:
+        super()._set_server(server)
+        self.back_pressure.attach(server)
+
     # -- stats ----------------------------------------------------------------------------
 
     def stats(self) -> dict[str, int]:
@@ -345,6 +344,11 @@ class ChatRelay(GuardedNamespace):
             counts.update(self.replay.sizes())
         counts.update(self.browser_queues())
         return counts
+
+    def browser_queues(self) -> dict[str, int]:
+        """Packets queued now for this process's browsers: ``browser_queued`` in all and
+        ``browser_queue_longest`` (the most for one browser)."""
+        return self.back_pressure.browser_queues(self._browsers)
 
     def readiness(self) -> Readiness:
         """Whether this relay can do its job now (what ``/readyz`` answers:
@@ -408,7 +412,7 @@ class ChatRelay(GuardedNamespace):
     async def on_disconnect(self, sid: str, reason: Any = None) -> None:
         """Forget the connection; an internal sender's queued frames are still emitted."""
         self._browsers.pop(sid, None)
-        self._lagging.discard(sid)
+        self.back_pressure.forget(sid)
         conn = self._internal.pop(sid, None)
         if conn is not None:
             conn.queue.put_nowait(None)
@@ -612,7 +616,7 @@ class ChatRelay(GuardedNamespace):
         for _, blocks in sections:
             blocks.clear()
         if self.browser_queue_max is not None:
-            await self._pace(rooms)
+            await self.back_pressure.pace(rooms)
         ack: dict[str, Any] = {
             "ok": True,
             "accepted": accepted,
@@ -644,118 +648,6 @@ class ChatRelay(GuardedNamespace):
                 index += 1
             valid.append((room, kept))
         return valid, refused
-
-    def _queued(self, eio_sid: str) -> int:
-        """Packets python-engineio holds for one browser's connection, not yet written."""
-        socket = self.server.eio.sockets.get(eio_sid)
-        return socket.queue.qsize() if socket is not None else 0
-
-    def _behind(self, rooms: list[str], level: int) -> list[str]:
-        """The browsers of ``rooms`` on this process with ``level`` or more packets queued,
-        but for those given up on (forgotten here once below ``level``)."""
-        behind = []
-        lagging = self._lagging
-        for room in dict.fromkeys(rooms):
-            for sid, eio_sid in self.server.manager.get_participants(self.namespace, room):
-                if self._queued(eio_sid) < level:
-                    lagging.discard(sid)
-                elif sid not in lagging:
-                    behind.append(sid)
-        return behind
-
-    async def _pace(self, rooms: list[str]) -> None:
-        """Return once the browsers of ``rooms`` have room (:meth:`on_kx_blocks`)."""
-        assert self.browser_queue_max is not None
-        if not self._behind(rooms, self.browser_queue_max // 4):
-            return
-        self._count(PACED_ACKS)
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._pacing.append((rooms, waiter, loop.time() + self.ack_pace_timeout))
-        if self._pacer is None or self._pacer.done():
-            self._pacer = loop.create_task(self._pace_all())
-        await waiter
-
-    async def _pace_all(self) -> None:
-        """Release each waiting acknowledgement once its rooms' browsers have room, or at its
-        deadline (counted ``ack_pace_timeouts``; the browsers behind are given up on)."""
-        assert self.browser_queue_max is not None
-        level = self.browser_queue_max // 4
-        loop = asyncio.get_running_loop()
-        while self._pacing:
-            await asyncio.sleep(_PACE_POLL)  # polling with deadlines (docstring of _PACE_POLL)
-            now = loop.time()
-            waiting = []
-            for rooms, waiter, deadline in self._pacing:
-                if waiter.done():  # its handler is gone
-                    continue
-                behind = self._behind(rooms, level)
-                if behind and now < deadline:
-                    waiting.append((rooms, waiter, deadline))
-                    continue
-                if behind:
-                    self._count(ACK_PACE_TIMEOUTS)
-                    self._lagging.update(behind)
-                    rare(
-                        "ack_pace_timeout",
-                        "relay: %d browser(s) read slower than blocks arrive; running blocks "
-                        "to them are skipped past %d queued packets",
-                        len(behind),
-                        self.browser_queue_max,
-                    )
-                waiter.set_result(None)
-            self._pacing = waiting
-
-    def _reserve(
-        self, blocks: list[tuple[Any, bytes | None]], room: str
-    ) -> tuple[list[list[str] | None], dict[str, int]]:
-        """Which browsers of ``room`` on this process each of a frame's blocks skips: a
-        browser gets the section's running blocks only up to ``browser_queue_max`` packets
-        queued or on their way (the rest skip it, counted ``browser_queue_full``, one per
-        block and browser); terminals skip no one. Returns the skips per block and what was
-        reserved per browser (:meth:`_release` it once the emits returned)."""
-        bound = self.browser_queue_max
-        assert bound is not None
-        skips: list[list[str] | None] = [None] * len(blocks)
-        reserved: dict[str, int] = {}
-        running = [i for i, (raw, _) in enumerate(blocks) if raw.get("state") == "running"]
-        if not running:
-            return skips, reserved
-        sending = self._sending
-        for sid, eio_sid in self.server.manager.get_participants(self.namespace, room):
-            going = min(len(running), max(0, bound - self._queued(eio_sid) - sending.get(sid, 0)))
-            if going:
-                sending[sid] = sending.get(sid, 0) + going
-                reserved[sid] = going
-            if going < len(running):
-                self._count(BROWSER_QUEUE_FULL, len(running) - going)
-                for i in running[going:]:
-                    skip = skips[i]
-                    if skip is None:
-                        skips[i] = [sid]
-                    else:
-                        skip.append(sid)
-        return skips, reserved
-
-    def _release(self, reserved: dict[str, int]) -> None:
-        sending = self._sending
-        for sid, n in reserved.items():
-            left = sending.get(sid, 0) - n
-            if left > 0:
-                sending[sid] = left
-            else:
-                sending.pop(sid, None)
-
-    def browser_queues(self) -> dict[str, int]:
-        """Packets queued now for this process's browsers: ``browser_queued`` in all and
-        ``browser_queue_longest`` (the most for one browser)."""
-        manager = self.server.manager
-        sizes = [
-            self._queued(eio_sid)
-            for sid in self._browsers
-            if (eio_sid := manager.eio_sid_from_sid(sid, self.namespace)) is not None
-        ]
-        return {"browser_queued": sum(sizes), "browser_queue_longest": max(sizes, default=0)}
 
     def _sections(self, data: Any) -> list[tuple[str, list[Any]]] | str:
         """A frame's (room, blocks) sections in order, or what is wrong with it."""
@@ -824,7 +716,7 @@ class ChatRelay(GuardedNamespace):
             skips: list[list[str] | None] = [None] * len(blocks)
             reserved: dict[str, int] = {}
         else:
-            skips, reserved = self._reserve(blocks, room)
+            skips, reserved = self.back_pressure.reserve(blocks, room)
         try:
             if len(blocks) > 1 and not pubsub and not local_sends(manager):
                 loop = asyncio.get_running_loop()
@@ -840,7 +732,7 @@ class ChatRelay(GuardedNamespace):
             for (raw, data), skip in zip(blocks, skips, strict=True):
                 await self._emit_block(raw, room, data, skip)
         finally:
-            self._release(reserved)
+            self.back_pressure.release(reserved)
 
     async def _emit_block(
         self, raw: Any, room: str, data: bytes | None = None, skip: list[str] | None = None
@@ -850,7 +742,7 @@ class ChatRelay(GuardedNamespace):
         manager is a :class:`~kernel_ext.relay.RelayRedisManager`, which holds every block
         it emits to this process's browsers, wherever it came from. ``data``: the block's
         compact JSON when the relay has it already; ``skip``: the browsers it does not go to
-        (:meth:`_reserve`)."""
+        (:meth:`BackPressure.reserve <kernel_ext.relay.backpressure.BackPressure.reserve>`)."""
         replay = self.replay
         manager = self.server.manager
         if local_sends(manager):
@@ -991,13 +883,7 @@ class ChatRelay(GuardedNamespace):
         Idempotent."""
         if self._grace is not None:
             await self._grace.aclose()
-        pacer, self._pacer = self._pacer, None
-        if pacer is not None:
-            pacer.cancel()
-        paced, self._pacing = self._pacing, []
-        for _, waiter, _ in paced:  # acknowledge them now
-            if not waiter.done():
-                waiter.set_result(None)
+        await self.back_pressure.aclose()
         manager = getattr(self.server, "manager", None)
         if isinstance(manager, RelayRedisManager):
             await manager.stop_watching()
