@@ -36,10 +36,8 @@ from socketio.async_pubsub_manager import AsyncPubSubManager
 
 from kernel_ext.errors import (
     BlockTooLargeError,
-    ConfigError,
     DecodeError,
     check_positive_ints,
-    check_positive_numbers,
 )
 from kernel_ext.ledger import (
     ACCEPTED,
@@ -66,8 +64,7 @@ from kernel_ext.ledger import (
     LATE_TERMINALS,
     NOT_BROWSER,
     NOT_INTERNAL,
-    REPLAY_BLOCKS,
-    REPLAY_MISSING,
+    REJOINS,
     WORKERS_IN_GRACE,
 )
 from kernel_ext.protocol import (
@@ -98,7 +95,13 @@ from kernel_ext.relay.auth import (
     call_hook,
     worker_of,
 )
-from kernel_ext.relay.backpressure import BackPressure
+from kernel_ext.relay.backpressure import (
+    DEFAULT_BROWSER_QUEUE_BYTES,
+    DEFAULT_BROWSER_STALL_TIMEOUT,
+    DEFAULT_CATCH_UP_INFLIGHT_BYTES,
+    BackPressure,
+)
+from kernel_ext.relay.catch_up import DEFAULT_CATCH_UP_BUDGET, CatchUp
 from kernel_ext.relay.guarded import GuardedNamespace
 from kernel_ext.relay.health import Readiness
 from kernel_ext.relay.redis_manager import RelayRedisManager
@@ -106,7 +109,6 @@ from kernel_ext.relay.replay import (
     DEFAULT_CONVERSATION_BYTES,
     DEFAULT_STREAM_BYTES,
     DEFAULT_TOTAL_BYTES,
-    Cursors,
     ReplayMemory,
     read_cursors,
 )
@@ -186,6 +188,20 @@ class ChatRelay(GuardedNamespace):
             of that queued, at most ``ack_pace_timeout`` seconds; a browser that made it
             wait that long is not waited for again until it has caught up to that quarter.
         ack_pace_timeout: seconds an acknowledgement waits for the browsers at most.
+        browser_queue_bytes: bytes queued for one browser past which, as past
+            ``browser_queue_max`` packets, it gets no running block and no catch-up block
+            until it reads (``None``: no byte bound; neither bound without
+            ``browser_queue_max``).
+        browser_stall_timeout: seconds a browser may stay at a bound (a running block skipped
+            it, or a catch-up waits for it) without reading down to a quarter of it, before
+            it is disconnected (``browsers_stalled``; ``None``: never).
+        catch_up_inflight_bytes: catch-up bytes queued to this process's browsers, and not
+            yet written, at most in all; more catch-ups wait their turn.
+        catch_up_budget: bytes of catch-up one connection may receive a minute (refilled
+            continuously; at least ``replay_conversation_bytes``; ``None``: no budget); past
+            it a join's catch-up is limited and its acknowledgement says so.
+        Back-pressure and catch-up: :mod:`kernel_ext.relay.backpressure`,
+            :mod:`kernel_ext.relay.catch_up`.
         worker_grace: seconds a worker may stay disconnected before the relay ends its open
             streams with ``aborted`` (``None`` disables; see "Gone workers" below).
         max_workers: workers with open streams tracked at once.
@@ -235,15 +251,24 @@ class ChatRelay(GuardedNamespace):
         max_cursors: int = 1_000,
         browser_queue_max: int | None = 2_000,
         ack_pace_timeout: float = 1.0,
+        browser_queue_bytes: int | None = DEFAULT_BROWSER_QUEUE_BYTES,
+        browser_stall_timeout: float | None = DEFAULT_BROWSER_STALL_TIMEOUT,
+        catch_up_inflight_bytes: int = DEFAULT_CATCH_UP_INFLIGHT_BYTES,
+        catch_up_budget: int | None = DEFAULT_CATCH_UP_BUDGET,
     ) -> None:
         self._secret = InternalSecret(secret)
-        if browser_queue_max is not None:
-            check_positive_ints(browser_queue_max=browser_queue_max)
-            if browser_queue_max < 4:
-                raise ConfigError(f"browser_queue_max must be at least 4, got {browser_queue_max}")
-        check_positive_numbers(ack_pace_timeout=ack_pace_timeout)
+        back_pressure = BackPressure(
+            namespace,
+            self._count_later,
+            browser_queue_max=browser_queue_max,
+            ack_pace_timeout=ack_pace_timeout,
+            browser_queue_bytes=browser_queue_bytes,
+            browser_stall_timeout=browser_stall_timeout,
+            catch_up_inflight_bytes=catch_up_inflight_bytes,
+            max_block_bytes=max_block_bytes,
+        )
         self.browser_queue_max = browser_queue_max
-        self.ack_pace_timeout = float(ack_pace_timeout)
+        self.ack_pace_timeout = back_pressure.ack_pace_timeout
         check_positive_ints(
             max_block_bytes=max_block_bytes,
             max_frame_blocks=max_frame_blocks,
@@ -269,13 +294,8 @@ class ChatRelay(GuardedNamespace):
         if catch_up:
             hold_terminals = 0  # the held streams keep their terminals
         super().__init__(namespace)
-        self.back_pressure = BackPressure(
-            self.namespace,
-            self._count,
-            browser_queue_max=browser_queue_max,
-            ack_pace_timeout=self.ack_pace_timeout,
-        )
-        """What each browser may have queued
+        self.back_pressure = back_pressure
+        """What each browser may have queued, and catch-ups in all
         (:class:`~kernel_ext.relay.backpressure.BackPressure`)."""
         streams = track_workers(
             worker_grace,
@@ -306,6 +326,13 @@ class ChatRelay(GuardedNamespace):
         self.hold_ttl = hold_ttl
         self.worker_grace = streams.grace if streams is not None else None
         self.terminals = terminals
+        self.catch_up: CatchUp | None = (
+            None
+            if self.replay is None
+            else CatchUp(self.replay, back_pressure, terminals, self._count, budget=catch_up_budget)
+        )
+        """Joins with catch-up (:class:`~kernel_ext.relay.catch_up.CatchUp`; ``None``
+        without ``catch_up``)."""
         self._internal: dict[str, _Internal] = {}
         self._browsers: dict[str, Any] = {}
         self._streams = streams
@@ -316,6 +343,9 @@ class ChatRelay(GuardedNamespace):
                 streams, connected=self._connected, emit=self._emit_ended, count=self._count
             )
         )
+
+    def _count_later(self, outcome: str, n: int = 1) -> None:
+        self._count(outcome, n)  # the counter exists once the namespace is made
 
     def _set_server(self, server: Any) -> None:
         super()._set_server(server)
@@ -413,6 +443,8 @@ class ChatRelay(GuardedNamespace):
         """Forget the connection; an internal sender's queued frames are still emitted."""
         self._browsers.pop(sid, None)
         self.back_pressure.forget(sid)
+        if self.catch_up is not None:
+            self.catch_up.forget(sid)
         conn = self._internal.pop(sid, None)
         if conn is not None:
             conn.queue.put_nowait(None)
@@ -462,13 +494,29 @@ class ChatRelay(GuardedNamespace):
             self._reject(sid, BAD_CURSOR, f"{ignored} cursor(s) of {JOIN_EVENT}")
             self._count(IGNORED_CURSORS, ignored)
         async with joining:
-            if self._in_room(sid, room):
-                await self.leave_room(sid, room)  # joined again: caught up anew, then live
-            replay = await self._catch_up(sid, room, cursors)
+            rejoin = self._in_room(sid, room)
+            assert self.catch_up is not None
+            replay = await self.catch_up.join(
+                sid,
+                room,
+                cursors,
+                rejoin=rejoin,
+                have="have" in data,
+                enter=lambda: self.enter_room(sid, room),
+                leave=lambda: self.leave_room(sid, room),
+            )
         self._count(JOINS)
+        if replay is None:
+            self._count(REJOINS)
+            return {"ok": True}
         # What the catch-up sent is told to a browser that asked (it sent ``have``, an empty
-        # list included); any other gets the acknowledgement it always got.
-        return {"ok": True, "replay": replay} if "have" in data else {"ok": True}
+        # list included) and to any whose catch-up was limited; any other gets the
+        # acknowledgement it always got.
+        return (
+            {"ok": True, "replay": replay}
+            if "have" in data or "limited" in replay
+            else {"ok": True}
+        )
 
     def _in_room(self, sid: str, room: str) -> bool:
         """Whether ``sid`` is in ``room`` here: a look at that room's members.
@@ -476,53 +524,6 @@ class ChatRelay(GuardedNamespace):
         ``get_rooms``): 5,000 conversations made each join cost milliseconds."""
         members = self.server.manager.get_participants(self.namespace, room)
         return any(member == sid for member, _ in members)
-
-    async def _catch_up(self, sid: str, room: str, cursors: Cursors) -> dict[str, Any]:
-        """Send the browser ``sid`` what it lacks of ``room``'s held streams, then put it
-        into the room; the join acknowledgement's ``replay``.
-
-        The browser enters the room in the same step as the last look at the memory finds
-        nothing more to send: a block is held in the same step as the live emit that picks
-        its browsers (:meth:`_emit_block`), so every block reaches the browser exactly once,
-        by the catch-up or live, and the catch-up comes first."""
-        replay = self.replay
-        assert replay is not None
-        sent = 0
-        streams: set[Any] = set()
-        missing: dict[Any, int] = {}
-        entered = False
-        for round_ in range(_CATCH_UP_ROUNDS):
-            blocks, after, gone = replay.catch_up(room, cursors)
-            if not blocks or round_ == _CATCH_UP_ROUNDS - 1:
-                # Nothing more (or blocks keep coming: the last of them go after the entry).
-                await self.enter_room(sid, room)  # no await before it since catch_up()
-                entered = True
-            for key, n in gone.items():
-                missing.setdefault(key, n)
-            for raw in blocks:
-                # One emit at a time, each awaited: the browser's connection drains between
-                # them, so a long catch-up does not fill its queue to browser_queue_max (its
-                # live running blocks would then skip it).
-                await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
-                if raw.get("state") in TERMINAL_STATES:
-                    self.terminals.caught_up(raw, sid)
-            sent += len(blocks)
-            streams.update(key for key, seq in after.items() if seq != cursors.get(key))
-            cursors = after
-            if entered:
-                break
-        if sent:
-            self._count(REPLAY_BLOCKS, sent)
-        if missing:
-            self._count(REPLAY_MISSING, len(missing))
-        return {
-            "blocks": sent,
-            "streams": len(streams),
-            "missing": [
-                {"callId": call_id, "taskId": task_id, "blocks": n}
-                for (call_id, task_id), n in missing.items()
-            ],
-        }
 
     async def on_leave_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
         """Take a browser out of a conversation's room."""
@@ -712,9 +713,9 @@ class ChatRelay(GuardedNamespace):
         """
         manager = self.server.manager
         pubsub = isinstance(manager, AsyncPubSubManager)
-        if self.browser_queue_max is None or pubsub:
+        if not self.back_pressure.bounded or pubsub:
             skips: list[list[str] | None] = [None] * len(blocks)
-            reserved: dict[str, int] = {}
+            reserved: dict[str, list[int]] = {}
         else:
             skips, reserved = self.back_pressure.reserve(blocks, room)
         try:
