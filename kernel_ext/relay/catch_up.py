@@ -211,12 +211,16 @@ class CatchUp:
         back_pressure = self.back_pressure
         if eio_sid is None:
             return False
-        if not back_pressure.has_room(eio_sid):
-            self._count(CATCH_UP_WAITS)
-            if not await back_pressure.drained(sid):
-                return False
         size = len(data)
-        await back_pressure.acquire(size)
+        while True:
+            if not back_pressure.has_room(eio_sid):
+                self._count(CATCH_UP_WAITS)
+                if not await back_pressure.drained(sid):
+                    return False
+            await back_pressure.acquire(size)
+            if back_pressure.has_room(eio_sid):
+                break  # no await from here to the send
+            back_pressure.sent(size)  # another catch-up filled it meanwhile: wait again
         try:
             if _compat.connection_queue(eio, eio_sid) is None:
                 return False

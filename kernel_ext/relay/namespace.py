@@ -14,10 +14,12 @@ Guarantees:
 * A terminal emitted recently is not emitted again; one emitted into a room with no browser
   on this process is kept for browsers that join it meanwhile.
 * A joining browser first gets the held blocks it lacks, then the live ones: nothing twice
-  within one join, nothing lost in between.
-* Back-pressure (``browser_queue_max``; not with a pub/sub manager): a browser that is
-  behind skips running blocks (terminals always go), and a frame's acknowledgement waits
-  for its rooms' browsers.
+  within one join, nothing lost in between; sent as it reads, within a budget per
+  connection (:mod:`kernel_ext.relay.catch_up`).
+* Back-pressure (:mod:`kernel_ext.relay.backpressure`): what a browser holds is bounded in
+  packets and bytes, live and catch-up together; a browser that is behind skips running
+  blocks (terminals always go; not with a pub/sub manager), and a frame's acknowledgement
+  waits for its rooms' browsers.
 * A worker gone for longer than ``worker_grace`` has its open streams ended ``aborted``.
 * Works with ``AsyncRedisManager``: rooms span every web process on the same channel.
 
