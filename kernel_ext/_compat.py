@@ -395,18 +395,19 @@ _log.debug("kernel_ext private-name paths: %s", ACTIVE)
 # -- python-engineio: what one connection holds ---------------------------------------------
 
 
-_CATCH_UP_MARK = "kx_catch_up"
+_CATCH_UP_CLASS: Any = None  # python-engineio's Packet, subclassed on first use
 
 
 def catch_up_packet(text: str) -> Any:
     """An Engine.IO ``MESSAGE`` packet of ``text`` (an encoded Socket.IO packet) marked as a
-    catch-up's, to be shared by every catch-up that sends it: :class:`MeteredQueue` counts
-    its bytes apart (``catch_up_bytes``)."""
+    catch-up's (its class), to be shared by every catch-up that sends it:
+    :class:`MeteredQueue` counts its bytes apart (``catch_up_bytes``)."""
+    global _CATCH_UP_CLASS
     from engineio.packet import MESSAGE, Packet
 
-    packet = Packet(MESSAGE, text)
-    setattr(packet, _CATCH_UP_MARK, True)
-    return packet
+    if _CATCH_UP_CLASS is None:
+        _CATCH_UP_CLASS = type("CatchUpPacket", (Packet,), {"__module__": __name__})
+    return _CATCH_UP_CLASS(MESSAGE, text)
 
 
 def _packet_bytes(packet: Any) -> int:
@@ -447,7 +448,7 @@ class MeteredQueue(asyncio.Queue[Any]):
         self.bytes += size
         self.peak_packets = max(self.peak_packets, self.packets)
         self.peak_bytes = max(self.peak_bytes, self.bytes)
-        if getattr(item, _CATCH_UP_MARK, False):
+        if item.__class__ is _CATCH_UP_CLASS:
             self.catch_up_bytes += size
             if self._on_catch_up is not None:
                 self._on_catch_up(size)
@@ -459,7 +460,7 @@ class MeteredQueue(asyncio.Queue[Any]):
             size = _packet_bytes(item)
             batch[0] += 1
             batch[1] += size
-            if getattr(item, _CATCH_UP_MARK, False):
+            if item.__class__ is _CATCH_UP_CLASS:
                 batch[2] += size
         return item
 
