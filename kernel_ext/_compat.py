@@ -410,11 +410,6 @@ def catch_up_packet(text: str) -> Any:
     return _CATCH_UP_CLASS(MESSAGE, text)
 
 
-def _packet_bytes(packet: Any) -> int:
-    data = getattr(packet, "data", None)
-    return len(data) if isinstance(data, str | bytes) else 0
-
-
 class MeteredQueue(asyncio.Queue[Any]):
     """python-engineio's queue of one connection's outgoing packets (its server's
     ``create_queue`` makes it once :func:`meter_queues` ran), counting what the connection
@@ -435,45 +430,54 @@ class MeteredQueue(asyncio.Queue[Any]):
         self.peak_packets = 0
         self.peak_bytes = 0
         self._on_catch_up = on_catch_up
-        self._batch = [0, 0, 0]  # packets, bytes, catch-up bytes the writer took last
+        # The packets, bytes and catch-up bytes the writer took last.
+        self._taken = self._taken_bytes = self._taken_catch_up = 0
         self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
         super().__init__(*args, **kwargs)
 
+    # _put and _get run for every packet to every browser: kept to a few steps.
+
     def _put(self, item: Any) -> None:
-        super()._put(item)
+        self._queue.append(item)  # type: ignore[attr-defined]
         if item is None:
             return
-        size = _packet_bytes(item)
-        self.packets += 1
-        self.bytes += size
-        self.peak_packets = max(self.peak_packets, self.packets)
-        self.peak_bytes = max(self.peak_bytes, self.bytes)
+        data = item.data
+        kind = data.__class__
+        size = len(data) if kind is str or kind is bytes else 0
+        self.packets = packets = self.packets + 1
+        self.bytes = held = self.bytes + size
+        if packets > self.peak_packets:
+            self.peak_packets = packets
+        if held > self.peak_bytes:
+            self.peak_bytes = held
         if item.__class__ is _CATCH_UP_CLASS:
             self.catch_up_bytes += size
             if self._on_catch_up is not None:
                 self._on_catch_up(size)
 
     def _get(self) -> Any:
-        item = super()._get()
+        item = self._queue.popleft()  # type: ignore[attr-defined]
         if item is not None:
-            batch = self._batch
-            size = _packet_bytes(item)
-            batch[0] += 1
-            batch[1] += size
+            data = item.data
+            kind = data.__class__
+            size = len(data) if kind is str or kind is bytes else 0
+            self._taken += 1
+            self._taken_bytes += size
             if item.__class__ is _CATCH_UP_CLASS:
-                batch[2] += size
+                self._taken_catch_up += size
         return item
 
     async def get(self) -> Any:
         """The writer comes back: what it took last is written."""
-        self._written()
+        if self._taken:
+            self._written()
         return await super().get()
 
     def _written(self) -> None:
-        packets, size, catch_up = self._batch
+        packets, size, catch_up = self._taken, self._taken_bytes, self._taken_catch_up
         if not packets:
             return
-        self._batch = [0, 0, 0]
+        self._taken = self._taken_bytes = self._taken_catch_up = 0
         self.packets -= packets
         self.bytes -= size
         if catch_up:
