@@ -113,6 +113,34 @@ async def test_a_reader_that_never_reads_and_keeps_joining_holds_at_most_its_bou
                 await bystander.close()
 
 
+async def test_a_browser_that_running_blocks_skip_and_that_never_reads_is_let_go() -> None:
+    """The live path's side of the same rule: running blocks skip a browser at its bound
+    (``browser_queue_full``); one that does not read down to a quarter of it within
+    ``browser_stall_timeout`` is disconnected, counted, and its queue released, while a
+    bystander gets every block."""
+    options = {"browser_queue_max": 40, "browser_stall_timeout": 2.0, "ack_pace_timeout": 0.2}
+    async with relay_server(**options) as (port, relay), worker(port) as w:
+        slow = NeverReads()
+        await slow.open(port)
+        bystander = await connected(port, "bystander")
+        try:
+            await slow.send("join_conversation", {"conversationId": C1})
+            assert await join(bystander, C1) == {"ok": True}
+            await wait_until(lambda: relay.stats()["browsers"] == 2, 10)
+            seq = 0
+            while not relay.stats().get("browser_queue_full"):
+                assert seq < 400, "no running block ever skipped the browser that never reads"
+                seq += 1
+                await w.call("kx_blocks", frame(C1, [block(seq, text="q" * 16_000)]), namespace=NS)
+            await wait_until(lambda: relay.stats().get("browsers_stalled") == 1, 30)
+            await wait_until(lambda: relay.stats()["browsers"] == 1, 30)
+            await bystander.wait_for(lambda b: len(b) >= seq, 30)
+            assert seqs(bystander.blocks) == list(range(1, seq + 1))
+        finally:
+            slow.abort()
+            await bystander.close()
+
+
 async def test_a_leave_and_join_loop_without_have_is_held_to_the_budget() -> None:
     """The budget is two panes: two joins get the whole pane, the third is limited — it
     gets less than a pane, the acknowledgement says ``limited`` and what is missing, counted
