@@ -203,8 +203,9 @@ class BackPressure:
         return not self.bounded or not self._over(eio_sid, *self._levels())
 
     async def drained(self, sid: str) -> bool:
-        """Return once the browser ``sid`` holds under a quarter of each bound: ``True``;
-        ``False`` when it is gone, or when it did not get there within
+        """Return once the browser ``sid`` held under a quarter of each bound: ``True`` (it
+        may hold more again by the time the caller runs); ``False`` when it is gone, or when
+        it did not get there within
         ``browser_stall_timeout`` seconds — then it is disconnected (counted
         ``browsers_stalled``)."""
         eio_sid = self._eio_sid(sid)
@@ -225,9 +226,8 @@ class BackPressure:
         except TimeoutError:
             await self._stalled(sid, eio_sid)
             return False
-        return _compat.connection_queue(self.server.eio, eio_sid) is queue and not (
-            queue.packets >= packets_level or queue.bytes >= bytes_level
-        )
+        # Another sender may have filled it again meanwhile: the caller looks again.
+        return _compat.connection_queue(self.server.eio, eio_sid) is queue
 
     async def _stalled(self, sid: str, eio_sid: str) -> None:
         socket_queue = _compat.connection_queue(self.server.eio, eio_sid)

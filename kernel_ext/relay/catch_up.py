@@ -12,8 +12,9 @@ docs/operations.md, "Catch-up"). Guarantees:
   waits until the browser holds under a quarter of its bounds, and its turn within the
   process's bound on catch-ups in flight. A held block is encoded once, and that packet is
   shared by every catch-up that sends it meanwhile.
-* **A budget per connection** (``catch_up_budget`` bytes a minute, refilled continuously):
-  a block that does not fit what is left is not sent, nor anything after it; the browser
+* **A budget per connection** (``catch_up_budget`` bytes a minute, refilled continuously,
+  shared by the connection's catch-ups as they send, concurrent ones included): a block
+  that does not fit what is left is not sent, nor anything after it; the browser
   still enters the room, and the acknowledgement says ``"limited": true``, with what it
   lacks in ``missing`` (counted ``catch_up_limited``). A join of a room the connection is
   in already, without ``have``, sends nothing (counted ``rejoins``): it had everything since
@@ -81,7 +82,8 @@ class CatchUp:
         self.budget = budget
         self._terminals = terminals
         self._count = count
-        self._budgets: dict[str, tuple[float, float]] = {}  # sid: (bytes left, when)
+        # Per connection: [bytes left, when], shared by its catch-ups as they send.
+        self._budgets: dict[str, list[float]] = {}
         self._text: Callable[[bytes], str] | None = None
         # The packets of held blocks the running catch-ups sent, by the block's compact JSON,
         # shared by every catch-up meanwhile; let go when none runs, or past the memory's size.
@@ -93,12 +95,20 @@ class CatchUp:
         """The connection ``sid`` is gone."""
         self._budgets.pop(sid, None)
 
-    def _left(self, sid: str, now: float) -> float:
+    def _take(self, account: list[float] | None, size: int) -> bool:
+        """Take ``size`` bytes from a connection's budget (refilled up to now), if it has
+        them."""
         budget = self.budget
-        if budget is None:
-            return float("inf")
-        left, then = self._budgets.get(sid, (float(budget), now))
-        return min(float(budget), left + (now - then) * budget / _MINUTE)
+        if account is None or budget is None:
+            return True
+        now = time.monotonic()
+        left = min(float(budget), account[0] + (now - account[1]) * budget / _MINUTE)
+        account[1] = now
+        if size > left:
+            account[0] = left
+            return False
+        account[0] = left - size
+        return True
 
     async def join(
         self,
@@ -126,7 +136,10 @@ class CatchUp:
         eio_sid = server.manager.eio_sid_from_sid(sid, namespace)
         if self._text is None:
             self._text = event_text(server, namespace, TOOL_EVENT_STREAM)
-        left = self._left(sid, time.monotonic())
+        account = None
+        if self.budget is not None and eio_sid is not None:
+            # Made here, dropped by forget(): one a live connection's joins share.
+            account = self._budgets.setdefault(sid, [float(self.budget), time.monotonic()])
         sent = 0
         streams: set[StreamKey] = set()
         missing: dict[StreamKey, int] = {}
@@ -146,15 +159,13 @@ class CatchUp:
                 unsent = held
                 if not limited:
                     for index, (key, seq, data, terminal) in enumerate(held):
-                        size = len(data)
-                        if size > left:
+                        if not self._take(account, len(data)):
                             limited = True
                             unsent = held[index:]
                             break
                         if not await self._send(sid, eio, eio_sid, data):
                             gone = True
                             break
-                        left -= size
                         sent += 1
                         streams.add(key)
                         cursor, ended = cursors.get(key, (-1, False))
@@ -174,8 +185,6 @@ class CatchUp:
             if not self._running:
                 self._packets.clear()
                 self._packet_bytes = 0
-            if self.budget is not None:
-                self._budgets[sid] = (max(0.0, left), time.monotonic())
         if sent:
             self._count(REPLAY_BLOCKS, sent)
         if missing:

@@ -195,6 +195,33 @@ async def test_a_leave_and_join_loop_without_have_is_held_to_the_budget() -> Non
             await bystander.close()
 
 
+async def test_joins_sent_at_once_on_one_connection_share_its_budget() -> None:
+    """Six joins of a room at once, each waiting for the browser to read as it goes (a
+    small ``browser_queue_max``), so that none has entered the room when the others start:
+    together they get at most the budget — two panes — and the rest are limited."""
+    blocks = [block(s, text="y" * 1_000) for s in range(1, 101)]
+    size = sum(block_size(b) for b in blocks)
+    options = {
+        "browser_queue_max": 40,
+        "max_block_bytes": 4096,
+        "replay_stream_bytes": 128 * 1024,
+        "replay_conversation_bytes": 128 * 1024,
+        "catch_up_budget": 2 * size,
+    }
+    async with relay_server(**options) as (port, relay), worker(port) as w:
+        await w.call("kx_blocks", frame(C1, blocks), namespace=NS)
+        browser = await connected(port)
+        try:
+            acks = await asyncio.gather(*(join(browser, C1, have=[]) for _ in range(6)))
+            await barrier(browser, port)
+            assert sum(ack["replay"]["blocks"] for ack in acks) <= 2 * len(blocks) + 4
+            assert sum(block_size(b) for b in browser.blocks) <= 2 * size + 4096
+            assert sum(1 for ack in acks if ack["replay"].get("limited")) >= 4
+            assert relay.stats()["catch_up_limited"] >= 4
+        finally:
+            await browser.close()
+
+
 async def test_a_join_of_a_room_it_is_in_already_sends_nothing_again() -> None:
     async with relay_server() as (port, relay), worker(port) as w:
         await w.call("kx_blocks", frame(C1, [block(s) for s in range(1, 7)]), namespace=NS)
