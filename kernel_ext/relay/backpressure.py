@@ -159,7 +159,7 @@ class BackPressure:
         for it is let go (its catch-up bytes too)."""
         self._lagging.discard(sid)
         watch = self._watched.pop(sid, None)
-        if watch is not None:
+        if watch is not None and watch is not asyncio.current_task():  # not the one closing
             watch.cancel()
         eio_sid = self._eio_sid(sid)
         if eio_sid is not None:
