@@ -10,7 +10,11 @@ Each is probed and documented here, so a release that renames one shows up in on
 * :class:`PublishResult` (probed on first use): the subscriber count python-socketio's
   ``AsyncRedisManager._publish`` returns;
 * :func:`publish_pipeline_supported` (probed on first use): a frame's ``PUBLISH`` commands
-  as one pipeline on python-socketio's Redis client.
+  as one pipeline on python-socketio's Redis client;
+* :func:`meter_queues` (probed when a relay is mounted): python-engineio's queue of each
+  connection's outgoing packets (made by its server's ``create_queue``, read as the socket's
+  ``queue``) counted in packets and bytes (:class:`MeteredQueue`), and let go of when the
+  connection closes (:func:`release_closed`, :func:`close_connection`); its ``send_packet``.
 
 When a probe fails, the code that uses it takes the public path (slower) or reports less,
 and says so: the active path is in :data:`ACTIVE` and logged at DEBUG on the
@@ -35,11 +39,19 @@ __all__ = [
     "SDK_SPAN_FIELDS",
     "SPAN_CONTEXT_INDEXED",
     "SUPPRESS_KEYS",
+    "MeteredQueue",
     "PublishResult",
+    "catch_up_packet",
+    "close_connection",
     "connect_redis",
+    "connection_queue",
+    "meter_queues",
     "publish_pipeline_supported",
     "publish_result_supported",
+    "queued",
+    "release_closed",
     "sampled_trace_id",
+    "send_packet",
 ]
 
 _log = logging.getLogger("kernel_ext.compat")
@@ -378,3 +390,213 @@ ACTIVE.update(
     suppress_keys="private" if SUPPRESS_KEYS is not None else "public",
 )
 _log.debug("kernel_ext private-name paths: %s", ACTIVE)
+
+
+# -- python-engineio: what one connection holds ---------------------------------------------
+
+
+_CATCH_UP_CLASS: Any = None  # python-engineio's Packet, subclassed on first use
+
+
+def catch_up_packet(text: str) -> Any:
+    """An Engine.IO ``MESSAGE`` packet of ``text`` (an encoded Socket.IO packet) marked as a
+    catch-up's (its class), to be shared by every catch-up that sends it:
+    :class:`MeteredQueue` counts its bytes apart (``catch_up_bytes``)."""
+    global _CATCH_UP_CLASS
+    from engineio.packet import MESSAGE, Packet
+
+    if _CATCH_UP_CLASS is None:
+        _CATCH_UP_CLASS = type("CatchUpPacket", (Packet,), {"__module__": __name__})
+    return _CATCH_UP_CLASS(MESSAGE, text)
+
+
+class MeteredQueue(asyncio.Queue[Any]):
+    """python-engineio's queue of one connection's outgoing packets (its server's
+    ``create_queue`` makes it once :func:`meter_queues` ran), counting what the connection
+    holds: the packets queued plus the batch its writer took last. python-engineio's writer
+    (WebSocket or long-polling) takes everything queued at once and writes it before it comes
+    back for more, so a batch counts until the writer comes back (:meth:`get`).
+
+    ``packets``/``bytes``: held now (bytes: the length of a packet's text, or of its bytes;
+    the writer's ``None`` is not a packet); ``catch_up_bytes``: of them, those of
+    :func:`catch_up_packet`, reported to ``on_catch_up(delta)`` as they come and go;
+    ``peak_packets``/``peak_bytes``: the most held at once. :meth:`below` waits until the
+    connection holds less; :meth:`clear` lets everything go (the connection is gone)."""
+
+    def __init__(self, *args: Any, on_catch_up: Any = None, **kwargs: Any) -> None:
+        self.packets = 0
+        self.bytes = 0
+        self.catch_up_bytes = 0
+        self.peak_packets = 0
+        self.peak_bytes = 0
+        self._on_catch_up = on_catch_up
+        # The packets, bytes and catch-up bytes the writer took last.
+        self._taken = self._taken_bytes = self._taken_catch_up = 0
+        self._waiters: list[tuple[int, int, asyncio.Future[None]]] = []
+        super().__init__(*args, **kwargs)
+
+    # _put and _get run for every packet to every browser: kept to a few steps.
+
+    def _put(self, item: Any) -> None:
+        self._queue.append(item)  # type: ignore[attr-defined]
+        if item is None:
+            return
+        data = item.data
+        kind = data.__class__
+        size = len(data) if kind is str or kind is bytes else 0
+        self.packets = packets = self.packets + 1
+        self.bytes = held = self.bytes + size
+        if packets > self.peak_packets:
+            self.peak_packets = packets
+        if held > self.peak_bytes:
+            self.peak_bytes = held
+        if item.__class__ is _CATCH_UP_CLASS:
+            self.catch_up_bytes += size
+            if self._on_catch_up is not None:
+                self._on_catch_up(size)
+
+    def _get(self) -> Any:
+        item = self._queue.popleft()  # type: ignore[attr-defined]
+        if item is not None:
+            data = item.data
+            kind = data.__class__
+            size = len(data) if kind is str or kind is bytes else 0
+            self._taken += 1
+            self._taken_bytes += size
+            if item.__class__ is _CATCH_UP_CLASS:
+                self._taken_catch_up += size
+        return item
+
+    async def get(self) -> Any:
+        """The writer comes back: what it took last is written."""
+        if self._taken:
+            self._written()
+        return await super().get()
+
+    def _written(self) -> None:
+        packets, size, catch_up = self._taken, self._taken_bytes, self._taken_catch_up
+        if not packets:
+            return
+        self._taken = self._taken_bytes = self._taken_catch_up = 0
+        self.packets -= packets
+        self.bytes -= size
+        if catch_up:
+            self.catch_up_bytes -= catch_up
+            if self._on_catch_up is not None:
+                self._on_catch_up(-catch_up)
+        if self._waiters:
+            waiting = []
+            for level in self._waiters:
+                packets_below, bytes_below, waiter = level
+                if waiter.done():
+                    continue
+                if self.packets < packets_below and self.bytes < bytes_below:
+                    waiter.set_result(None)
+                else:
+                    waiting.append(level)
+            self._waiters = waiting
+
+    async def below(self, packets: int, nbytes: int) -> None:
+        """Return once the connection holds fewer than ``packets`` packets and fewer than
+        ``nbytes`` bytes."""
+        if self.packets < packets and self.bytes < nbytes:
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append((packets, nbytes, waiter))
+        await waiter
+
+    def clear(self) -> None:
+        """Let every packet go (taken out, marked done for ``join``) and count nothing held,
+        the writer's last batch included; wakes every :meth:`below`."""
+        while True:
+            try:
+                self.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            self.task_done()
+        self._written()
+        if self.packets or self.bytes:  # not expected: counted in a batch already cleared
+            self.packets = self.bytes = 0
+        for _, _, waiter in self._waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._waiters = []
+
+
+def meter_queues(eio: Any, on_catch_up: Any = None) -> bool:
+    """Make python-engineio server ``eio`` give each new connection a :class:`MeteredQueue`
+    (its ``create_queue``, which each connection's socket calls once, as ``self.queue``);
+    ``on_catch_up(delta)``: as :class:`MeteredQueue`. Returns whether the probe passed (an
+    ``asyncio.Queue``-making ``create_queue``, and ``Socket.__init__`` reading it); where it
+    did not, connections keep their plain queue and :func:`connection_queue` reports
+    packets only."""
+    try:
+        from engineio import base_socket
+
+        supported = "self.queue = self.server.create_queue()" in inspect.getsource(
+            base_socket.BaseSocket.__init__
+        ) and isinstance(eio.create_queue(), asyncio.Queue)
+    except Exception:
+        supported = False
+    ACTIVE["engineio_queue"] = "private" if supported else "public"
+    if supported:
+        eio.create_queue = functools.partial(MeteredQueue, on_catch_up=on_catch_up)
+    return supported
+
+
+def connection_queue(eio: Any, eio_sid: str) -> Any:
+    """The outgoing queue of the connection ``eio_sid`` of ``eio`` (a :class:`MeteredQueue`
+    where :func:`meter_queues` ran before it connected, else python-engineio's
+    ``asyncio.Queue``), or ``None`` when it is gone or closing."""
+    socket = eio.sockets.get(eio_sid)
+    if socket is None or socket.closing or socket.closed:
+        return None
+    return socket.queue
+
+
+def queued(eio: Any, eio_sid: str) -> tuple[int, int]:
+    """Packets and bytes the connection ``eio_sid`` holds, not yet written (bytes ``0``
+    where its queue is not metered; ``(0, 0)`` when it is gone)."""
+    queue = connection_queue(eio, eio_sid)
+    if queue is None:
+        return 0, 0
+    if isinstance(queue, MeteredQueue):
+        return queue.packets, queue.bytes
+    return queue.qsize(), 0
+
+
+def release_closed(eio: Any, eio_sid: str) -> bool:
+    """When python-engineio is closing the connection ``eio_sid`` (its socket's
+    ``closing``/``closed``), let go of the packets queued for it: a socket whose writer is
+    stuck on a peer that never reads keeps its queue as long as the socket lives. Returns
+    whether it did."""
+    socket = eio.sockets.get(eio_sid)
+    if socket is None or not (socket.closing or socket.closed):
+        return False
+    queue = socket.queue
+    if isinstance(queue, MeteredQueue):
+        queue.clear()
+    else:
+        while True:
+            try:
+                queue.get_nowait()
+            except asyncio.QueueEmpty:
+                break
+            queue.task_done()
+    return True
+
+
+async def close_connection(eio: Any, eio_sid: str) -> None:
+    """Close the connection ``eio_sid`` of ``eio`` from the server's side without waiting
+    for its queue to be written (python-engineio's ``disconnect`` waits for that, forever
+    for a peer that never reads): its disconnect handlers run now, then a ``CLOSE`` packet
+    is queued for it."""
+    socket = eio.sockets.get(eio_sid)
+    if socket is not None:
+        await socket.close(wait=False, abort=False, reason=eio.reason.SERVER_DISCONNECT)
+
+
+async def send_packet(eio: Any, eio_sid: str, packet: Any) -> None:
+    """Queue an Engine.IO ``packet`` (already encoded) to the connection ``eio_sid``
+    (python-engineio's ``send_packet``; a connection gone meanwhile is skipped)."""
+    await eio.send_packet(eio_sid, packet)

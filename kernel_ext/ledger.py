@@ -29,13 +29,25 @@ __all__ = [
     "BAD_WORKER",
     "BLOCKS_EMITTED",
     "BROWSERS",
+    "BROWSERS_STALLED",
     "BROWSER_IDENTITIES",
     "BROWSER_LIMIT",
+    "BROWSER_QUEUED",
+    "BROWSER_QUEUED_BYTES",
     "BROWSER_QUEUE_FULL",
+    "BROWSER_QUEUE_LONGEST",
+    "BROWSER_QUEUE_LONGEST_BYTES",
+    "BROWSER_QUEUE_PEAK",
+    "BROWSER_QUEUE_PEAK_BYTES",
     "BROWSER_REFUSED",
     "BROWSER_ROOMS",
     "BUSY",
     "CALL_LIMIT",
+    "CATCH_UP_INFLIGHT",
+    "CATCH_UP_INFLIGHT_PEAK",
+    "CATCH_UP_LIMITED",
+    "CATCH_UP_POOL_WAITS",
+    "CATCH_UP_WAITS",
     "CHAT_EVENTS",
     "CLOSED",
     "CONNECTS",
@@ -87,6 +99,7 @@ __all__ = [
     "REDIS_WATCH_RESUMED",
     "REJECTED",
     "REJECTED_PREFIX",
+    "REJOINS",
     "REPLAY_BLOCKS",
     "REPLAY_BYTES",
     "REPLAY_DROPPED_STREAMS",
@@ -199,6 +212,21 @@ FRAMES = "frames"
 PACED_ACKS = "acks_paced"
 ACK_PACE_TIMEOUTS = "ack_pace_timeouts"
 BROWSER_QUEUE_FULL = "browser_queue_full"
+BROWSER_QUEUED = "browser_queued"
+BROWSER_QUEUE_LONGEST = "browser_queue_longest"
+BROWSER_QUEUED_BYTES = "browser_queued_bytes"
+BROWSER_QUEUE_LONGEST_BYTES = "browser_queue_longest_bytes"
+BROWSER_QUEUE_PEAK = "browser_queue_peak"
+BROWSER_QUEUE_PEAK_BYTES = "browser_queue_peak_bytes"
+BROWSERS_STALLED = "browsers_stalled"
+"""Browsers disconnected for staying at their queue bound (relay/backpressure.py)."""
+CATCH_UP_INFLIGHT = "catch_up_inflight"
+CATCH_UP_INFLIGHT_PEAK = "catch_up_inflight_peak"
+CATCH_UP_POOL_WAITS = "catch_up_pool_waits"
+CATCH_UP_WAITS = "catch_up_waits"
+CATCH_UP_LIMITED = "catch_up_limited"
+"""Joins whose catch-up the connection's budget limited (relay/catch_up.py)."""
+REJOINS = "rejoins"
 CHAT_EVENTS = "chat_events"
 BLOCKS_EMITTED = "blocks_emitted"
 AFTER_WORKER_ABORTED = "after_worker_aborted"

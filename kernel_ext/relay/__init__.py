@@ -17,6 +17,9 @@ worker side: ``stream``, ``emit``, ``plugin``):
                        outage, write-only workers' streams ended when they are gone, whether
                        Redis answers
 ``health``             :class:`Readiness`, :func:`with_probes`: ``/healthz`` and ``/readyz``
+``backpressure``       what each browser may hold (packets, bytes), paced acknowledgements,
+                       the catch-up bytes in flight in all
+``catch_up``           a join's catch-up: sent as the browser reads, within its budget
 ``namespace``          :class:`ChatRelay`: connections, joins, ``kx_blocks``/``kx_chat_event``
 ``app``                :func:`mount_relay`, :func:`create_app`, :class:`RelayApp`
 ``command``            ``kernel-ext relay`` = ``python -m kernel_ext.relay`` (:func:`main`)

@@ -15,7 +15,8 @@ sent, in the step that picked the browsers.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import json
+from collections.abc import Callable, Collection
 from typing import Any
 
 from engineio.packet import MESSAGE
@@ -23,7 +24,11 @@ from engineio.packet import Packet as EioPacket
 from socketio.async_manager import AsyncManager
 from socketio.packet import EVENT
 
-__all__ = ["local_sends", "send_local"]
+from kernel_ext import _compat
+
+__all__ = ["event_text", "local_sends", "send_local"]
+
+_MARK = "kx-block-goes-here"
 
 
 def local_sends(manager: Any) -> bool:
@@ -55,14 +60,34 @@ async def send_local(
     # As emit: a tuple is several arguments, None none.
     args = list(data) if isinstance(data, tuple) else [] if data is None else [data]
     encoded = server.packet_class(EVENT, namespace=namespace, data=[event, *args]).encode()
-    send = server.eio.send_packet
+    eio = server.eio
+    send = _compat.send_packet
     if not isinstance(encoded, list):
         packet = EioPacket(MESSAGE, encoded)
         for eio_sid in targets:
-            await send(eio_sid, packet)
+            await send(eio, eio_sid, packet)
         return len(targets)
     packets = [EioPacket(MESSAGE, part) for part in encoded]  # binary attachments
     for eio_sid in targets:
         for packet in packets:
-            await send(eio_sid, packet)
+            await send(eio, eio_sid, packet)
     return len(targets)
+
+
+def event_text(server: Any, namespace: str, event: str) -> Callable[[bytes], str]:
+    """A maker of the text of the Socket.IO packet of ``event`` in ``namespace`` with one
+    argument, given as its compact JSON (UTF-8): what the server's packet class encodes for
+    ``emit(event, data)``, made without parsing or encoding ``data`` again."""
+    template = server.packet_class(EVENT, namespace=namespace, data=[event, _MARK]).encode()
+    assert isinstance(template, str), template  # no binary attachment
+    head, tail = template.split(server.packet_class.json.dumps(_MARK), 1)
+
+    def text(data: bytes) -> str:
+        if data.isascii():
+            return head + data.decode("ascii") + tail
+        # As emit encodes it (non-ASCII escaped: a lone surrogate cannot be sent raw).
+        block = json.loads(data.decode("utf-8", "surrogatepass"))
+        encoded: str = server.packet_class(EVENT, namespace=namespace, data=[event, block]).encode()
+        return encoded
+
+    return text

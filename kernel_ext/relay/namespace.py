@@ -14,10 +14,12 @@ Guarantees:
 * A terminal emitted recently is not emitted again; one emitted into a room with no browser
   on this process is kept for browsers that join it meanwhile.
 * A joining browser first gets the held blocks it lacks, then the live ones: nothing twice
-  within one join, nothing lost in between.
-* Back-pressure (``browser_queue_max``; not with a pub/sub manager): a browser that is
-  behind skips running blocks (terminals always go), and a frame's acknowledgement waits
-  for its rooms' browsers.
+  within one join, nothing lost in between; sent as it reads, within a budget per
+  connection (:mod:`kernel_ext.relay.catch_up`).
+* Back-pressure (:mod:`kernel_ext.relay.backpressure`): what a browser holds is bounded in
+  packets and bytes, live and catch-up together; a browser that is behind skips running
+  blocks (terminals always go; not with a pub/sub manager), and a frame's acknowledgement
+  waits for its rooms' browsers.
 * A worker gone for longer than ``worker_grace`` has its open streams ended ``aborted``.
 * Works with ``AsyncRedisManager``: rooms span every web process on the same channel.
 
@@ -36,14 +38,11 @@ from socketio.async_pubsub_manager import AsyncPubSubManager
 
 from kernel_ext.errors import (
     BlockTooLargeError,
-    ConfigError,
     DecodeError,
     check_positive_ints,
-    check_positive_numbers,
 )
 from kernel_ext.ledger import (
     ACCEPTED,
-    ACK_PACE_TIMEOUTS,
     AFTER_WORKER_ABORTED,
     BAD_CURSOR,
     BAD_FRAME,
@@ -52,7 +51,6 @@ from kernel_ext.ledger import (
     BAD_SECRET,
     BAD_WORKER,
     BLOCKS_EMITTED,
-    BROWSER_QUEUE_FULL,
     BROWSER_REFUSED,
     BROWSERS,
     BUSY,
@@ -68,9 +66,7 @@ from kernel_ext.ledger import (
     LATE_TERMINALS,
     NOT_BROWSER,
     NOT_INTERNAL,
-    PACED_ACKS,
-    REPLAY_BLOCKS,
-    REPLAY_MISSING,
+    REJOINS,
     WORKERS_IN_GRACE,
 )
 from kernel_ext.protocol import (
@@ -101,6 +97,13 @@ from kernel_ext.relay.auth import (
     call_hook,
     worker_of,
 )
+from kernel_ext.relay.backpressure import (
+    DEFAULT_BROWSER_QUEUE_BYTES,
+    DEFAULT_BROWSER_STALL_TIMEOUT,
+    DEFAULT_CATCH_UP_INFLIGHT_BYTES,
+    BackPressure,
+)
+from kernel_ext.relay.catch_up import DEFAULT_CATCH_UP_BUDGET, CatchUp
 from kernel_ext.relay.guarded import GuardedNamespace
 from kernel_ext.relay.health import Readiness
 from kernel_ext.relay.limits import (
@@ -115,7 +118,6 @@ from kernel_ext.relay.replay import (
     DEFAULT_CONVERSATION_BYTES,
     DEFAULT_STREAM_BYTES,
     DEFAULT_TOTAL_BYTES,
-    Cursors,
     ReplayMemory,
     read_cursors,
 )
@@ -126,10 +128,6 @@ __all__ = ["ChatRelay"]
 
 _ROOM_MAX = 512
 _CATCH_UP_ROUNDS = 8
-_PACE_POLL = 0.005
-"""Seconds between two looks at the browsers' queues while acknowledgements wait (the
-queues are python-engineio's ``asyncio.Queue``: nothing to wait on below a level); one
-task looks for every waiting acknowledgement."""
 """Rounds a catch-up takes at most to find nothing more to send before the browser enters
 the room (each sends what arrived during the one before)."""
 
@@ -199,6 +197,20 @@ class ChatRelay(GuardedNamespace):
             of that queued, at most ``ack_pace_timeout`` seconds; a browser that made it
             wait that long is not waited for again until it has caught up to that quarter.
         ack_pace_timeout: seconds an acknowledgement waits for the browsers at most.
+        browser_queue_bytes: bytes queued for one browser past which, as past
+            ``browser_queue_max`` packets, it gets no running block and no catch-up block
+            until it reads (``None``: no byte bound; neither bound without
+            ``browser_queue_max``).
+        browser_stall_timeout: seconds a browser may stay at a bound (a running block skipped
+            it, or a catch-up waits for it) without reading down to a quarter of it, before
+            it is disconnected (``browsers_stalled``; ``None``: never).
+        catch_up_inflight_bytes: catch-up bytes queued to this process's browsers, and not
+            yet written, at most in all; more catch-ups wait their turn.
+        catch_up_budget: bytes of catch-up one connection may receive a minute (refilled
+            continuously; at least ``replay_conversation_bytes``; ``None``: no budget); past
+            it a join's catch-up is limited and its acknowledgement says so.
+        Back-pressure and catch-up: :mod:`kernel_ext.relay.backpressure`,
+            :mod:`kernel_ext.relay.catch_up`.
         max_browsers, max_per_identity, max_browser_rooms, join_rate, join_burst: the
             admission caps of this process's browsers (``None``: no cap;
             :class:`~kernel_ext.relay.limits.Admission`): browsers, browsers of one
@@ -252,6 +264,10 @@ class ChatRelay(GuardedNamespace):
         max_cursors: int = 1_000,
         browser_queue_max: int | None = 2_000,
         ack_pace_timeout: float = 1.0,
+        browser_queue_bytes: int | None = DEFAULT_BROWSER_QUEUE_BYTES,
+        browser_stall_timeout: float | None = DEFAULT_BROWSER_STALL_TIMEOUT,
+        catch_up_inflight_bytes: int = DEFAULT_CATCH_UP_INFLIGHT_BYTES,
+        catch_up_budget: int | None = DEFAULT_CATCH_UP_BUDGET,
         max_browsers: int | None = DEFAULT_MAX_BROWSERS,
         max_per_identity: int | None = DEFAULT_MAX_PER_IDENTITY,
         max_browser_rooms: int | None = DEFAULT_MAX_BROWSER_ROOMS,
@@ -268,20 +284,18 @@ class ChatRelay(GuardedNamespace):
             reject=self._reject,
         )
         """The admission caps of this relay's browsers."""
-        if browser_queue_max is not None:
-            check_positive_ints(browser_queue_max=browser_queue_max)
-            if browser_queue_max < 4:
-                raise ConfigError(f"browser_queue_max must be at least 4, got {browser_queue_max}")
-        check_positive_numbers(ack_pace_timeout=ack_pace_timeout)
+        back_pressure = BackPressure(
+            namespace,
+            self._count_later,
+            browser_queue_max=browser_queue_max,
+            ack_pace_timeout=ack_pace_timeout,
+            browser_queue_bytes=browser_queue_bytes,
+            browser_stall_timeout=browser_stall_timeout,
+            catch_up_inflight_bytes=catch_up_inflight_bytes,
+            max_block_bytes=max_block_bytes,
+        )
         self.browser_queue_max = browser_queue_max
-        self.ack_pace_timeout = float(ack_pace_timeout)
-        self._lagging: set[str] = set()  # browsers (sids) an acknowledgement gave up on
-        # Running blocks on their way into a browser's queue (a frame's emits not yet
-        # returned; they overlap: _emit_in_order), so the queue alone would undercount.
-        self._sending: dict[str, int] = {}
-        # Acknowledgements waiting for their rooms' browsers: (rooms, waiter, deadline).
-        self._pacing: list[tuple[list[str], asyncio.Future[None], float]] = []
-        self._pacer: asyncio.Task[None] | None = None
+        self.ack_pace_timeout = back_pressure.ack_pace_timeout
         check_positive_ints(
             max_block_bytes=max_block_bytes,
             max_frame_blocks=max_frame_blocks,
@@ -307,6 +321,9 @@ class ChatRelay(GuardedNamespace):
         if catch_up:
             hold_terminals = 0  # the held streams keep their terminals
         super().__init__(namespace)
+        self.back_pressure = back_pressure
+        """What each browser may have queued, and catch-ups in all
+        (:class:`~kernel_ext.relay.backpressure.BackPressure`)."""
         streams = track_workers(
             worker_grace,
             self._count,
@@ -336,6 +353,13 @@ class ChatRelay(GuardedNamespace):
         self.hold_ttl = hold_ttl
         self.worker_grace = streams.grace if streams is not None else None
         self.terminals = terminals
+        self.catch_up: CatchUp | None = (
+            None
+            if self.replay is None
+            else CatchUp(self.replay, back_pressure, terminals, self._count, budget=catch_up_budget)
+        )
+        """Joins with catch-up (:class:`~kernel_ext.relay.catch_up.CatchUp`; ``None``
+        without ``catch_up``)."""
         self._internal: dict[str, _Internal] = {}
         self._browsers: dict[str, Any] = {}
         self._streams = streams
@@ -346,6 +370,13 @@ class ChatRelay(GuardedNamespace):
                 streams, connected=self._connected, emit=self._emit_ended, count=self._count
             )
         )
+
+    def _count_later(self, outcome: str, n: int = 1) -> None:
+        self._count(outcome, n)  # the counter exists once the namespace is made
+
+    def _set_server(self, server: Any) -> None:
+        super()._set_server(server)
+        self.back_pressure.attach(server)
 
     # -- stats ----------------------------------------------------------------------------
 
@@ -371,6 +402,11 @@ class ChatRelay(GuardedNamespace):
         counts.update(self.browser_queues())
         counts.update(self.limits.sizes())
         return counts
+
+    def browser_queues(self) -> dict[str, int]:
+        """Packets queued now for this process's browsers: ``browser_queued`` in all and
+        ``browser_queue_longest`` (the most for one browser)."""
+        return self.back_pressure.browser_queues(self._browsers)
 
     def readiness(self) -> Readiness:
         """Whether this relay can do its job now (what ``/readyz`` answers:
@@ -436,7 +472,9 @@ class ChatRelay(GuardedNamespace):
         """Forget the connection; an internal sender's queued frames are still emitted."""
         self.limits.disconnect(sid)
         self._browsers.pop(sid, None)
-        self._lagging.discard(sid)
+        self.back_pressure.forget(sid)
+        if self.catch_up is not None:
+            self.catch_up.forget(sid)
         conn = self._internal.pop(sid, None)
         if conn is not None:
             conn.queue.put_nowait(None)
@@ -491,13 +529,29 @@ class ChatRelay(GuardedNamespace):
             self._reject(sid, BAD_CURSOR, f"{ignored} cursor(s) of {JOIN_EVENT}")
             self._count(IGNORED_CURSORS, ignored)
         async with joining:
-            if self._in_room(sid, room):
-                await self.leave_room(sid, room)  # joined again: caught up anew, then live
-            replay = await self._catch_up(sid, room, cursors)
+            rejoin = self._in_room(sid, room)
+            assert self.catch_up is not None
+            replay = await self.catch_up.join(
+                sid,
+                room,
+                cursors,
+                rejoin=rejoin,
+                have="have" in data,
+                enter=lambda: self.enter_room(sid, room),
+                leave=lambda: self.leave_room(sid, room),
+            )
         self._count(JOINS)
+        if replay is None:
+            self._count(REJOINS)
+            return {"ok": True}
         # What the catch-up sent is told to a browser that asked (it sent ``have``, an empty
-        # list included); any other gets the acknowledgement it always got.
-        return {"ok": True, "replay": replay} if "have" in data else {"ok": True}
+        # list included) and to any whose catch-up was limited; any other gets the
+        # acknowledgement it always got.
+        return (
+            {"ok": True, "replay": replay}
+            if "have" in data or "limited" in replay
+            else {"ok": True}
+        )
 
     def _in_room(self, sid: str, room: str) -> bool:
         """Whether ``sid`` is in ``room`` here: a look at that room's members.
@@ -505,53 +559,6 @@ class ChatRelay(GuardedNamespace):
         ``get_rooms``): 5,000 conversations made each join cost milliseconds."""
         members = self.server.manager.get_participants(self.namespace, room)
         return any(member == sid for member, _ in members)
-
-    async def _catch_up(self, sid: str, room: str, cursors: Cursors) -> dict[str, Any]:
-        """Send the browser ``sid`` what it lacks of ``room``'s held streams, then put it
-        into the room; the join acknowledgement's ``replay``.
-
-        The browser enters the room in the same step as the last look at the memory finds
-        nothing more to send: a block is held in the same step as the live emit that picks
-        its browsers (:meth:`_emit_block`), so every block reaches the browser exactly once,
-        by the catch-up or live, and the catch-up comes first."""
-        replay = self.replay
-        assert replay is not None
-        sent = 0
-        streams: set[Any] = set()
-        missing: dict[Any, int] = {}
-        entered = False
-        for round_ in range(_CATCH_UP_ROUNDS):
-            blocks, after, gone = replay.catch_up(room, cursors)
-            if not blocks or round_ == _CATCH_UP_ROUNDS - 1:
-                # Nothing more (or blocks keep coming: the last of them go after the entry).
-                await self.enter_room(sid, room)  # no await before it since catch_up()
-                entered = True
-            for key, n in gone.items():
-                missing.setdefault(key, n)
-            for raw in blocks:
-                # One emit at a time, each awaited: the browser's connection drains between
-                # them, so a long catch-up does not fill its queue to browser_queue_max (its
-                # live running blocks would then skip it).
-                await self.emit(TOOL_EVENT_STREAM, raw, to=sid, ignore_queue=True)
-                if raw.get("state") in TERMINAL_STATES:
-                    self.terminals.caught_up(raw, sid)
-            sent += len(blocks)
-            streams.update(key for key, seq in after.items() if seq != cursors.get(key))
-            cursors = after
-            if entered:
-                break
-        if sent:
-            self._count(REPLAY_BLOCKS, sent)
-        if missing:
-            self._count(REPLAY_MISSING, len(missing))
-        return {
-            "blocks": sent,
-            "streams": len(streams),
-            "missing": [
-                {"callId": call_id, "taskId": task_id, "blocks": n}
-                for (call_id, task_id), n in missing.items()
-            ],
-        }
 
     async def on_leave_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
         """Take a browser out of a conversation's room."""
@@ -646,7 +653,7 @@ class ChatRelay(GuardedNamespace):
         for _, blocks in sections:
             blocks.clear()
         if self.browser_queue_max is not None:
-            await self._pace(rooms)
+            await self.back_pressure.pace(rooms)
         ack: dict[str, Any] = {
             "ok": True,
             "accepted": accepted,
@@ -678,118 +685,6 @@ class ChatRelay(GuardedNamespace):
                 index += 1
             valid.append((room, kept))
         return valid, refused
-
-    def _queued(self, eio_sid: str) -> int:
-        """Packets python-engineio holds for one browser's connection, not yet written."""
-        socket = self.server.eio.sockets.get(eio_sid)
-        return socket.queue.qsize() if socket is not None else 0
-
-    def _behind(self, rooms: list[str], level: int) -> list[str]:
-        """The browsers of ``rooms`` on this process with ``level`` or more packets queued,
-        but for those given up on (forgotten here once below ``level``)."""
-        behind = []
-        lagging = self._lagging
-        for room in dict.fromkeys(rooms):
-            for sid, eio_sid in self.server.manager.get_participants(self.namespace, room):
-                if self._queued(eio_sid) < level:
-                    lagging.discard(sid)
-                elif sid not in lagging:
-                    behind.append(sid)
-        return behind
-
-    async def _pace(self, rooms: list[str]) -> None:
-        """Return once the browsers of ``rooms`` have room (:meth:`on_kx_blocks`)."""
-        assert self.browser_queue_max is not None
-        if not self._behind(rooms, self.browser_queue_max // 4):
-            return
-        self._count(PACED_ACKS)
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._pacing.append((rooms, waiter, loop.time() + self.ack_pace_timeout))
-        if self._pacer is None or self._pacer.done():
-            self._pacer = loop.create_task(self._pace_all())
-        await waiter
-
-    async def _pace_all(self) -> None:
-        """Release each waiting acknowledgement once its rooms' browsers have room, or at its
-        deadline (counted ``ack_pace_timeouts``; the browsers behind are given up on)."""
-        assert self.browser_queue_max is not None
-        level = self.browser_queue_max // 4
-        loop = asyncio.get_running_loop()
-        while self._pacing:
-            await asyncio.sleep(_PACE_POLL)  # polling with deadlines (docstring of _PACE_POLL)
-            now = loop.time()
-            waiting = []
-            for rooms, waiter, deadline in self._pacing:
-                if waiter.done():  # its handler is gone
-                    continue
-                behind = self._behind(rooms, level)
-                if behind and now < deadline:
-                    waiting.append((rooms, waiter, deadline))
-                    continue
-                if behind:
-                    self._count(ACK_PACE_TIMEOUTS)
-                    self._lagging.update(behind)
-                    rare(
-                        "ack_pace_timeout",
-                        "relay: %d browser(s) read slower than blocks arrive; running blocks "
-                        "to them are skipped past %d queued packets",
-                        len(behind),
-                        self.browser_queue_max,
-                    )
-                waiter.set_result(None)
-            self._pacing = waiting
-
-    def _reserve(
-        self, blocks: list[tuple[Any, bytes | None]], room: str
-    ) -> tuple[list[list[str] | None], dict[str, int]]:
-        """Which browsers of ``room`` on this process each of a frame's blocks skips: a
-        browser gets the section's running blocks only up to ``browser_queue_max`` packets
-        queued or on their way (the rest skip it, counted ``browser_queue_full``, one per
-        block and browser); terminals skip no one. Returns the skips per block and what was
-        reserved per browser (:meth:`_release` it once the emits returned)."""
-        bound = self.browser_queue_max
-        assert bound is not None
-        skips: list[list[str] | None] = [None] * len(blocks)
-        reserved: dict[str, int] = {}
-        running = [i for i, (raw, _) in enumerate(blocks) if raw.get("state") == "running"]
-        if not running:
-            return skips, reserved
-        sending = self._sending
-        for sid, eio_sid in self.server.manager.get_participants(self.namespace, room):
-            going = min(len(running), max(0, bound - self._queued(eio_sid) - sending.get(sid, 0)))
-            if going:
-                sending[sid] = sending.get(sid, 0) + going
-                reserved[sid] = going
-            if going < len(running):
-                self._count(BROWSER_QUEUE_FULL, len(running) - going)
-                for i in running[going:]:
-                    skip = skips[i]
-                    if skip is None:
-                        skips[i] = [sid]
-                    else:
-                        skip.append(sid)
-        return skips, reserved
-
-    def _release(self, reserved: dict[str, int]) -> None:
-        sending = self._sending
-        for sid, n in reserved.items():
-            left = sending.get(sid, 0) - n
-            if left > 0:
-                sending[sid] = left
-            else:
-                sending.pop(sid, None)
-
-    def browser_queues(self) -> dict[str, int]:
-        """Packets queued now for this process's browsers: ``browser_queued`` in all and
-        ``browser_queue_longest`` (the most for one browser)."""
-        manager = self.server.manager
-        sizes = [
-            self._queued(eio_sid)
-            for sid in self._browsers
-            if (eio_sid := manager.eio_sid_from_sid(sid, self.namespace)) is not None
-        ]
-        return {"browser_queued": sum(sizes), "browser_queue_longest": max(sizes, default=0)}
 
     def _sections(self, data: Any) -> list[tuple[str, list[Any]]] | str:
         """A frame's (room, blocks) sections in order, or what is wrong with it."""
@@ -854,11 +749,11 @@ class ChatRelay(GuardedNamespace):
         """
         manager = self.server.manager
         pubsub = isinstance(manager, AsyncPubSubManager)
-        if self.browser_queue_max is None or pubsub:
+        if not self.back_pressure.bounded or pubsub:
             skips: list[list[str] | None] = [None] * len(blocks)
-            reserved: dict[str, int] = {}
+            reserved: dict[str, list[int]] = {}
         else:
-            skips, reserved = self._reserve(blocks, room)
+            skips, reserved = self.back_pressure.reserve(blocks, room)
         try:
             if len(blocks) > 1 and not pubsub and not local_sends(manager):
                 loop = asyncio.get_running_loop()
@@ -874,7 +769,7 @@ class ChatRelay(GuardedNamespace):
             for (raw, data), skip in zip(blocks, skips, strict=True):
                 await self._emit_block(raw, room, data, skip)
         finally:
-            self._release(reserved)
+            self.back_pressure.release(reserved)
 
     async def _emit_block(
         self, raw: Any, room: str, data: bytes | None = None, skip: list[str] | None = None
@@ -884,7 +779,7 @@ class ChatRelay(GuardedNamespace):
         manager is a :class:`~kernel_ext.relay.RelayRedisManager`, which holds every block
         it emits to this process's browsers, wherever it came from. ``data``: the block's
         compact JSON when the relay has it already; ``skip``: the browsers it does not go to
-        (:meth:`_reserve`)."""
+        (:meth:`BackPressure.reserve <kernel_ext.relay.backpressure.BackPressure.reserve>`)."""
         replay = self.replay
         manager = self.server.manager
         if local_sends(manager):
@@ -1025,13 +920,7 @@ class ChatRelay(GuardedNamespace):
         Idempotent."""
         if self._grace is not None:
             await self._grace.aclose()
-        pacer, self._pacer = self._pacer, None
-        if pacer is not None:
-            pacer.cancel()
-        paced, self._pacing = self._pacing, []
-        for _, waiter, _ in paced:  # acknowledge them now
-            if not waiter.done():
-                waiter.set_result(None)
+        await self.back_pressure.aclose()
         manager = getattr(self.server, "manager", None)
         if isinstance(manager, RelayRedisManager):
             await manager.stop_watching()

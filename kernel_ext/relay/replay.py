@@ -416,11 +416,19 @@ class ReplayMemory:
         then the terminal unless it holds it), the cursors after them, and per stream how
         many blocks the browser lacks that gave way (at most that many: the running blocks
         that gave way after its cursor)."""
+        held, after, missing = self.catch_up_held(room, cursors)
+        return [json.loads(data) for _, _, data, _ in held], after, missing
+
+    def catch_up_held(
+        self, room: str, cursors: Cursors
+    ) -> tuple[list[tuple[StreamKey, int, bytes, bool]], Cursors, dict[StreamKey, int]]:
+        """:meth:`catch_up` with each block as held: ``(stream, seq, compact JSON, whether
+        it is the stream's terminal)``, nothing parsed."""
         self.expire()
         where = self._rooms.get(room)
         if where is None:
             return [], dict(cursors), {}
-        blocks: list[Mapping[str, Any]] = []
+        blocks: list[tuple[StreamKey, int, bytes, bool]] = []
         after = dict(cursors)
         missing: dict[StreamKey, int] = {}
         for key, stream in where.streams.items():
@@ -432,13 +440,14 @@ class ReplayMemory:
             highest = cursor
             for seq, data in stream.held():
                 if seq > cursor:
-                    blocks.append(json.loads(data))
+                    blocks.append((key, seq, data, False))
                     highest = max(highest, seq)
-            if stream.terminal is not None:
-                blocks.append(json.loads(stream.terminal[1]))
-                highest = max(highest, stream.terminal[0])
-            if highest != cursor or stream.terminal is not None:
-                after[key] = (highest, stream.terminal is not None)
+            terminal = stream.terminal
+            if terminal is not None:
+                blocks.append((key, terminal[0], terminal[1], True))
+                highest = max(highest, terminal[0])
+            if highest != cursor or terminal is not None:
+                after[key] = (highest, terminal is not None)
         return blocks, after, missing
 
     # -- sizes --------------------------------------------------------------------------------

@@ -271,6 +271,14 @@ def _join_declarations() -> list[str]:
         "  streams: number;",
         "  /** absent or empty when nothing is missing */",
         "  missing?: MissingBlocks[];",
+        *_doc(
+            "true when the connection's catch-up budget stopped the catch-up: what was not "
+            "sent is in `missing` (the browser is in the room all the same). Also sent to a "
+            "join without `have`. A renderer that re-joins with `have` sends only what it "
+            "lacks and stays within the budget",
+            "  ",
+        ),
+        "  limited?: true;",
         "}",
         "",
         f"/** What `{JOIN_EVENT}` answers. */",

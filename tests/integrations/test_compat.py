@@ -413,3 +413,80 @@ async def test_a_redis_managers_local_emit_holds_then_picks_in_one_step() -> Non
     await manager.enter_room(late, "/chat", "conv-1")
     await handling
     assert sent == ["eio-1"]
+
+
+@pytest.mark.network
+async def test_python_engineio_queues_through_create_queue_and_writes_in_batches() -> None:
+    """A real server and client: each connection's queue is the one ``create_queue`` made
+    (metered), python-engineio's writer takes from it and comes back once it wrote what it
+    took (all counted written, catch-up bytes reported both ways), ``send_packet`` queues a
+    pre-encoded packet, and closing from the server's side lets the queue go."""
+    from support.network import serve_asgi
+
+    deltas: list[int] = []
+    sio = socketio.AsyncServer(async_mode="asgi")
+    assert _compat.meter_queues(sio.eio, deltas.append) is True
+    assert _compat.ACTIVE["engineio_queue"] == "private"
+    got: list[int] = []
+    client = socketio.AsyncClient(reconnection=False)
+    client.on("n", got.append)
+    async with serve_asgi(socketio.ASGIApp(sio)) as port:
+        await client.connect(f"http://127.0.0.1:{port}", transports=["websocket"], wait_timeout=5)
+        try:
+            (eio_sid,) = list(sio.eio.sockets)
+            queue = _compat.connection_queue(sio.eio, eio_sid)
+            assert isinstance(queue, _compat.MeteredQueue)
+            for n in range(200):
+                packet = _compat.catch_up_packet(f'2["n",{n}]')
+                await _compat.send_packet(sio.eio, eio_sid, packet)
+            assert queue.peak_packets >= 1
+            await wait_until(lambda: len(got) == 200, 10)
+            assert got == list(range(200))
+            await wait_until(lambda: queue.packets == 0, 10)
+            assert (queue.bytes, queue.catch_up_bytes) == (0, 0)
+            assert sum(d for d in deltas if d > 0) == sum(len(f'2["n",{n}]') for n in range(200))
+            assert sum(deltas) == 0
+            assert _compat.queued(sio.eio, eio_sid) == (0, 0)
+            assert _compat.release_closed(sio.eio, eio_sid) is False  # open: left alone
+            await _compat.close_connection(sio.eio, eio_sid)
+            assert _compat.connection_queue(sio.eio, eio_sid) is None  # closing
+            assert sio.eio.sockets[eio_sid].closed
+            assert _compat.release_closed(sio.eio, eio_sid) is True
+        finally:
+            await client.disconnect()
+
+
+def test_the_metered_queue_counts_what_its_writer_holds_until_it_comes_back() -> None:
+    """:class:`MeteredQueue` alone: packets count from ``put`` until the writer's next
+    ``get`` (python-engineio's writer takes a batch and writes it before it comes back);
+    ``clear`` lets everything go and wakes the waiters."""
+
+    async def run() -> None:
+        deltas: list[int] = []
+        queue = _compat.MeteredQueue(on_catch_up=deltas.append)
+        from engineio.packet import MESSAGE, Packet
+
+        queue.put_nowait(Packet(MESSAGE, "abc"))
+        queue.put_nowait(_compat.catch_up_packet("defgh"))
+        queue.put_nowait(None)  # the writer's end: not a packet
+        assert (queue.packets, queue.bytes, queue.catch_up_bytes) == (2, 8, 5)
+        await queue.get()
+        queue.get_nowait()  # the batch: still held until the writer comes back
+        assert (queue.packets, queue.bytes) == (2, 8)
+        waiting = asyncio.ensure_future(queue.below(1, 1))
+        await asyncio.sleep(0)
+        assert not waiting.done()
+        assert await queue.get() is None  # it came back: written
+        assert (queue.packets, queue.bytes, queue.catch_up_bytes) == (0, 0, 0)
+        await asyncio.wait_for(waiting, 5)
+        assert deltas == [5, -5]
+        queue.put_nowait(_compat.catch_up_packet("xy"))
+        stuck = asyncio.ensure_future(queue.below(1, 1))
+        await asyncio.sleep(0)
+        queue.clear()
+        await asyncio.wait_for(stuck, 5)
+        assert (queue.packets, queue.bytes, queue.catch_up_bytes, queue.qsize()) == (0, 0, 0, 0)
+        assert deltas == [5, -5, 2, -2]
+        assert (queue.peak_packets, queue.peak_bytes) == (2, 8)
+
+    asyncio.run(run())

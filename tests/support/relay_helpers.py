@@ -437,3 +437,41 @@ async def connected(port: int, name: str = "browser") -> Browser:
 def seqs(blocks: list[dict[str, Any]], task: str = "task-1") -> list[int]:
     """The seqs of ``task``'s blocks among ``blocks``, in order."""
     return [b["envelope"]["seq"] for b in blocks if b["taskId"] == task]
+
+
+class NeverReads:
+    """A browser that never reads: Engine.IO 4 over a WebSocket (as a browser speaks it) on a
+    socket with a 4 KiB receive buffer. After the handshake it only sends — joins and
+    leaves, whose answers it never reads — so what the relay sends it stays queued there."""
+
+    def __init__(self) -> None:
+        self._ws: Any = None
+        self._ids = 0
+
+    async def open(self, port: int) -> None:
+        import json
+        import socket
+
+        from websockets.asyncio.client import connect
+
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+        url = f"ws://127.0.0.1:{port}/socket.io/?EIO=4&transport=websocket"
+        self._ws = await asyncio.wait_for(
+            connect(url, sock=sock, max_queue=1, ping_interval=None, compression=None), 10
+        )
+        assert (await asyncio.wait_for(self._ws.recv(), 10)).startswith("0")  # Engine.IO open
+        await self._ws.send(f"40{NS},{{}}")
+        assert (await asyncio.wait_for(self._ws.recv(), 10)).startswith(f"40{NS},")
+        self._json = json
+
+    async def send(self, event: str, data: Any) -> None:
+        """Send ``event`` with ``data`` asking for an answer it will not read."""
+        self._ids += 1
+        await self._ws.send(f"42{NS},{self._ids}" + self._json.dumps([event, data]))
+
+    def abort(self) -> None:
+        if self._ws is not None:
+            self._ws.transport.abort()

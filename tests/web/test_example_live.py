@@ -378,3 +378,44 @@ def test_after_a_drop_the_page_rejoins_with_what_it_holds_and_shows_the_catch_up
         seqs = [block["envelope"]["seq"] for block in page.evaluate("window.__blocks")]
         assert seqs == [1, 3, 4, 5]
         assert errors == []
+
+
+def test_the_page_rejoining_after_drops_with_what_it_holds_is_never_limited() -> None:
+    """Five drops (offline) while the call goes on, with the smallest catch-up budget a relay
+    takes (one conversation's bound): the reference renderer's re-join carries ``have``
+    every time, gets only the blocks the page lacks, and is never limited; the pane ends
+    whole, each block once."""
+    bounds = {
+        "max_block_bytes": 3_000,
+        "replay_stream_bytes": 6_000,
+        "replay_conversation_bytes": 6_000,
+        "catch_up_budget": 6_000,
+    }
+    with example_server(**bounds) as server, example_page(server, TOKEN) as (page, errors):
+        page.wait_for_selector("body[data-joined='1']")
+        server.publish("step 1")
+        page.wait_for_function("() => window.__blocks.length === 1")
+        sent = 1
+        for _ in range(5):
+            page.context.set_offline(True)
+            page.wait_for_function("() => !window.kx.socket.connected && window.kx.socket.active")
+            for _ in range(2):
+                sent += 1
+                server.publish(f"step {sent}")
+            wait_until_sync(lambda n=sent: server.stats()["blocks_emitted"] == n, 20, "emitted")
+            page.context.set_offline(False)
+            page.wait_for_function(f"() => window.__blocks.length === {sent}")
+        server.publish(ANSWER, state="done")
+        pane = page.locator(f"section.kx-pane[data-call-id='{CALL}']")
+        pane.locator(".kx-end").wait_for(state="visible")
+        joins = page.evaluate("window.__joins")
+        assert len(joins) == 6
+        assert joins[0]["have"] == []
+        assert [j["have"][0]["seq"] for j in joins[1:]] == [1, 3, 5, 7, 9]
+        seqs = [block["envelope"]["seq"] for block in page.evaluate("window.__blocks")]
+        assert seqs == list(range(1, sent + 2))
+        stats = server.stats()
+        assert "catch_up_limited" not in stats
+        assert stats["replay_blocks"] == 10  # only what the page lacked, each once
+        assert pane.locator(".kx-missing").count() == 0
+        assert errors == []
