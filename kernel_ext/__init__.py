@@ -10,22 +10,35 @@ The root holds what kernel integrators and tool authors use:
   :func:`reset_tool_call` for runtimes with hooks;
 * everyone: the error family (:class:`KernelExtError` and its subclasses), ``__version__``.
 
-Everything else lives in its module (``kernel_ext.protocol``, ``.stream``, ``.emit``,
-``.relay``, ``.tap``, ``.resolve``, ``.processor``, ``.instrument``, ``.testing`` …).
+The root's modules are the public face: :mod:`kernel_ext.context` (the contextvar),
+:mod:`kernel_ext.errors`, :mod:`kernel_ext.settings` (every ``KERNEL_EXT_*`` variable),
+``__main__`` (``python -m kernel_ext`` is the ``kernel-ext`` command), ``_version`` and
+``_redis_routing`` (where a room's frames go on Redis). Everything else lives in a
+sub-package named for what it is, each listing its modules:
+
+* :mod:`kernel_ext.protocol` — the wire (blocks, envelopes, encode/decode; ``.schema``);
+* :mod:`kernel_ext.worker` — the worker process's life (``enable``, fork, shutdown, the
+  OpenTelemetry entry point);
+* :mod:`kernel_ext.stream`, :mod:`kernel_ext.emit`, :mod:`kernel_ext.attribution`,
+  :mod:`kernel_ext.instrument` — the worker side: the hub, the senders, which call a block
+  belongs to, the tool wrappers;
+* :mod:`kernel_ext.relay` — the relay (web process) side;
+* :mod:`kernel_ext.observability` — what kernel_ext counts and logs;
+* :mod:`kernel_ext.cli` — the ``kernel-ext`` command;
+* :mod:`kernel_ext.integrations`, :mod:`kernel_ext.a2a`, :mod:`kernel_ext.viewing`,
+  :mod:`kernel_ext.web`, :mod:`kernel_ext.testing`, :mod:`kernel_ext.demo`;
+* ``kernel_ext._shared`` — private mechanisms both sides share.
+
 Importing ``kernel_ext`` is light: only the contextvar and the errors are imported at once;
 each other name is imported the first time it is used (PEP 562), and importing
 ``kernel_ext`` or ``kernel_ext.context`` loads no Socket.IO, Engine.IO or aiohttp.
-
-Names the root exported before they moved to their modules still resolve, with a
-``DeprecationWarning`` naming the module to import them from.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kernel_ext import _moved
-from kernel_ext._lazy import module_getattr
+from kernel_ext._shared.lazy import module_getattr
 from kernel_ext._version import __version__
 from kernel_ext.context import (
     ToolCall,
@@ -45,8 +58,8 @@ from kernel_ext.errors import (
 
 if TYPE_CHECKING:
     from kernel_ext.instrument import ToolDescription
-    from kernel_ext.plugin import adisable, disable, enable, enabled
     from kernel_ext.stream import publish, publish_chat_event
+    from kernel_ext.worker.wiring import adisable, disable, enable, enabled
 
 __all__ = [
     "BlockTooLargeError",
@@ -74,44 +87,14 @@ __all__ = [
 _LAZY = {
     "publish": "kernel_ext.stream",
     "publish_chat_event": "kernel_ext.stream",
-    "enable": "kernel_ext.plugin",
-    "disable": "kernel_ext.plugin",
-    "adisable": "kernel_ext.plugin",
-    "enabled": "kernel_ext.plugin",
+    "enable": "kernel_ext.worker.wiring",
+    "disable": "kernel_ext.worker.wiring",
+    "adisable": "kernel_ext.worker.wiring",
+    "enabled": "kernel_ext.worker.wiring",
     "ToolDescription": "kernel_ext.instrument",
 }
 
-# Names the root used to export, and where they live now.
-_MOVED = {
-    "Block": "kernel_ext.protocol",
-    "Envelope": "kernel_ext.protocol",
-    "decode": "kernel_ext.protocol",
-    "encode": "kernel_ext.protocol",
-    "pseudo_envelope": "kernel_ext.protocol",
-    "CallSink": "kernel_ext.attribution.tap",
-    "LiveCall": "kernel_ext.attribution.tap",
-    "Tap": "kernel_ext.attribution.tap",
-    "default_tap": "kernel_ext.attribution.tap",
-    "Resolution": "kernel_ext.attribution.resolve",
-    "ResolutionPath": "kernel_ext.attribution.resolve",
-    "resolve_call_id": "kernel_ext.attribution.resolve",
-    "StreamHub": "kernel_ext.stream",
-    "get_default_hub": "kernel_ext.stream",
-    "set_default_hub": "kernel_ext.stream",
-    "Emitter": "kernel_ext.emit",
-    "LoopbackEmitter": "kernel_ext.emit",
-    "RedisEmitter": "kernel_ext.emit",
-    "MemoryEmitter": "kernel_ext.testing",
-    "ChatRelay": "kernel_ext.relay",
-    "create_app": "kernel_ext.relay",
-    "mount_relay": "kernel_ext.relay",
-    "ToolRuntimeInstrumentor": "kernel_ext.instrument",
-    "ToolSpanProcessor": "kernel_ext.attribution.processor",
-}
-
-
-__getattr__ = module_getattr(__name__, _LAZY, _MOVED)
-_moved.install()  # the old paths of modules that moved (kernel_ext._moved)
+__getattr__ = module_getattr(__name__, _LAZY)
 
 
 def __dir__() -> list[str]:

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from typing import NamedTuple, cast
 
-from kernel_ext import _fork
+from kernel_ext.worker import _fork
 
 __all__ = [
     "CallLife",

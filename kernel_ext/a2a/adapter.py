@@ -12,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 
-from kernel_ext import metrics
 from kernel_ext.errors import DecodeError
+from kernel_ext.observability import otel_metrics
 from kernel_ext.protocol import BlockState, Envelope, decode_envelope
 
 try:
@@ -473,6 +473,6 @@ class A2AStreamAdapter:
     @staticmethod
     def _count_dropped(count: int) -> None:
         try:
-            metrics.blocks.add(count, {"outcome": "dropped", "reason": "invalid_envelope"})
+            otel_metrics.blocks.add(count, {"outcome": "dropped", "reason": "invalid_envelope"})
         except Exception:  # pragma: no cover - the OTel API does not raise
             logger.debug("a2a adapter: metric not recorded", exc_info=True)

@@ -32,8 +32,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
 from opentelemetry.trace import SpanContext, StatusCode
 
-from kernel_ext import _compat
-from kernel_ext._telemetry import RareLog
+from kernel_ext._shared import compat
 from kernel_ext.attribution import resolve
 from kernel_ext.attribution._conventions import (
     CONVERSATION_ID,
@@ -55,6 +54,7 @@ from kernel_ext.attribution._conventions import (
 )
 from kernel_ext.attribution.tap import CallSink, LiveCall, Tap, default_tap
 from kernel_ext.context import current_tool_call, span_id_hex
+from kernel_ext.observability._rare_log import RareLog
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -99,8 +99,8 @@ class ToolSpanProcessor(SpanProcessor):
         try:
             if self._shutdown:
                 return
-            # The SDK span's own fields, read inline only where kernel_ext._compat probed them
-            # (SDK_SPAN_FIELDS; it says which and why); else the public properties. All of
+            # The SDK span's own fields, read inline only where kernel_ext._shared.compat probed
+            # them (SDK_SPAN_FIELDS; it says which and why); else the public properties. All of
             # them or none, so that a span laid out differently takes the public ones.
             inner: Any = None
             if _SDK_SPAN_FIELDS:
@@ -202,7 +202,7 @@ class ToolSpanProcessor(SpanProcessor):
                     llm_call_id,
                     parent.call_id if parent is not None else None,
                     start_time or 0,
-                    _compat.sampled_trace_id(context),
+                    compat.sampled_trace_id(context),
                 ),
             )
             if not tap.add(call):
@@ -326,7 +326,7 @@ class ToolSpanProcessor(SpanProcessor):
                 llm_call_id,
                 _hex_span_id(parent_span.span_id) if parent_span is not None else None,
                 span.start_time or 0,
-                _compat.sampled_trace_id(span.context),  # as on_start
+                compat.sampled_trace_id(span.context),  # as on_start
             )
         self._ended.append(int(span_id))  # type: ignore[call-overload]
         sink = self.sink
@@ -387,17 +387,17 @@ def _span_id(context: SpanContext | None) -> object:
     return context.span_id if context is not None else 0
 
 
-_SDK_SPAN_FIELDS = _compat.SDK_SPAN_FIELDS
+_SDK_SPAN_FIELDS = compat.SDK_SPAN_FIELDS
 # SpanContext when its span id is item 1 of the tuple it is (the processor indexes it to save
 # the ``span_id`` property's Python call), else a class no context is an instance of.
-_INDEXED_CONTEXT: type = SpanContext if _compat.SPAN_CONTEXT_INDEXED else type("_NoContext", (), {})
+_INDEXED_CONTEXT: type = SpanContext if compat.SPAN_CONTEXT_INDEXED else type("_NoContext", (), {})
 
 
 def _attribute_getter(span: ReadableSpan) -> _Get:
     """The ``get`` of the span's attributes, through the public ``span.attributes``.
 
     On the SDK's own spans, ``on_start``/``on_end`` read the span's fields directly instead
-    (:mod:`kernel_ext._compat` says which and why); a span that lacks them
+    (:mod:`kernel_ext._shared.compat` says which and why); a span that lacks them
     (another implementation, or an SDK laid out differently) comes here and to the public
     properties.
     """

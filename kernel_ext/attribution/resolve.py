@@ -26,10 +26,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from kernel_ext import metrics
-from kernel_ext._telemetry import BatchedCount
 from kernel_ext.attribution.tap import Tap, default_tap
 from kernel_ext.context import ToolCall, current_tool_call
+from kernel_ext.observability import otel_metrics
+from kernel_ext.observability._rare_log import BatchedCount
 
 __all__ = ["Resolution", "ResolutionPath", "attribute", "flush_metrics", "resolve_call_id"]
 
@@ -67,7 +67,9 @@ class Resolution:
         return self.call_id is not None
 
 
-_COUNTS = {path: BatchedCount(metrics.resolutions, {"path": path.value}) for path in ResolutionPath}
+_COUNTS = {
+    path: BatchedCount(otel_metrics.resolutions, {"path": path.value}) for path in ResolutionPath
+}
 count_context = _COUNTS[ResolutionPath.CONTEXT].add_one
 """``count_context()``: count one attribution by the active call (path ``context``), for
 :meth:`kernel_ext.stream.StreamHub.publish`, which takes that case of :func:`attribute` inline."""

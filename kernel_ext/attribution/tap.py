@@ -38,10 +38,11 @@ from typing import NamedTuple, Protocol
 
 from opentelemetry.util.types import AttributeValue
 
-from kernel_ext import _fork, metrics
-from kernel_ext._bounded import BoundedMap
-from kernel_ext._telemetry import RareLog
+from kernel_ext._shared.bounded import BoundedMap
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
+from kernel_ext.observability import otel_metrics
+from kernel_ext.observability._rare_log import RareLog
+from kernel_ext.worker import _fork
 
 __all__ = ["CallSink", "LiveCall", "Tap", "default_tap"]
 
@@ -397,7 +398,7 @@ class Tap:
 
     def _report_eviction(self, call: LiveCall, scope: str) -> None:
         with contextlib.suppress(Exception):
-            metrics.evictions.add(1, {"scope": scope})
+            otel_metrics.evictions.add(1, {"scope": scope})
         self._rare(
             "tap_eviction_" + scope,
             "trajectory tap full (%s bound): evicted live call %s (%s) of conversation %r",

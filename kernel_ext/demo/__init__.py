@@ -18,7 +18,7 @@ import importlib.util
 import sys
 from typing import TextIO
 
-from kernel_ext._command_line import port, positive_seconds, seconds
+from kernel_ext.cli._common import port, positive_seconds, seconds
 from kernel_ext.demo.script import (
     DEFAULT_BEAT,
     DEFAULT_KERNEL,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from kernel_ext._command_line import Parser, StopSignals, run_command
+from kernel_ext.cli._common import Parser, StopSignals, run_command
 from kernel_ext.demo import add_arguments, run
 
 PROG = "python -m kernel_ext.demo"

@@ -16,7 +16,7 @@ Guarantees:
   exit 0 once the agent answered every question and every tool call ended ``done``, else 1.
 * Exit 2 when ``--host``/``--port`` cannot be served (one line says why); 130 after Ctrl-C
   (SIGINT), 143 after SIGTERM, 129 after SIGHUP, in any phase, with one line and no
-  traceback (:class:`kernel_ext._command_line.StopSignals`).
+  traceback (:class:`kernel_ext.cli._common.StopSignals`).
 * Logs are removed after a clean run and kept (path printed) after a failure.
 
 Design: docs/contracts.md, "The demo's processes".
@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from kernel_ext._command_line import (
+from kernel_ext.cli._common import (
     EXIT_USAGE,
     CommandLineError,
     exit_code_after,
@@ -526,7 +526,7 @@ def launch(options: Options, out: TextIO | None = None, err: TextIO | None = Non
         err.flush()
         return EXIT_USAGE
     log_dir = Path(tempfile.mkdtemp(prefix="kernel-ext-demo-"))
-    code = None  # stays None when a stop signal ends it here (kernel_ext._command_line)
+    code = None  # stays None when a stop signal ends it here (kernel_ext.cli._common)
     try:
         code = run_until_stopped(_main(options, out, err, log_dir))
     except DemoFailed as exc:

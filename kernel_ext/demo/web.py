@@ -42,7 +42,7 @@ from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Respon
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from kernel_ext._bounded import BoundedMap
+from kernel_ext._shared.bounded import BoundedMap
 from kernel_ext.demo.script import (
     COLLEAGUES,
     FALLBACK_LANG,

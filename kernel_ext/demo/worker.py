@@ -76,10 +76,10 @@ from kernel_ext.demo.script import (
     wording,
 )
 from kernel_ext.integrations.pydantic_ai import KernelExtCapability
-from kernel_ext.plugin import adisable, enable
 from kernel_ext.protocol import NAMESPACE
 from kernel_ext.settings import env_name, load_settings
 from kernel_ext.stream import StreamHub, get_default_hub
+from kernel_ext.worker.wiring import adisable, enable
 
 __all__ = [
     "ChatEventCapability",

@@ -21,7 +21,7 @@ A sender uses the hub only through its port, :attr:`Emitter.consumer` (a
 :class:`~kernel_ext.stream.HubConsumer`): it takes batches from it, and reports there the
 blocks that leave (``consumer.delivered(n)``) and those lost after the hub let them through
 (``consumer.dropped(reason, n, call_id)``, with the reasons of
-:mod:`kernel_ext.ledger`; the senders' own are re-exported below).
+:mod:`kernel_ext.observability.count_names`; the senders' own are re-exported below).
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any, ClassVar, TypeVar, cast
 
-from kernel_ext import metrics
-from kernel_ext._backoff import Backoff
-from kernel_ext._telemetry import RareLog
+from kernel_ext._shared.backoff import Backoff
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
-from kernel_ext.ledger import (  # the drop reasons counted by the senders, re-exported
+from kernel_ext.observability import otel_metrics
+from kernel_ext.observability._rare_log import RareLog
+
+# The drop reasons counted by the senders, re-exported:
+from kernel_ext.observability.count_names import (
     DISCONNECTED,
     NO_LISTENER,
     REDIS_DOWN,
@@ -72,7 +74,7 @@ logger = logging.getLogger("kernel_ext.emit")
 """The one logger of the senders (``kernel_ext.emit``)."""
 rare = RareLog(logger)
 """The senders' log of what may repeat often (``rare(event, message, *args)``: its 1st, 2nd,
-4th … occurrence of each event, :class:`~kernel_ext._telemetry.RareLog`)."""
+4th … occurrence of each event, :class:`~kernel_ext.observability._rare_log.RareLog`)."""
 
 DEFAULT_NAMESPACE = NAMESPACE
 
@@ -125,7 +127,7 @@ def remembers_arguments(init: _Init) -> _Init:
 
 
 def backoff(**delays: float) -> Backoff:
-    """The :class:`~kernel_ext._backoff.Backoff` between two delays given by their argument
+    """The :class:`~kernel_ext._shared.backoff.Backoff` between two delays given by their argument
     names, first and longest (``backoff(reconnect_delay=0.1, reconnect_delay_max=5.0)``).
 
     Raises:
@@ -252,7 +254,7 @@ class Emitter(abc.ABC):
         never raises."""
         self.counts[event] += n
         with contextlib.suppress(Exception):  # a broken meter provider must not stop a sender
-            metrics.sender_events.add(n, {"sender": self.sender, "event": event})
+            otel_metrics.sender_events.add(n, {"sender": self.sender, "event": event})
 
     def _set_healthy(self, healthy: bool, why: object = None) -> bool:
         """Record the transport's state; on a change (``False`` when there was none): count

@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Literal
 
-from kernel_ext._bounded import OVERFLOW, BoundedMap
-from kernel_ext._telemetry import plural
+from kernel_ext._shared.bounded import OVERFLOW, BoundedMap
 from kernel_ext.emit.base import REJECTED, TERMINAL_EXPIRED, TERMINAL_OVERFLOW, rare
 from kernel_ext.errors import BlockTooLargeError, check_positive_ints, check_positive_numbers
+from kernel_ext.observability._rare_log import plural
 from kernel_ext.protocol import encode_wire, fallback_terminal
 from kernel_ext.stream import HubConsumer, OutgoingBlock
 

@@ -2,7 +2,7 @@
 
 Reconnection is ours, not python-socketio's: one connect loop
 (``LoopbackEmitter._connect_loop``) waits between attempts by
-:class:`kernel_ext._backoff.Backoff`, and an acknowledgement watchdog forces a reconnect
+:class:`kernel_ext._shared.backoff.Backoff`, and an acknowledgement watchdog forces a reconnect
 when the relay stops answering. The client's own reconnection (python-socketio 5.18,
 ``AsyncClient(reconnection=True)``) is off, because it cannot do what a sender needs:
 
@@ -40,7 +40,7 @@ from kernel_ext.emit.base import (
 )
 from kernel_ext.emit.held_terminals import HeldTerminal, HeldTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
-from kernel_ext.ledger import (
+from kernel_ext.observability.count_names import (
     ACK_TIMEOUTS,
     ACKS,
     CONNECT_FAILURES,

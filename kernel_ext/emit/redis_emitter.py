@@ -1,7 +1,7 @@
 """The Redis sender: python-socketio's write-only ``AsyncRedisManager``, watched.
 
 python-socketio publishes an emit once and only logs a failure. This sender learns each
-publish's result through :class:`kernel_ext._compat.PublishResult` (Redis's receiver count)
+publish's result through :class:`kernel_ext._shared.compat.PublishResult` (Redis's receiver count)
 and pings Redis, so an outage is reported and a terminal is held until a web process got
 it. Where the python-socketio in use does not report the count (``_compat`` says so at
 DEBUG, and this sender once at WARNING), a publish that did not raise counts as delivered:
@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from kernel_ext import _compat
+from kernel_ext._shared import compat
 from kernel_ext.emit.base import (
     DEFAULT_NAMESPACE,
     NO_LISTENER,
@@ -33,7 +33,7 @@ from kernel_ext.emit.base import (
 )
 from kernel_ext.emit.held_terminals import HeldTerminals
 from kernel_ext.errors import check_positive_numbers
-from kernel_ext.ledger import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
+from kernel_ext.observability.count_names import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.settings import check_redis_url, redacted_url
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
@@ -205,7 +205,7 @@ class RedisEmitter(Emitter):
         self._manager.routing = self.routing
         if self.heartbeat_interval is not None:
             self._manager.emit_tags = {WORKER_TAG: self.worker_id}
-        if not _compat.publish_result_supported():
+        if not compat.publish_result_supported():
             logger.warning(
                 "redis emitter: this python-socketio does not report a publish's receivers; "
                 "publishes are taken as delivered (outages show through pings only)"
@@ -285,7 +285,7 @@ class RedisEmitter(Emitter):
 
     async def _publish(self, messages: list[tuple[str, Any, str]]) -> list[int | None]:
         """Emit ``(event, data, room)`` messages in order, in one Redis round trip
-        (:meth:`kernel_ext._compat.PublishResult.pipelined`); each one's receiver count
+        (:meth:`kernel_ext._shared.compat.PublishResult.pipelined`); each one's receiver count
         (``_UNCONFIRMED`` when python-socketio does not report it), or ``None`` where Redis
         failed (then the emitter turns unhealthy)."""
         manager = self._manager
@@ -299,7 +299,7 @@ class RedisEmitter(Emitter):
         except Exception as exc:
             self._set_healthy(False, f"publish failed: {exc}")
             return [None] * len(messages)
-        if not _compat.publish_result_supported():
+        if not compat.publish_result_supported():
             return [_UNCONFIRMED] * len(messages)
         counts: list[int | None] = list(receivers)
         if len(counts) < len(messages) or None in counts:

@@ -49,8 +49,7 @@ from opentelemetry.semconv.attributes.exception_attributes import (
 )
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer, TracerProvider
 
-from kernel_ext._compat import sampled_trace_id
-from kernel_ext._telemetry import RareLog
+from kernel_ext._shared.compat import sampled_trace_id
 from kernel_ext._version import __version__
 from kernel_ext.attribution._conventions import (
     CONVERSATION_ID,
@@ -77,6 +76,7 @@ from kernel_ext.context import (
     set_call_id,
     span_id_hex,
 )
+from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.protocol import well_formed
 
 __all__ = [

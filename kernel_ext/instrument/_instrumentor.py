@@ -15,12 +15,12 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.trace import TracerProvider
 
-from kernel_ext import _fork
 from kernel_ext.attribution.tap import CallSink
 from kernel_ext.errors import ConfigError
 from kernel_ext.instrument._call import Describe, default_describe, log, tracer_of
 from kernel_ext.instrument._wrappers import Wrapping, kind_of, make_wrapper
 from kernel_ext.settings import env_name, load_settings
+from kernel_ext.worker import _fork
 
 __all__ = ["ToolRuntimeInstrumentor", "ToolTarget"]
 
@@ -40,7 +40,7 @@ class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc, unused-ig
     and its contextvar (see :mod:`kernel_ext.instrument` for what happens around a call).
 
     Like every OpenTelemetry instrumentor it is a process-wide singleton:
-    ``ToolRuntimeInstrumentor()`` always returns the same object, so :mod:`kernel_ext.plugin`
+    ``ToolRuntimeInstrumentor()`` always returns the same object, so :mod:`kernel_ext.worker.wiring`
     (and through it the ``opentelemetry-instrument`` entry point) and user code share one
     set of wrapped targets. ``instrument()`` and ``uninstrument()`` are idempotent (a
     repeated call logs a warning and does nothing); to change targets, ``uninstrument()``

@@ -31,9 +31,9 @@ from opentelemetry.context import get_current
 from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Tracer
 
-from kernel_ext._compat import SUPPRESS_KEYS
-from kernel_ext._telemetry import RareLog
+from kernel_ext._shared.compat import SUPPRESS_KEYS
 from kernel_ext.instrument._call import ActiveCall, Describe, SinkOf, begin_described, log
+from kernel_ext.observability._rare_log import RareLog
 
 __all__ = ["Wrapper", "Wrapping", "kind_of", "make_wrapper"]
 

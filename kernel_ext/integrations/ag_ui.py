@@ -55,7 +55,7 @@ from ag_ui.core import (
 from kernel_ext.attribution.tap import Tap, default_tap
 from kernel_ext.emit.base import NO_LISTENER, Emitter, remembers_arguments
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
-from kernel_ext.ledger import (  # counted in AGUIBridge.counts, re-exported
+from kernel_ext.observability.count_names import (  # counted in AGUIBridge.counts, re-exported
     NO_TOOL_CALL_ID,
     RUN_ENDED_OPEN,
     RUN_LIMIT,
@@ -241,7 +241,7 @@ class AGUIBridge(Emitter):
 
     def _the_tap(self) -> Tap:
         if self._tap is None:
-            from kernel_ext.plugin import enabled
+            from kernel_ext.worker.wiring import enabled
 
             state = enabled()
             self._tap = state.processor.tap if state is not None else default_tap()

@@ -40,10 +40,10 @@ from agents.tool_context import ToolContext
 from agents.tracing import get_current_trace
 from opentelemetry.trace import TracerProvider
 
-from kernel_ext._telemetry import RareLog
 from kernel_ext.attribution.tap import CallSink
 from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
 from kernel_ext.instrument._call import begin_described, tracer_of
+from kernel_ext.observability._rare_log import RareLog
 
 __all__ = ["AgentsDescribe", "attributed_tool", "attributed_tools", "describe_tool_call"]
 

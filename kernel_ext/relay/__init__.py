@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from kernel_ext._lazy import module_getattr
+from kernel_ext._shared.lazy import module_getattr
 from kernel_ext.protocol import (
     CHAT_EVENT,
     JOIN_EVENT,

@@ -27,9 +27,14 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kernel_ext import _compat
+from kernel_ext._shared import compat
 from kernel_ext.errors import ConfigError, check_positive_ints
-from kernel_ext.ledger import CATCH_UP_LIMITED, CATCH_UP_WAITS, REPLAY_BLOCKS, REPLAY_MISSING
+from kernel_ext.observability.count_names import (
+    CATCH_UP_LIMITED,
+    CATCH_UP_WAITS,
+    REPLAY_BLOCKS,
+    REPLAY_MISSING,
+)
 from kernel_ext.protocol import TOOL_EVENT_STREAM
 from kernel_ext.relay._send import event_text
 from kernel_ext.relay.backpressure import BackPressure
@@ -210,7 +215,7 @@ class CatchUp:
             if self._packet_bytes > self.replay.total_bytes:
                 self._packets.clear()
                 self._packet_bytes = 0
-            packet = self._packets[data] = _compat.catch_up_packet(self._text(data))
+            packet = self._packets[data] = compat.catch_up_packet(self._text(data))
             self._packet_bytes += len(data)
         return packet
 
@@ -231,9 +236,9 @@ class CatchUp:
                 break  # no await from here to the send
             back_pressure.sent(size)  # another catch-up filled it meanwhile: wait again
         try:
-            if _compat.connection_queue(eio, eio_sid) is None:
+            if compat.connection_queue(eio, eio_sid) is None:
                 return False
-            await _compat.send_packet(eio, eio_sid, self._packet(data))
+            await compat.send_packet(eio, eio_sid, self._packet(data))
         finally:
             back_pressure.sent(size)
         return True

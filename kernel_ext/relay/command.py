@@ -1,7 +1,7 @@
 """``kernel-ext relay`` (also ``python -m kernel_ext.relay``): serve a standalone relay.
 
 One command, two spellings: :func:`add_arguments` and :func:`run` make the ``relay``
-subcommand of ``kernel-ext`` (:mod:`kernel_ext.cli`), and :func:`main` is the same command
+subcommand of ``kernel-ext`` (:mod:`kernel_ext.cli.entry`), and :func:`main` is the same command
 on its own for ``python -m kernel_ext.relay``. It serves :func:`~kernel_ext.relay.create_app`
 with uvicorn; the secret, the Redis URL and channel and the namespace come from
 :func:`kernel_ext.settings.load_settings` (options win).
@@ -31,7 +31,7 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   own, uvicorn's, the libraries'), each as ``<prog>: <level>: <message>`` (a traceback on the
   lines after).
 * SIGINT, SIGTERM and SIGHUP stop it gracefully, in one line, with exit status 130, 143 or
-  129 (:class:`kernel_ext._command_line.StopSignals`); one at start-up too.
+  129 (:class:`kernel_ext.cli._common.StopSignals`); one at start-up too.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
-from kernel_ext._command_line import (
+from kernel_ext.cli._common import (
     EXIT_OK,
     CommandLineError,
     Parser,

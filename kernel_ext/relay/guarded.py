@@ -47,8 +47,8 @@ import engineio
 import socketio
 from engineio.async_socket import AsyncSocket
 
-from kernel_ext._telemetry import RareLog, is_rare, plural
-from kernel_ext.ledger import (
+from kernel_ext.observability._rare_log import RareLog, is_rare, plural
+from kernel_ext.observability.count_names import (
     BAD_ARGUMENTS,
     BAD_EVENT_NAME,
     BAD_PACKET,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
-from kernel_ext.ledger import (
+from kernel_ext.observability.count_names import (
     BROWSER_IDENTITIES,
     BROWSER_LIMIT,
     BROWSER_ROOMS,

@@ -41,7 +41,7 @@ from kernel_ext.errors import (
     DecodeError,
     check_positive_ints,
 )
-from kernel_ext.ledger import (
+from kernel_ext.observability.count_names import (
     ACCEPTED,
     AFTER_WORKER_ABORTED,
     BAD_CURSOR,

@@ -31,13 +31,6 @@ from urllib.parse import urlsplit
 
 import socketio
 
-from kernel_ext._backoff import Backoff
-from kernel_ext._bounded import BoundedMap
-from kernel_ext._compat import (
-    connect_redis,
-    publish_pipeline_supported,
-    publish_result_supported,
-)
 from kernel_ext._redis_routing import (
     RoutedPublish,
     marker_channel,
@@ -45,9 +38,16 @@ from kernel_ext._redis_routing import (
     room_channel,
     room_log,
 )
-from kernel_ext._telemetry import is_rare, plural
+from kernel_ext._shared.backoff import Backoff
+from kernel_ext._shared.bounded import BoundedMap
+from kernel_ext._shared.compat import (
+    connect_redis,
+    publish_pipeline_supported,
+    publish_result_supported,
+)
 from kernel_ext.errors import check_positive_numbers
-from kernel_ext.ledger import (
+from kernel_ext.observability._rare_log import is_rare, plural
+from kernel_ext.observability.count_names import (
     REDIS_AFTER_WORKER_ABORTED,
     REDIS_GIVEN_UP,
     REDIS_JOIN_UNSUBSCRIBED,
@@ -83,7 +83,7 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
     they were emitted to this process's browsers (:meth:`pipelined`). Counts
     ``redis_publish_failed``, ``redis_republished`` and ``redis_given_up`` in
     :attr:`counts`. Where python-socketio's publish result cannot be read
-    (:mod:`kernel_ext._compat`), nothing is published again (logged at WARNING).
+    (:mod:`kernel_ext._shared.compat`), nothing is published again (logged at WARNING).
 
     Gone workers on the write-only path (:class:`~kernel_ext.emit.RedisEmitter`, no relay
     connection): such a worker tags each emit it publishes with its worker id (key

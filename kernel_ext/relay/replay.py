@@ -35,9 +35,9 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from kernel_ext._bounded import BoundedMap
+from kernel_ext._shared.bounded import BoundedMap
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
-from kernel_ext.ledger import (
+from kernel_ext.observability.count_names import (
     REPLAY_BYTES,
     REPLAY_DROPPED_STREAMS,
     REPLAY_GAVE_WAY,

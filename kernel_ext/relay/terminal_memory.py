@@ -1,6 +1,7 @@
 """The terminals a relay emitted: a re-send is not shown twice, a late joiner still gets it.
 
-:class:`TerminalMemory` keeps two bounded memories (:class:`~kernel_ext._bounded.BoundedMap`):
+:class:`TerminalMemory` keeps two bounded memories
+(:class:`~kernel_ext._shared.bounded.BoundedMap`):
 
 * **Sent.** Each terminal ``(callId, taskId)`` emitted recently — at most ``remember`` of
   them, each for ``remember_ttl`` seconds — with the browsers (sids) it went to. The same
@@ -23,8 +24,8 @@ import time
 from collections.abc import Callable, Container, Iterable, Mapping
 from typing import Any
 
-from kernel_ext._bounded import BoundedMap
-from kernel_ext.ledger import HELD_TERMINALS, TERMINAL_REEMITTED
+from kernel_ext._shared.bounded import BoundedMap
+from kernel_ext.observability.count_names import HELD_TERMINALS, TERMINAL_REEMITTED
 
 __all__ = ["TerminalMemory"]
 

@@ -37,9 +37,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
-from kernel_ext._bounded import BoundedMap
+from kernel_ext._shared.bounded import BoundedMap
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
-from kernel_ext.ledger import (
+from kernel_ext.observability.count_names import (
     WORKER_ABORTED,
     WORKER_STREAMS,
     WORKER_STREAMS_DROPPED,

@@ -27,13 +27,13 @@ Counts: :meth:`StreamHub.stats`. Design: docs/contracts.md, "Publishing".
 
 from __future__ import annotations
 
+from kernel_ext.stream.block_counts import UNFLUSHED
 from kernel_ext.stream.consumer import (
     Outgoing,
     OutgoingBlock,
     OutgoingChatEvent,
     Progress,
 )
-from kernel_ext.stream.counts import UNFLUSHED
 from kernel_ext.stream.hub import (
     ATTR_BLOCKS_ADMITTED,
     ATTR_BLOCKS_DROPPED,

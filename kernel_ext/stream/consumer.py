@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
-from kernel_ext._lazy import module_getattr
-from kernel_ext._telemetry import RareLog
+from kernel_ext._shared.lazy import module_getattr
 from kernel_ext.errors import BlockTooLargeError, DecodeError
+from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.protocol import (
     CHAT_EVENT,
     PROTOCOL_VERSION,
@@ -42,7 +42,7 @@ from kernel_ext.protocol import (
     text_block,
     wire_text,
 )
-from kernel_ext.stream.counts import DEGRADED, ERROR, INVALID, TOO_LARGE
+from kernel_ext.stream.block_counts import DEGRADED, ERROR, INVALID, TOO_LARGE
 
 __all__ = [
     "CHAT_EVENT_STATE",

@@ -20,18 +20,19 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from kernel_ext import _fork, ledger
-from kernel_ext._telemetry import RareLog
 from kernel_ext.attribution.resolve import CONTEXT, attribute, count_context
 from kernel_ext.attribution.tap import LiveCall, default_tap
 from kernel_ext.context import CallLife, ToolCall, current_tool_call
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
+from kernel_ext.observability import count_names
+from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.protocol import (
     DEFAULT_MAX_BLOCK_BYTES,
     Envelope,
     text_block_fast_limit,
     trace_id_hex,
 )
+from kernel_ext.stream.block_counts import Counts
 from kernel_ext.stream.consumer import (
     CHAT_EVENT_STATE,
     Outgoing,
@@ -40,8 +41,8 @@ from kernel_ext.stream.consumer import (
     ToolCallItem,
     take,
 )
-from kernel_ext.stream.counts import Counts
 from kernel_ext.stream.state import CallState, HubStats, StreamState
+from kernel_ext.worker import _fork
 
 if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
@@ -211,14 +212,14 @@ class StreamHub:
                 life = None
             if state == "running":
                 if call_id is None:
-                    self._counts.add(ledger.UNATTRIBUTED)
+                    self._counts.add(count_names.UNATTRIBUTED)
                     return
                 if room is None:
-                    self._counts.add(ledger.NO_ROOM)
+                    self._counts.add(count_names.NO_ROOM)
                     return
                 consumer = self._consumer
                 if consumer is None:
-                    self._counts.add(ledger.NO_SENDER)
+                    self._counts.add(count_names.NO_SENDER)
                     return
                 if task_id is None:
                     task_id = call_id
@@ -263,11 +264,11 @@ class StreamHub:
                 trace = None if call_id is None else self._trace_of(call, call_id)
                 self._terminal(item, call_id, task_id, state, room, path, life, provisional, trace)
                 return
-            self._counts.add(ledger.INVALID)
-            _rare(ledger.INVALID, "publish: unknown state %r; block dropped", state)
+            self._counts.add(count_names.INVALID)
+            _rare(count_names.INVALID, "publish: unknown state %r; block dropped", state)
         except Exception:
-            self._counts.add(ledger.ERROR)
-            _rare(ledger.ERROR, "publish failed; block dropped", exc_info=True)
+            self._counts.add(count_names.ERROR)
+            _rare(count_names.ERROR, "publish failed; block dropped", exc_info=True)
 
     def publish_chat_event(
         self, event: Mapping[str, Any], *, conversation_id: str | None = None
@@ -279,20 +280,20 @@ class StreamHub:
             call = _current_tool_call()
             room = (call.conversation_id if call is not None else None) or conversation_id
             if room is None:
-                self._counts.add(ledger.NO_ROOM)
+                self._counts.add(count_names.NO_ROOM)
                 return
             if self._consumer is None:
-                self._counts.add(ledger.NO_SENDER)
+                self._counts.add(count_names.NO_SENDER)
                 return
             with self._lock:
                 if len(self._queue) >= self.max_queue:
-                    self._counts.add_locked(ledger.QUEUE_FULL)
+                    self._counts.add_locked(count_names.QUEUE_FULL)
                     return
                 self._queue.append((room, None, "", CHAT_EVENT_STATE, 0, dict(event), 0, None))
             self._poke()
         except Exception:
-            self._counts.add(ledger.ERROR)
-            _rare(ledger.ERROR, "publish_chat_event failed; event dropped", exc_info=True)
+            self._counts.add(count_names.ERROR)
+            _rare(count_names.ERROR, "publish_chat_event failed; event dropped", exc_info=True)
 
     # -- the span processor's and the instrumented runtime's side (tap.CallSink) ----------
 
@@ -304,10 +305,10 @@ class StreamHub:
         the call's outcome (:meth:`tool_call_returned`). Never raises."""
         try:
             if parent.conversation_id is None:
-                self._counts.add(ledger.NO_ROOM)
+                self._counts.add(count_names.NO_ROOM)
                 return
             if self._consumer is None:
-                self._counts.add(ledger.NO_SENDER)
+                self._counts.add(count_names.NO_SENDER)
                 return
             key = (parent.call_id, parent.call_id)
             with self._lock:
@@ -328,8 +329,8 @@ class StreamHub:
                 )
             self._poke()
         except Exception:
-            self._counts.add(ledger.ERROR)
-            _rare(ledger.ERROR, "tool_call_started failed; block dropped", exc_info=True)
+            self._counts.add(count_names.ERROR)
+            _rare(count_names.ERROR, "tool_call_started failed; block dropped", exc_info=True)
 
     def tool_call_ended(self, call: LiveCall, error: str | None) -> None:
         """CallSink: the call ended — failed with ``error`` (``""``: without a message), or
@@ -392,8 +393,8 @@ class StreamHub:
                     del self._calls[call_id]
             self._maybe_flush()
         except Exception:
-            self._counts.add(ledger.ERROR)
-            _rare(ledger.ERROR, "tool_call_ended failed", exc_info=True)
+            self._counts.add(count_names.ERROR)
+            _rare(count_names.ERROR, "tool_call_ended failed", exc_info=True)
 
     def call_attributes(self, call_id: str) -> Mapping[str, AttributeValue]:
         """CallSink: span attributes for ``call_id`` so far: blocks admitted (let through by
@@ -445,7 +446,7 @@ class StreamHub:
     def record_delivered(self, n: int = 1) -> None:
         """``n`` blocks left this process (counted ``delivered``); a sender reports this on
         its port, :meth:`HubConsumer.delivered`."""
-        self._counts.add(ledger.DELIVERED, n)
+        self._counts.add(count_names.DELIVERED, n)
 
     def record_dropped(self, reason: str, n: int = 1, call_id: str | None = None) -> None:
         """``n`` blocks will not reach a browser, counted ``reason`` — and on ``call_id`` too
@@ -471,7 +472,7 @@ class StreamHub:
                 consumer=self._consumer is not None,
             )
 
-    def _detach(self, consumer: HubConsumer, reason: str = ledger.NO_SENDER) -> int:
+    def _detach(self, consumer: HubConsumer, reason: str = count_names.NO_SENDER) -> int:
         """Detach ``consumer``; what was queued is dropped, counted ``reason``. Returns the
         number of terminals among it (logged at ERROR)."""
         with self._lock:
@@ -516,10 +517,10 @@ class StreamHub:
         ring = stream.ring
         cursor = stream.cursor
         if now - ring[cursor] < self._window:
-            self._drop_locked(ledger.THROTTLED, stream.call)
+            self._drop_locked(count_names.THROTTLED, stream.call)
             return False
         if len(self._queue) >= self.max_queue:
-            self._drop_locked(ledger.QUEUE_FULL, stream.call)
+            self._drop_locked(count_names.QUEUE_FULL, stream.call)
             return False
         ring[cursor] = now
         cursor += 1
@@ -556,12 +557,14 @@ class StreamHub:
         call_id, task_id = key
         stats = self._calls.get(call_id)
         if (life is not None and life.ended) or (stats is not None and task_id in stats.closed):
-            self._drop_locked(ledger.CLOSED, stats)
+            self._drop_locked(count_names.CLOSED, stats)
             return None
         if len(self._streams) >= self.max_streams:
-            self._drop_locked(ledger.STREAM_LIMIT, stats)
+            self._drop_locked(count_names.STREAM_LIMIT, stats)
             _rare(
-                ledger.STREAM_LIMIT, "stream hub: %d streams open; block dropped", self.max_streams
+                count_names.STREAM_LIMIT,
+                "stream hub: %d streams open; block dropped",
+                self.max_streams,
             )
             return None
         now = self._clock()
@@ -585,9 +588,9 @@ class StreamHub:
                 gone = self._streams.pop((oldest, task_id), None)
                 if gone is not None:
                     gone.closed = True
-            self._counts.add_locked(ledger.CALL_LIMIT)
+            self._counts.add_locked(count_names.CALL_LIMIT)
             _rare(
-                ledger.CALL_LIMIT,
+                count_names.CALL_LIMIT,
                 "stream hub: %d live calls with state; the oldest (%s) forgotten",
                 self.max_calls,
                 oldest,
@@ -613,17 +616,20 @@ class StreamHub:
         if task_id is None:
             task_id = call_id
         if task_id is None:
-            self._counts.add(ledger.NO_TASK_ID)
+            self._counts.add(count_names.NO_TASK_ID)
             _rare(
-                ledger.NO_TASK_ID,
+                count_names.NO_TASK_ID,
                 "publish: %s block with neither callId nor task id dropped",
                 state,
             )
             return
         if room is None:
-            self._counts.add(ledger.NO_ROOM)
+            self._counts.add(count_names.NO_ROOM)
             _rare(
-                ledger.NO_ROOM, "publish: %s block for task %r has no room; dropped", state, task_id
+                count_names.NO_ROOM,
+                "publish: %s block for task %r has no room; dropped",
+                state,
+                task_id,
             )
             return
         key = (call_id, task_id)
@@ -634,10 +640,10 @@ class StreamHub:
             else:
                 stats = self._calls.get(call_id)
             if stats is not None and task_id in stats.closed:
-                self._drop_locked(ledger.DUPLICATE_TERMINAL, stats)
+                self._drop_locked(count_names.DUPLICATE_TERMINAL, stats)
                 return
             if life is not None and life.ended:
-                self._drop_locked(ledger.CLOSED, stats)
+                self._drop_locked(count_names.CLOSED, stats)
                 return
             stream = self._streams.get(key)
             if provisional:
@@ -669,7 +675,7 @@ class StreamHub:
                 if len(closed) > self.max_closed_per_call:
                     del closed[next(iter(closed))]
             if self._consumer is None:
-                self._drop_locked(ledger.NO_SENDER, stats)
+                self._drop_locked(count_names.NO_SENDER, stats)
                 return
             # Terminals bypass the queue bound: their number is bounded by the streams.
             self._queue.append((room, call_id, task_id, state, self._clock(), item, seq, trace_id))
@@ -700,9 +706,9 @@ class StreamHub:
             end: tuple[str, Any] = provisional or ("aborted", _IDLE_ABORT_MESSAGE)
             self._terminal(end[1], call_id, task_id, end[0], room, path)
         if stale:
-            self._counts.add(ledger.EXPIRED, len(stale))
+            self._counts.add(count_names.EXPIRED, len(stale))
             _rare(
-                ledger.EXPIRED,
+                count_names.EXPIRED,
                 "stream hub: %d stream(s) idle for %g s ended (their call's end never came)",
                 len(stale),
                 self.stream_idle_ttl,
@@ -787,8 +793,8 @@ class HubConsumer:
 
     def dropped(self, reason: str, n: int = 1, call_id: str | None = None) -> None:
         """Report ``n`` blocks taken here as never reaching a browser, counted ``reason``
-        (a name of :mod:`kernel_ext.ledger`) and on ``call_id`` while the hub holds
-        that call (as :meth:`StreamHub.record_dropped`). Also after :meth:`close`."""
+        (a name of :mod:`kernel_ext.observability.count_names`) and on ``call_id`` while the hub
+        holds that call (as :meth:`StreamHub.record_dropped`). Also after :meth:`close`."""
         self._hub.record_dropped(reason, n, call_id)
 
     def poke(self) -> None:
@@ -796,7 +802,7 @@ class HubConsumer:
         self._poked = True
         self._event.set()
 
-    def close(self, reason: str = ledger.NO_SENDER) -> int:
+    def close(self, reason: str = count_names.NO_SENDER) -> int:
         """Detach from the hub: later blocks count ``no_sender``; queued ones are dropped,
         counted ``reason``. Returns how many of those were terminals."""
         lost = 0

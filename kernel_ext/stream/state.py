@@ -65,8 +65,8 @@ class HubStats:
     """A snapshot of a hub: counts since it was made, and its current sizes.
 
     ``counts`` keys are ``admitted``, ``delivered``, ``degraded`` and the drop reasons
-    (``throttled``, ``closed``, …, :mod:`kernel_ext.ledger`). ``closed`` is the number
-    of closed streams remembered (with their live calls).
+    (``throttled``, ``closed``, …, :mod:`kernel_ext.observability.count_names`). ``closed`` is
+    the number of closed streams remembered (with their live calls).
     """
 
     counts: dict[str, int] = field(default_factory=dict)

@@ -17,7 +17,7 @@ Guarantees:
 * Exit codes: 2 for a command line that cannot be used (a bad option, a ``--url`` where no
   relay can be reached at start; one line says why); 1 when the relay refuses the
   connection or the join; 130 after Ctrl-C, 143 after SIGTERM, 129 after SIGHUP, with one
-  line and no traceback, in any phase (:class:`kernel_ext._command_line.StopSignals`); 0
+  line and no traceback, in any phase (:class:`kernel_ext.cli._common.StopSignals`); 0
   when stdout is closed.
 
 Design (the line formats): docs/contracts.md, "The terminal viewer".
@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 from urllib.parse import urlsplit
 
-from kernel_ext._command_line import (
+from kernel_ext.cli._common import (
     EXIT_USAGE,
     exit_code_after,
     http_url,
@@ -48,7 +48,7 @@ from kernel_ext._command_line import (
     positive_seconds,
     run_until_stopped,
 )
-from kernel_ext._telemetry import plural
+from kernel_ext.observability._rare_log import plural
 from kernel_ext.protocol import (
     CHAT_EVENT,
     JOIN_EVENT,
@@ -611,7 +611,7 @@ def _conversation(value: str) -> str:
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Run ``kernel-ext tail`` with parsed ``args``; returns the exit code. A stop signal
-    ends it as every command's does (:func:`kernel_ext._command_line.run_until_stopped`)."""
+    ends it as every command's does (:func:`kernel_ext.cli._common.run_until_stopped`)."""
     out = out if out is not None else sys.stdout
     err = err if err is not None else sys.stderr
     printer = TailPrinter(out, locale=args.lang, json_mode=args.json, trace_url=args.trace_url)

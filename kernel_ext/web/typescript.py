@@ -5,9 +5,9 @@ text as ``kernel_ext/web/tool_event_stream.d.ts`` (:data:`kernel_ext.web.DECLARA
 ``asset_path(DECLARATIONS)``), and the test suite
 regenerates it and compares, so the file cannot drift from the models. What it declares:
 
-* ``Block`` and ``Envelope``, translated from :func:`~kernel_ext.schema.block_json_schema`
+* ``Block`` and ``Envelope``, translated from :func:`~kernel_ext.protocol.schema.block_json_schema`
   (the JSON Schema's descriptions and constraints become doc comments);
-* the payload of each known kind (:data:`~kernel_ext.schema.KIND_PAYLOADS`) and of each
+* the payload of each known kind (:data:`~kernel_ext.protocol.schema.KIND_PAYLOADS`) and of each
   terminal state (:data:`~kernel_ext.protocol.TERMINAL_KEYS`), an envelope type per known
   kind and a block type per state, whose union is ``ToolEventStreamBlock``;
 * the Socket.IO events of namespace ``/chat`` as socket.io-client's event maps
@@ -38,7 +38,7 @@ from kernel_ext.protocol import (
     TOOL_EVENT_STREAM,
     BlockState,
 )
-from kernel_ext.schema import KIND_PAYLOADS, block_json_schema
+from kernel_ext.protocol.schema import KIND_PAYLOADS, block_json_schema
 from kernel_ext.viewing.view import DROP_REASONS, MAX_JOIN_STREAMS, PaneMode, PaneStatus
 
 __all__ = ["declarations"]

@@ -18,9 +18,7 @@ from support.network import free_port, serve_asgi
 from support.relay_helpers import SECRET, Browser, barrier, terminals
 
 import kernel_ext
-from kernel_ext import plugin
 from kernel_ext.attribution.tap import Tap
-from kernel_ext.auto import AutoInstrumentor
 from kernel_ext.context import ToolCall, current_tool_call, use_tool_call
 from kernel_ext.emit import LoopbackEmitter, RedisEmitter
 from kernel_ext.errors import ConfigError
@@ -28,6 +26,8 @@ from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
 from kernel_ext.relay import allow_all, create_app
 from kernel_ext.stream import get_default_hub, publish
 from kernel_ext.testing import MemoryEmitter
+from kernel_ext.worker import wiring
+from kernel_ext.worker.auto import AutoInstrumentor
 
 CONV = "conv-plugin"
 TARGET_ASYNC = f"{__name__}:ask_colleague"
@@ -54,7 +54,7 @@ def sync_tool(question: str, **kwargs: Any) -> str:
 @pytest.fixture(autouse=True)
 def _always_disable() -> Iterator[None]:
     yield
-    plugin.disable(timeout=2)
+    wiring.disable(timeout=2)
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ async def test_enable_wires_instrumentor_processor_hub_and_emitter(
     assert state.hub.stats().calls == 0  # released when the spans ended
 
     await kernel_ext.adisable()
-    assert plugin.enabled() is None
+    assert wiring.enabled() is None
     assert get_default_hub() is not state.hub
     assert not hasattr(globals()["ask_colleague"], "__wrapped__")  # uninstrumented
 
@@ -171,7 +171,7 @@ def test_bad_configuration_raises_and_changes_nothing(
     before = get_default_hub()
     with pytest.raises(ConfigError, match=message):
         kernel_ext.enable(tap=Tap())
-    assert plugin.enabled() is None
+    assert wiring.enabled() is None
     assert get_default_hub() is before
 
 
@@ -236,7 +236,7 @@ def test_the_entry_point_enables_the_pipeline_on_the_environments_targets(
     assert entry_point.name == "kernel_ext"
     # What opentelemetry-instrument does with each opentelemetry_instrumentor entry point.
     DefaultDistro().load_instrumentor(entry_point, skip_dep_check=True)
-    state = plugin.enabled()
+    state = wiring.enabled()
     assert state is not None
     assert state.hub.max_queue == 7
     instrumentor = ToolRuntimeInstrumentor()
@@ -247,7 +247,7 @@ def test_the_entry_point_enables_the_pipeline_on_the_environments_targets(
     assert (call.tool_name, call.conversation_id, len(call.call_id)) == ("from_env", CONV, 16)
     assert state.hub.stats()["no_sender"] == 1  # the enabled hub took the block
     auto.uninstrument()
-    assert plugin.enabled() is None
+    assert wiring.enabled() is None
     assert instrumentor.targets == ()
     assert not hasattr(globals()["recording_tool"], "__wrapped__")
 
@@ -258,7 +258,7 @@ def test_the_entry_point_does_nothing_without_targets(
     monkeypatch.delenv("KERNEL_EXT_TARGETS", raising=False)
     monkeypatch.setenv("KERNEL_EXT_RELAY_URL", "http://127.0.0.1:1")  # would need a secret
     auto.instrument()
-    assert plugin.enabled() is None
+    assert wiring.enabled() is None
     assert ToolRuntimeInstrumentor().targets == ()
 
 
@@ -270,9 +270,9 @@ def test_the_entry_point_leaves_a_plugin_enabled_elsewhere_alone(
     mine = kernel_ext.enable(tap=Tap())
     monkeypatch.setenv("KERNEL_EXT_TARGETS", f"{__name__}:recording_tool")
     auto.instrument()
-    assert plugin.enabled() is mine
+    assert wiring.enabled() is mine
     auto.uninstrument()
-    assert plugin.enabled() is mine
+    assert wiring.enabled() is mine
 
 
 def test_a_bad_environment_value_fails_the_entry_point_and_changes_nothing(
@@ -283,6 +283,6 @@ def test_a_bad_environment_value_fails_the_entry_point_and_changes_nothing(
     before = get_default_hub()
     with pytest.raises(ConfigError, match="KERNEL_EXT_DESCRIBE"):
         auto.instrument()
-    assert plugin.enabled() is None
+    assert wiring.enabled() is None
     assert get_default_hub() is before
     assert ToolRuntimeInstrumentor().targets == ()

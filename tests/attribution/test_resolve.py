@@ -26,10 +26,10 @@ from support.attribution_helpers import (
 )
 
 from kernel_ext import ToolCall, current_call_id, use_tool_call
-from kernel_ext._telemetry import BatchedCount
 from kernel_ext.attribution.resolve import Resolution, ResolutionPath, resolve_call_id
 from kernel_ext.attribution.tap import LiveCall, Tap
 from kernel_ext.instrument import ToolRuntimeInstrumentor
+from kernel_ext.observability._rare_log import BatchedCount
 
 _names = itertools.count()
 

@@ -1,10 +1,10 @@
-"""kernel_ext._backoff.Backoff: the one retry schedule."""
+"""kernel_ext._shared.backoff.Backoff: the one retry schedule."""
 
 from __future__ import annotations
 
 import pytest
 
-from kernel_ext._backoff import Backoff
+from kernel_ext._shared.backoff import Backoff
 from kernel_ext.errors import ConfigError
 
 

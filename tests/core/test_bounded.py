@@ -1,11 +1,12 @@
-"""kernel_ext._bounded.BoundedMap: the one bounded, timed memory (its rules at their edges)."""
+"""kernel_ext._shared.bounded.BoundedMap: the one bounded, timed memory (its rules at their
+edges)."""
 
 from __future__ import annotations
 
 import pytest
 from support.timing import FakeClock
 
-from kernel_ext._bounded import BoundedMap
+from kernel_ext._shared.bounded import BoundedMap
 from kernel_ext.errors import ConfigError
 
 

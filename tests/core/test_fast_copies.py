@@ -356,7 +356,7 @@ def _outcome(sink: _Sink, processor: ToolSpanProcessor, during: Any, after: Any)
 def test_the_sdk_span_fields_read_inline_give_what_the_public_properties_give(
     name: str, at_start: dict[str, object], later: dict[str, object], span_id: int, enclosing: str
 ) -> None:
-    # On the SDK's own spans the processor reads their private fields (kernel_ext._compat
+    # On the SDK's own spans the processor reads their private fields (kernel_ext._shared.compat
     # probed them); on any other span the public properties. Forced to the public ones, the
     # same spans give the same tap, the same sink calls and the same faults.
     def run() -> Any:

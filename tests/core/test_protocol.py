@@ -30,7 +30,7 @@ from kernel_ext.protocol import (
     well_formed,
     well_formed_json,
 )
-from kernel_ext.schema import block_json_schema
+from kernel_ext.protocol.schema import block_json_schema
 
 
 def test_wire_names_are_the_specs_camel_case() -> None:

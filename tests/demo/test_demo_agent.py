@@ -32,8 +32,8 @@ async def test_the_agent_announces_each_call_before_its_blocks_and_attributes_bo
     from kernel_ext.demo.colleague_server import CARRIER, ORDERS_DESK, demo_peer
     from kernel_ext.demo.script import COLLEAGUES
     from kernel_ext.demo.worker import Colleague, DemoAgent
-    from kernel_ext.plugin import adisable, enable
     from kernel_ext.testing import MemoryEmitter
+    from kernel_ext.worker.wiring import adisable, enable
 
     ports = [free_port() for _ in COLLEAGUES]
     peers = [

@@ -186,7 +186,7 @@ def test_the_default_pace_is_watchable_and_fast_is_for_tests() -> None:
 def test_a_negative_or_non_finite_step_delay_is_refused_with_exit_2(
     value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from kernel_ext.cli import main
+    from kernel_ext.cli.entry import main
 
     with pytest.raises(SystemExit) as exited:
         main(["demo", "--step-delay", value])

@@ -20,12 +20,13 @@ from opentelemetry.trace import StatusCode
 from support.attribution_helpers import pane_reads
 
 import kernel_ext
-from kernel_ext import ToolDescription, current_call_id, plugin, publish
+from kernel_ext import ToolDescription, current_call_id, publish
 from kernel_ext.attribution.processor import ToolSpanProcessor
 from kernel_ext.attribution.tap import Tap
 from kernel_ext.instrument import tool_call_scope
 from kernel_ext.stream import StreamHub
 from kernel_ext.testing import MemoryEmitter
+from kernel_ext.worker import wiring
 
 CONV = "conv-outcome"
 TARGETS = [f"{__name__}:{name}" for name in ("lookup", "alookup", "research", "aresearch", "steps")]
@@ -77,7 +78,7 @@ seen: list[str | None] = []
 @pytest.fixture(autouse=True)
 def _always_disable() -> Iterator[None]:
     yield
-    plugin.disable(timeout=2)
+    wiring.disable(timeout=2)
 
 
 @pytest.fixture

@@ -345,7 +345,7 @@ async def test_concurrent_same_name_calls_each_see_their_own_span(
 
 @pytest.fixture(params=["probed keys", "public check"])
 def suppress_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Both ways the wrapper tells suppression: the context keys kernel_ext._compat probed,
+    """Both ways the wrapper tells suppression: the context keys kernel_ext._shared.compat probed,
     and OpenTelemetry's is_instrumentation_enabled() where the probe failed (requested
     before ``instrumented``, which builds the wrappers)."""
     if request.param == "public check":
@@ -507,7 +507,7 @@ def test_targets_come_from_the_environment_when_none_are_given(
 ) -> None:
     monkeypatch.setenv(ENV_TARGETS, f" {runtime.__name__}:Runtime.invoke , ")
     monkeypatch.setenv(ENV_DESCRIBE, "support.attribution_helpers:describe_runtime")
-    monkeypatch.setitem(sys.modules, "kernel_ext.plugin", None)  # it never needs the plugin
+    monkeypatch.setitem(sys.modules, "kernel_ext.worker.wiring", None)  # it never needs the plugin
     instrumentor.instrument(tracer_provider=tracing.provider)
     assert instrumentor.targets == (f"{runtime.__name__}:Runtime.invoke",)
     seen = runtime.Runtime().invoke("from_env")

@@ -1,4 +1,4 @@
-"""Contracts of the private names kernel_ext reads (kernel_ext._compat).
+"""Contracts of the private names kernel_ext reads (kernel_ext._shared.compat).
 
 These FAIL, not fall back, on the versions the test environment pins: a release that moves
 one of them must be looked at (and pyproject's upper bounds raised) deliberately.
@@ -18,17 +18,17 @@ import socketio
 from support.network import RedisServer, need_module
 from support.timing import wait_until
 
-from kernel_ext import _compat
+from kernel_ext._shared import compat
 
 
 def test_sdk_spans_keep_the_fields_the_processor_reads() -> None:
-    assert _compat.SDK_SPAN_FIELDS is True
-    assert _compat.ACTIVE["span_fields"] == "private"
+    assert compat.SDK_SPAN_FIELDS is True
+    assert compat.ACTIVE["span_fields"] == "private"
 
 
 def test_a_span_context_is_a_tuple_whose_item_1_is_the_span_id() -> None:
-    assert _compat.SPAN_CONTEXT_INDEXED is True
-    assert _compat.ACTIVE["span_context"] == "private"
+    assert compat.SPAN_CONTEXT_INDEXED is True
+    assert compat.ACTIVE["span_context"] == "private"
 
 
 def test_the_suppression_keys_are_the_ones_opentelemetry_sets_and_reads() -> None:
@@ -37,11 +37,11 @@ def test_the_suppression_keys_are_the_ones_opentelemetry_sets_and_reads() -> Non
     from opentelemetry import context
     from opentelemetry.instrumentation import utils
 
-    assert _compat.SUPPRESS_KEYS == (
+    assert compat.SUPPRESS_KEYS == (
         context._SUPPRESS_INSTRUMENTATION_KEY,
         utils._SUPPRESS_INSTRUMENTATION_KEY_PLAIN,
     )
-    assert _compat.ACTIVE["suppress_keys"] == "private"
+    assert compat.ACTIVE["suppress_keys"] == "private"
     # is_instrumentation_enabled() reads these two keys and nothing else.
     source = inspect.getsource(utils.is_instrumentation_enabled)
     assert set(re.findall(r"_SUPPRESS_\w+", source)) == {
@@ -51,8 +51,8 @@ def test_the_suppression_keys_are_the_ones_opentelemetry_sets_and_reads() -> Non
 
 
 def test_python_socketio_redis_publish_returns_what_redis_returned() -> None:
-    assert _compat.publish_result_supported() is True
-    assert _compat.ACTIVE["redis_publish_result"] == "private"
+    assert compat.publish_result_supported() is True
+    assert compat.ACTIVE["redis_publish_result"] == "private"
 
 
 @pytest.mark.redis
@@ -60,7 +60,7 @@ def test_python_socketio_redis_publish_returns_what_redis_returned() -> None:
 async def test_the_publish_result_is_the_receiver_count_of_a_real_redis(
     redis_server: RedisServer,
 ) -> None:
-    class Manager(_compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    class Manager(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
         pass
 
     manager = Manager(redis_server.url, write_only=True)
@@ -90,7 +90,7 @@ async def test_emit_tags_reach_the_channel_inside_the_emit_message(
 ) -> None:
     from redis import asyncio as aioredis
 
-    class Manager(_compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    class Manager(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
         pass
 
     subscriber = aioredis.Redis.from_url(redis_server.url)
@@ -120,11 +120,11 @@ async def test_emit_tags_reach_the_channel_inside_the_emit_message(
 
 
 def test_python_socketio_redis_client_can_be_pipelined() -> None:
-    assert _compat.publish_pipeline_supported() is True
-    assert _compat.ACTIVE["redis_publish_pipeline"] == "private"
+    assert compat.publish_pipeline_supported() is True
+    assert compat.ACTIVE["redis_publish_pipeline"] == "private"
 
 
-class _Reporting(_compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+class _Reporting(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
     """python-socketio's manager with kernel_ext's publish reporting, as the senders use it."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -260,7 +260,7 @@ async def test_a_pipeline_to_an_unreachable_redis_reports_every_message_failed()
 async def test_without_the_pipeline_the_messages_go_one_by_one_with_the_same_results(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_compat, "publish_pipeline_supported", lambda: False)
+    monkeypatch.setattr(compat, "publish_pipeline_supported", lambda: False)
     manager = _Reporting(redis_server.url, write_only=True)
     try:
         async with manager.pipelined() as receivers:
@@ -425,8 +425,8 @@ async def test_python_engineio_queues_through_create_queue_and_writes_in_batches
 
     deltas: list[int] = []
     sio = socketio.AsyncServer(async_mode="asgi")
-    assert _compat.meter_queues(sio.eio, deltas.append) is True
-    assert _compat.ACTIVE["engineio_queue"] == "private"
+    assert compat.meter_queues(sio.eio, deltas.append) is True
+    assert compat.ACTIVE["engineio_queue"] == "private"
     got: list[int] = []
     client = socketio.AsyncClient(reconnection=False)
     client.on("n", got.append)
@@ -434,11 +434,11 @@ async def test_python_engineio_queues_through_create_queue_and_writes_in_batches
         await client.connect(f"http://127.0.0.1:{port}", transports=["websocket"], wait_timeout=5)
         try:
             (eio_sid,) = list(sio.eio.sockets)
-            queue = _compat.connection_queue(sio.eio, eio_sid)
-            assert isinstance(queue, _compat.MeteredQueue)
+            queue = compat.connection_queue(sio.eio, eio_sid)
+            assert isinstance(queue, compat.MeteredQueue)
             for n in range(200):
-                packet = _compat.catch_up_packet(f'2["n",{n}]')
-                await _compat.send_packet(sio.eio, eio_sid, packet)
+                packet = compat.catch_up_packet(f'2["n",{n}]')
+                await compat.send_packet(sio.eio, eio_sid, packet)
             assert queue.peak_packets >= 1
             await wait_until(lambda: len(got) == 200, 10)
             assert got == list(range(200))
@@ -446,12 +446,12 @@ async def test_python_engineio_queues_through_create_queue_and_writes_in_batches
             assert (queue.bytes, queue.catch_up_bytes) == (0, 0)
             assert sum(d for d in deltas if d > 0) == sum(len(f'2["n",{n}]') for n in range(200))
             assert sum(deltas) == 0
-            assert _compat.queued(sio.eio, eio_sid) == (0, 0)
-            assert _compat.release_closed(sio.eio, eio_sid) is False  # open: left alone
-            await _compat.close_connection(sio.eio, eio_sid)
-            assert _compat.connection_queue(sio.eio, eio_sid) is None  # closing
+            assert compat.queued(sio.eio, eio_sid) == (0, 0)
+            assert compat.release_closed(sio.eio, eio_sid) is False  # open: left alone
+            await compat.close_connection(sio.eio, eio_sid)
+            assert compat.connection_queue(sio.eio, eio_sid) is None  # closing
             assert sio.eio.sockets[eio_sid].closed
-            assert _compat.release_closed(sio.eio, eio_sid) is True
+            assert compat.release_closed(sio.eio, eio_sid) is True
         finally:
             await client.disconnect()
 
@@ -463,11 +463,11 @@ def test_the_metered_queue_counts_what_its_writer_holds_until_it_comes_back() ->
 
     async def run() -> None:
         deltas: list[int] = []
-        queue = _compat.MeteredQueue(on_catch_up=deltas.append)
+        queue = compat.MeteredQueue(on_catch_up=deltas.append)
         from engineio.packet import MESSAGE, Packet
 
         queue.put_nowait(Packet(MESSAGE, "abc"))
-        queue.put_nowait(_compat.catch_up_packet("defgh"))
+        queue.put_nowait(compat.catch_up_packet("defgh"))
         queue.put_nowait(None)  # the writer's end: not a packet
         assert (queue.packets, queue.bytes, queue.catch_up_bytes) == (2, 8, 5)
         await queue.get()
@@ -480,7 +480,7 @@ def test_the_metered_queue_counts_what_its_writer_holds_until_it_comes_back() ->
         assert (queue.packets, queue.bytes, queue.catch_up_bytes) == (0, 0, 0)
         await asyncio.wait_for(waiting, 5)
         assert deltas == [5, -5]
-        queue.put_nowait(_compat.catch_up_packet("xy"))
+        queue.put_nowait(compat.catch_up_packet("xy"))
         stuck = asyncio.ensure_future(queue.below(1, 1))
         await asyncio.sleep(0)
         queue.clear()

@@ -31,7 +31,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from support.attribution_helpers import hex_id, trace_of
 
 import kernel_ext
-from kernel_ext import ToolCall, ToolDescription, current_tool_call, plugin, publish
+from kernel_ext import ToolCall, ToolDescription, current_tool_call, publish
 from kernel_ext.integrations.langchain import (
     TARGETS,
     describe_tool_run,
@@ -39,6 +39,7 @@ from kernel_ext.integrations.langchain import (
     thread_id,
 )
 from kernel_ext.testing import MemoryEmitter
+from kernel_ext.worker import wiring
 
 THREAD = "thread-1"
 
@@ -99,7 +100,7 @@ async def worker() -> AsyncIterator[Worker]:
 @pytest.fixture(autouse=True)
 def _always_disable() -> Iterator[None]:
     yield
-    plugin.disable(timeout=2)
+    wiring.disable(timeout=2)
 
 
 def tool_call(name: str, llm_call_id: str, **args: Any) -> dict[str, Any]:

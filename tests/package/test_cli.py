@@ -54,8 +54,8 @@ from support.network import HOST, free_port, http_request
 from support.relay_helpers import HOOKS, Browser
 
 from kernel_ext import __version__
-from kernel_ext._command_line import exit_code_after, never_resolves
-from kernel_ext.cli import build_parser
+from kernel_ext.cli._common import exit_code_after, never_resolves
+from kernel_ext.cli.entry import build_parser
 from kernel_ext.web import ASSETS, asset_path
 
 

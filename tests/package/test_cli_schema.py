@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from kernel_ext.cli import main
-from kernel_ext.schema import block_json_schema
+from kernel_ext.cli.entry import main
+from kernel_ext.protocol.schema import block_json_schema
 
 
 def test_schema_command_prints_the_block_schema(capsys: pytest.CaptureFixture[str]) -> None:
@@ -22,16 +22,6 @@ def test_schema_command_prints_the_block_schema(capsys: pytest.CaptureFixture[st
 
 def test_console_script_is_installed_and_runs() -> None:
     exe = shutil.which("kernel-ext")
-    cmd = [exe, "schema"] if exe else [sys.executable, "-m", "kernel_ext.cli", "schema"]
+    cmd = [exe, "schema"] if exe else [sys.executable, "-m", "kernel_ext.cli.entry", "schema"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=60).stdout
     assert json.loads(out)["title"] == "tool_event_stream block"
-
-
-def test_the_schema_s_old_home_still_resolves_with_a_deprecation_warning() -> None:
-    from kernel_ext import protocol
-
-    with pytest.warns(DeprecationWarning, match=r"import it from kernel_ext\.schema"):
-        moved = protocol.block_json_schema  # type: ignore[attr-defined]
-    assert moved is block_json_schema
-    with pytest.raises(AttributeError):
-        protocol.no_such_name  # type: ignore[attr-defined]  # noqa: B018

@@ -590,7 +590,7 @@ def _cli_commands() -> list[tuple[str, list[str]]]:
 
 
 def test_every_documented_command_line_parses() -> None:
-    from kernel_ext.cli import build_parser
+    from kernel_ext.cli.entry import build_parser
 
     commands = _cli_commands()
     assert commands, "no kernel-ext command found in the docs"
@@ -791,7 +791,7 @@ def test_every_variable_named_in_the_docs_exists() -> None:
 
 
 def test_documented_metrics_are_the_instruments() -> None:
-    source = (PACKAGE / "metrics.py").read_text(encoding="utf-8")
+    source = (PACKAGE / "observability" / "otel_metrics.py").read_text(encoding="utf-8")
     instruments = set(re.findall(r'create_counter\(\s*"([^"]+)"', source))
     documented = {
         name
@@ -918,7 +918,7 @@ def _telemetry_names() -> set[str]:
     another protocol's (the AG-UI bridge's activity type)."""
     from kernel_ext import stream
 
-    source = (PACKAGE / "metrics.py").read_text(encoding="utf-8")
+    source = (PACKAGE / "observability" / "otel_metrics.py").read_text(encoding="utf-8")
     names = set(re.findall(r'create_counter\(\s*"([^"]+)"', source))
     names.update(getattr(stream, n) for n in dir(stream) if n.startswith("ATTR_"))
     # Read from the module's source: the bridge needs the agui extra to import.
@@ -965,7 +965,7 @@ def _resolves(dotted: str) -> bool:
 
 
 def test_every_python_name_in_the_docs_exists() -> None:
-    """``kernel_ext.enabled()`` was documented while only ``kernel_ext.plugin.enabled``
+    """``kernel_ext.enabled()`` was documented while only ``kernel_ext.worker.wiring.enabled``
     existed: every dotted ``kernel_ext`` name on a page (up to a call's parenthesis) resolves,
     except telemetry names, which the tests above hold against the code."""
     telemetry = _telemetry_names()

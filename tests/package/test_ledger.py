@@ -1,5 +1,5 @@
-"""The ledger (kernel_ext.ledger): every name kernel_ext counts under, once; the senders and
-the relay count with its names, never with a literal of their own."""
+"""The ledger (kernel_ext.observability.count_names): every name kernel_ext counts under,
+once; the senders and the relay count with its names, never with a literal of their own."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 import kernel_ext
-from kernel_ext import ledger
 from kernel_ext.emit import base
 from kernel_ext.integrations import ag_ui
-from kernel_ext.stream import counts
+from kernel_ext.observability import count_names
+from kernel_ext.stream import block_counts
 
 PACKAGE = Path(kernel_ext.__file__).parent
 # The calls that count, and the position of the name they count under.
@@ -28,17 +28,17 @@ COUNTING = {
 
 
 def test_every_name_has_one_value_and_every_value_one_name() -> None:
-    values = [getattr(ledger, name) for name in ledger.__all__]
+    values = [getattr(count_names, name) for name in count_names.__all__]
     assert all(isinstance(value, str) and value for value in values)
     assert len(set(values)) == len(values)
 
 
-@pytest.mark.parametrize("module", [counts, base, ag_ui], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("module", [block_counts, base, ag_ui], ids=lambda m: m.__name__)
 def test_the_names_re_exported_elsewhere_are_the_ledgers_own(module: object) -> None:
-    shared = [name for name in ledger.__all__ if hasattr(module, name)]
+    shared = [name for name in count_names.__all__ if hasattr(module, name)]
     assert shared
     for name in shared:
-        assert getattr(module, name) is getattr(ledger, name), name
+        assert getattr(module, name) is getattr(count_names, name), name
 
 
 def literal_counts(source: str) -> list[str]:
@@ -83,7 +83,7 @@ def test_the_check_finds_a_count_made_with_a_literal() -> None:
         "        self._count('acks')\n"
         "        consumer.dropped('rejected', 1, None)\n"
         "        self._reject(sid, 'busy', 'x')\n"
-        "        return counts['connects'], self._count(ledger.ACKS)\n"
+        "        return counts['connects'], self._count(count_names.ACKS)\n"
     )
     assert literal_counts(source) == [
         "2: up_event = 'connects'",

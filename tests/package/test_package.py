@@ -75,16 +75,14 @@ def test_the_root_exports_what_integrators_and_tool_authors_use() -> None:
         assert getattr(kernel_ext, name) is not None
 
 
-def test_a_name_that_moved_still_resolves_with_a_deprecation_warning() -> None:
-    from kernel_ext.stream import StreamHub
-
-    with pytest.warns(DeprecationWarning, match=r"import it from kernel_ext\.stream"):
-        assert kernel_ext.StreamHub is StreamHub  # type: ignore[attr-defined]
+def test_the_root_has_its_names_and_no_other() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert kernel_ext.publish is kernel_ext.publish  # a root name: no warning
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         kernel_ext.nothing  # type: ignore[attr-defined]  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute 'StreamHub'"):
+        kernel_ext.StreamHub  # type: ignore[attr-defined]  # noqa: B018  # its home: .stream
 
 
 def test_the_senders_port_keeps_its_import_paths() -> None:

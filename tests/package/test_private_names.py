@@ -1,13 +1,14 @@
 """No private name crosses a module of kernel_ext: an underscore name (a function, constant,
 attribute or method) is used only in the module that defines it; what another module needs is
-public in its owner. Private *modules* (``kernel_ext._fork``, ``kernel_ext.relay._log`` …) are
-the package's own and may be imported; ``self``/``cls``/``super()`` access is the class's own.
+public in its owner. Private *modules* (``kernel_ext.worker._fork``, ``kernel_ext.relay._log``
+…) are the package's own and may be imported; ``self``/``cls``/``super()`` access is the
+class's own.
 
 Read from the sources (``ast``): an import is judged by what it names; an attribute by its
 name alone — private to us when some module of ours defines it (a ``def``, an assignment, a
 ``self.`` attribute, a ``__slots__`` entry; a ``Protocol`` only describes one) and the module
 reading it does not; a private name no module of ours defines is another library's, read only
-in ``kernel_ext._compat`` but for the few listed, with their reasons, in ``FOREIGN``.
+in ``kernel_ext._shared.compat`` but for the few listed, with their reasons, in ``FOREIGN``.
 """
 
 from __future__ import annotations
@@ -18,17 +19,19 @@ from pathlib import Path
 import kernel_ext
 
 PACKAGE = Path(kernel_ext.__file__).parent
-EXEMPT = {"kernel_ext._compat"}
-# Other libraries' private names read outside kernel_ext._compat, each on purpose.
+EXEMPT = {"kernel_ext._shared.compat"}
+# Other libraries' private names read outside kernel_ext._shared.compat, each on purpose.
 SDK_SPAN = "the OpenTelemetry SDK span's fields, read inline by the span processor where "
-SDK_SPAN += "kernel_ext._compat.SDK_SPAN_FIELDS probed them (a helper call costs a span a sixth)"
+SDK_SPAN += (
+    "kernel_ext._shared.compat.SDK_SPAN_FIELDS probed them (a helper call costs a span a sixth)"
+)
 FOREIGN = {
     ("kernel_ext.attribution.processor", "_attributes"): SDK_SPAN,
     ("kernel_ext.attribution.processor", "_dict"): SDK_SPAN,
     ("kernel_ext.attribution.processor", "_context"): SDK_SPAN,
     ("kernel_ext.attribution.processor", "_parent"): SDK_SPAN,
     ("kernel_ext.attribution.processor", "_start_time"): SDK_SPAN,
-    ("kernel_ext._shutdown", "_getframe"): "CPython's documented sys._getframe",
+    ("kernel_ext.worker._shutdown", "_getframe"): "CPython's documented sys._getframe",
     ("kernel_ext.settings", "_replace"): "a named tuple's public _replace",
 }
 
@@ -146,7 +149,7 @@ def test_the_check_finds_private_names_imported_or_reached_across_modules_or_lib
     sources = _sources()
     sources["kernel_ext.probe_a"] = ast.parse(
         "from kernel_ext.stream.hub import _result_text\n"
-        "from kernel_ext import _fork\n"
+        "from kernel_ext.worker import _fork\n"
         "def f(hub, consumer):\n"
         "    _fork._after_fork_in_child()\n"
         "    return hub._fast_chars, consumer.hub, _fork.reset_in_child, sys._current_frames\n"

@@ -5,7 +5,7 @@ declarations shipped for front-end code are the ones the models generate.
 The oracle is :func:`kernel_ext.protocol.decode`: every block of every conformance vector
 and every invalid case of the protocol is valid against the schema exactly when ``decode``
 accepts it, except the rules JSON Schema cannot express
-(:data:`kernel_ext.schema.NOT_EXPRESSIBLE`), whose cases are listed here one by one.
+(:data:`kernel_ext.protocol.schema.NOT_EXPRESSIBLE`), whose cases are listed here one by one.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from support.vectors import VECTOR_FILES, load
 
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, MAX_PAYLOAD_DEPTH, decode
-from kernel_ext.schema import DRAFT, NOT_EXPRESSIBLE, block_json_schema
+from kernel_ext.protocol.schema import DRAFT, NOT_EXPRESSIBLE, block_json_schema
 from kernel_ext.viewing.view import DROP_REASONS
 from kernel_ext.web import DECLARATIONS, asset_path
 from kernel_ext.web.typescript import declarations
@@ -121,7 +121,7 @@ def test_the_schema_names_what_it_cannot_express() -> None:
 
 def test_kernel_ext_schema_prints_it() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "kernel_ext.cli", "schema"],
+        [sys.executable, "-m", "kernel_ext.cli.entry", "schema"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -277,7 +277,7 @@ def test_the_shipped_typescript_declarations_are_the_generated_ones() -> None:
 
 def test_kernel_ext_schema_typescript_prints_them() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "kernel_ext.cli", "schema", "--typescript"],
+        [sys.executable, "-m", "kernel_ext.cli.entry", "schema", "--typescript"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -546,7 +546,7 @@ async def start_cli(*args: str, **env_vars: str) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "kernel_ext.cli",
+        "kernel_ext.cli.entry",
         "tail",
         *args,
         stdout=asyncio.subprocess.PIPE,

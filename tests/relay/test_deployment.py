@@ -74,7 +74,7 @@ def relay_command(port: int) -> list[str]:
     script, *args = unit_command(port)
     assert script == "/srv/myapp/venv/bin/kernel-ext"
     line = swap(shlex.join(args), "myapp.auth:", "relay_cli_hooks:")
-    return [sys.executable, "-m", "kernel_ext.cli", *shlex.split(line)]
+    return [sys.executable, "-m", "kernel_ext.cli.entry", *shlex.split(line)]
 
 
 def unit_environment(redis_url: str) -> dict[str, str]:

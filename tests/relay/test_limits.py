@@ -21,8 +21,8 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from support.relay_helpers import NS, SECRET, Browser, join, relay_server, worker
 from support.timing import CALL_TIMEOUT, FakeClock, wait_until
 
-from kernel_ext import metrics
 from kernel_ext.errors import ConfigError
+from kernel_ext.observability import otel_metrics
 from kernel_ext.relay import ChatRelay
 from kernel_ext.relay.limits import (
     DEFAULT_JOIN_RATE,
@@ -105,8 +105,10 @@ async def refusal(port: int, token: str | None) -> dict[str, Any]:
 def record_frames(monkeypatch: pytest.MonkeyPatch) -> InMemoryMetricReader:
     """Point ``kernel_ext.relay.frames`` at an SDK meter read in memory (for this test)."""
     reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter(metrics.METER_NAME)
-    monkeypatch.setattr(metrics, "relay_frames", meter.create_counter("kernel_ext.relay.frames"))
+    meter = MeterProvider(metric_readers=[reader]).get_meter(otel_metrics.METER_NAME)
+    monkeypatch.setattr(
+        otel_metrics, "relay_frames", meter.create_counter("kernel_ext.relay.frames")
+    )
     return reader
 
 

@@ -26,7 +26,7 @@ from support.relay_helpers import (
 )
 from support.timing import wait_until
 
-from kernel_ext import _compat
+from kernel_ext._shared import compat
 from kernel_ext.attribution.tap import Tap
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.stream import StreamHub
@@ -243,9 +243,9 @@ async def test_the_redis_senders_counts_reach_opentelemetry_as_they_happen(
 async def test_without_a_reported_receiver_count_a_publish_that_did_not_fail_is_delivered(
     redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A python-socketio whose publish result kernel_ext cannot read (kernel_ext._compat):
+    """A python-socketio whose publish result kernel_ext cannot read (kernel_ext._shared.compat):
     Redis is not taken for down on every publish; publishes count as delivered."""
-    monkeypatch.setattr(_compat, "publish_result_supported", lambda: False)
+    monkeypatch.setattr(compat, "publish_result_supported", lambda: False)
     hub = StreamHub(max_running_per_second=None, tap=Tap())
     emitter = RedisEmitter(redis_server.url, hub=hub)
     async with emitter:

@@ -23,7 +23,7 @@ from support.network import RedisServer, free_port, need_binary, started
 from support.relay_helpers import SECRET
 from support.timing import wait_until
 
-from kernel_ext._telemetry import RareLog, plural
+from kernel_ext.observability._rare_log import RareLog, plural
 from kernel_ext.relay import RelayRedisManager, allow_all, mount_relay
 from kernel_ext.relay import guarded as guarded_module
 

@@ -17,7 +17,7 @@ from support.stream_helpers import CALL, CALL2, CONV, in_call
 from support.timing import FakeClock
 
 from kernel_ext.attribution.tap import LiveCall, Tap
-from kernel_ext.ledger import REJECTED, UNFLUSHED
+from kernel_ext.observability.count_names import REJECTED, UNFLUSHED
 from kernel_ext.protocol import decode, text_block_fast_limit
 from kernel_ext.stream import ATTR_BLOCKS_DROPPED, OutgoingBlock, StreamHub
 from kernel_ext.stream.consumer import ToolCallItem, build, take

@@ -17,7 +17,7 @@ from opentelemetry.trace import SpanContext, TraceFlags
 from support.relay_helpers import NS, barrier, block, browsers, frame, relay_server, worker
 from support.sampling_helpers import CONV, SAMPLERS, Kernel, setup
 
-from kernel_ext._compat import sampled_trace_id
+from kernel_ext._shared.compat import sampled_trace_id
 from kernel_ext.protocol import decode, trace_id_hex
 from kernel_ext.stream import Progress
 

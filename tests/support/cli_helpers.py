@@ -20,7 +20,7 @@ from support.relay_helpers import support_env
 
 SECRET = "s3cret-for-cli-tests"
 WAIT = 30.0
-CLI = [sys.executable, "-m", "kernel_ext.cli"]
+CLI = [sys.executable, "-m", "kernel_ext.cli.entry"]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "kernel-ext"
 """The installed ``kernel-ext`` entry point next to this Python (a venv's, a tox env's)."""
 

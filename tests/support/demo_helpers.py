@@ -67,7 +67,7 @@ class Demo:
         self.port = free_port()
         env = {k: v for k, v in os.environ.items() if k not in ("LC_ALL", "LC_MESSAGES")}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "kernel_ext.cli", "demo", "--port", str(self.port), *argv],
+            [sys.executable, "-m", "kernel_ext.cli.entry", "demo", "--port", str(self.port), *argv],
             env={**env, "LANG": locale, "LC_CTYPE": "C.UTF-8"},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

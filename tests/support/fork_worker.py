@@ -92,7 +92,7 @@ def run_call(index: int) -> str:
     return call_id
 
 
-def enable() -> kernel_ext.plugin.Enabled:
+def enable() -> kernel_ext.worker.wiring.Enabled:
     """The loopback sender to ``RELAY_URL``, or with ``KERNEL_EXT_TEST_REDIS`` set the
     Redis sender to that URL."""
     redis_url = os.environ.get("KERNEL_EXT_TEST_REDIS")

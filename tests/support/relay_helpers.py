@@ -20,9 +20,9 @@ import socketio
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from kernel_ext import metrics
 from kernel_ext.context import ToolCall, use_tool_call
 from kernel_ext.emit import LoopbackEmitter
+from kernel_ext.observability import otel_metrics
 from kernel_ext.protocol import FALLBACK_INVALID
 from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.stream import StreamHub
@@ -276,8 +276,10 @@ def record_sender_events(
     """Point ``kernel_ext.sender.events`` at an SDK meter with an in-memory reader (for this
     test); returns a reader of its totals by ``(sender, event)``."""
     reader = InMemoryMetricReader()
-    meter = MeterProvider(metric_readers=[reader]).get_meter(metrics.METER_NAME)
-    monkeypatch.setattr(metrics, "sender_events", meter.create_counter("kernel_ext.sender.events"))
+    meter = MeterProvider(metric_readers=[reader]).get_meter(otel_metrics.METER_NAME)
+    monkeypatch.setattr(
+        otel_metrics, "sender_events", meter.create_counter("kernel_ext.sender.events")
+    )
 
     def totals() -> dict[tuple[str, str], int]:
         data = reader.get_metrics_data()

@@ -293,7 +293,15 @@ def test_the_page_kernel_ext_relay_serves_follows_a_worker_that_enabled_kernel_e
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERNEL_EXT_")}
     env["KERNEL_EXT_SECRET"] = SECRET
     relay = subprocess.Popen(
-        [sys.executable, "-m", "kernel_ext.cli", "relay", "--port", str(port), "--allow-anyone"],
+        [
+            sys.executable,
+            "-m",
+            "kernel_ext.cli.entry",
+            "relay",
+            "--port",
+            str(port),
+            "--allow-anyone",
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

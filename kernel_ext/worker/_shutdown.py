@@ -1,7 +1,7 @@
 """The worker's ways out besides a direct ``disable()``: the sender's own event-loop thread,
 the interpreter-exit hook, and the ``SIGTERM`` handler that flushes before the process dies.
 
-This module knows nothing of what it flushes: :mod:`kernel_ext.plugin` hands it the flush.
+This module knows nothing of what it flushes: :mod:`kernel_ext.worker.wiring` hands it the flush.
 
 Guarantees:
 
@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 # The plugin's logger: these lines are the plugin's shutdown paths, as operators know them.
-logger = logging.getLogger("kernel_ext.plugin")
+logger = logging.getLogger("kernel_ext.worker.wiring")
 
 _T = TypeVar("_T")
 

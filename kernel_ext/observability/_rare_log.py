@@ -18,8 +18,8 @@ from typing import TypeVar
 
 from opentelemetry.metrics import Counter
 
-from kernel_ext import _fork
 from kernel_ext.errors import check_positive_ints
+from kernel_ext.worker import _fork
 
 __all__ = ["BatchedCount", "RareLog", "is_rare", "plural"]
 

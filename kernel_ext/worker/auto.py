@@ -29,8 +29,8 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
     BaseInstrumentor,
 )
 
-from kernel_ext.plugin import Enabled, disable, enable, enabled
 from kernel_ext.settings import env_name, load_settings
+from kernel_ext.worker.wiring import Enabled, disable, enable, enabled
 
 __all__ = ["AutoInstrumentor"]
 

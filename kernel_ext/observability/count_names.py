@@ -4,9 +4,10 @@ The hub, the senders, the relay and the metrics count with these names and nothi
 they are what users read — values of the ``outcome``, ``reason`` and ``event`` attributes of
 the OpenTelemetry counters, keys of :meth:`kernel_ext.stream.StreamHub.stats`,
 ``Emitter.counts`` and the relay's stats (docs/operations.md lists them) — so a value never
-changes. Other modules re-export the names they own by meaning (:mod:`kernel_ext.stream.counts`
-the block outcomes and drop reasons, :mod:`kernel_ext.emit.base` the senders' drop reasons,
-:mod:`kernel_ext.integrations.ag_ui` the bridge's events): the same objects.
+changes. Other modules re-export the names they own by meaning
+(:mod:`kernel_ext.stream.block_counts` the block outcomes and drop reasons,
+:mod:`kernel_ext.emit.base` the senders' drop reasons, :mod:`kernel_ext.integrations.ag_ui`
+the bridge's events): the same objects.
 """
 
 from __future__ import annotations

@@ -36,15 +36,6 @@ from typing import Any, cast
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
-from kernel_ext._fork import call_in_child
-from kernel_ext._shutdown import (
-    LoopThread,
-    SigtermFlush,
-    at_exit,
-    at_multiprocessing_start,
-    forking_for_multiprocessing,
-    in_multiprocessing_child,
-)
 from kernel_ext.attribution.processor import ToolSpanProcessor
 from kernel_ext.attribution.tap import CallSink, Tap
 from kernel_ext.emit import Emitter, LoopbackEmitter, RedisEmitter
@@ -52,6 +43,15 @@ from kernel_ext.errors import ConfigError, check_positive_numbers
 from kernel_ext.instrument import Describe, ToolRuntimeInstrumentor, ToolTarget
 from kernel_ext.settings import Settings, env_name, load_settings
 from kernel_ext.stream import StreamHub, set_default_hub
+from kernel_ext.worker._fork import call_in_child
+from kernel_ext.worker._shutdown import (
+    LoopThread,
+    SigtermFlush,
+    at_exit,
+    at_multiprocessing_start,
+    forking_for_multiprocessing,
+    in_multiprocessing_child,
+)
 
 __all__ = ["Enabled", "adisable", "disable", "enable", "enabled"]
 
@@ -519,7 +519,7 @@ theirs is finalized here (their sockets and pipes are shared with the parent).""
 
 
 def _after_fork_in_child() -> None:
-    """In a forked child, once :mod:`kernel_ext._fork` has reset the hubs and taps: the
+    """In a forked child, once :mod:`kernel_ext.worker._fork` has reset the hubs and taps: the
     plugin stays enabled with a sender of its own — a copy of the parent's
     (:meth:`~kernel_ext.emit.Emitter.forked`) on a new loop thread, starting at once — a
     ``SIGTERM`` flush that is the child's, and a flush when a ``multiprocessing`` child

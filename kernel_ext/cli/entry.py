@@ -1,6 +1,6 @@
 """The ``kernel-ext`` command: ``relay``, ``tail``, ``demo`` and ``schema``.
 
-Conventions of every subcommand (:mod:`kernel_ext._command_line`): a bad command line is one line on
+Conventions of every subcommand (:mod:`kernel_ext.cli._common`): a bad command line is one line on
 stderr and exit status 2, never a usage block or a traceback; ``--help`` lists every option
 with its default; a command stopped by SIGINT, SIGTERM or SIGHUP, in any phase, says so in
 one line on stderr and exits with 130, 143 or 129, never with a traceback.
@@ -15,8 +15,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from kernel_ext._command_line import Parser, StopSignals, run_command
 from kernel_ext._version import __version__
+from kernel_ext.cli._common import Parser, StopSignals, run_command
 
 PROG = "kernel-ext"
 
@@ -27,7 +27,7 @@ def _cmd_schema(args: argparse.Namespace) -> int:
 
         sys.stdout.write(declarations())
         return 0
-    from kernel_ext.schema import block_json_schema
+    from kernel_ext.protocol.schema import block_json_schema
 
     json.dump(block_json_schema(), sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")

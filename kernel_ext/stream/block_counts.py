@@ -1,5 +1,5 @@
 """What the stream layer counts, in three words: admitted, delivered, dropped (the names:
-:mod:`kernel_ext.ledger`).
+:mod:`kernel_ext.observability.count_names`).
 
 * **admitted** — a block the hub's rules let through (attributed, within the throttle and
   the bounds) and queued for the sender; counted on its call too.
@@ -23,8 +23,8 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
-from kernel_ext import metrics
-from kernel_ext.ledger import (
+from kernel_ext.observability import otel_metrics
+from kernel_ext.observability.count_names import (
     ADMITTED,
     CALL_LIMIT,
     CLOSED,
@@ -68,9 +68,9 @@ __all__ = [
     "Counts",
 ]
 
-# The names are the ledger's (kernel_ext.ledger: every count name, once); re-exported here
-# for the stream layer. Senders count more reasons of their own; docs/operations.md lists them
-# all.
+# The names are the ledger's (kernel_ext.observability.count_names: every count name, once);
+# re-exported here for the stream layer. Senders count more reasons of their own;
+# docs/operations.md lists them all.
 _NOT_DROPS = frozenset({ADMITTED, DELIVERED, DEGRADED})
 
 
@@ -134,8 +134,8 @@ class Counts:
                     continue
                 self._flushed[what] = total
                 if what in _NOT_DROPS:
-                    metrics.blocks.add(delta, {"outcome": what})
+                    otel_metrics.blocks.add(delta, {"outcome": what})
                 else:
-                    metrics.blocks.add(delta, {"outcome": DROPPED, "reason": what})
+                    otel_metrics.blocks.add(delta, {"outcome": DROPPED, "reason": what})
         except Exception:
             pass

@@ -3,7 +3,7 @@
 Instruments (names are stable; they are what operators chart):
 
 * ``kernel_ext.blocks`` (counter): blocks by ``outcome`` (``admitted`` | ``delivered`` |
-  ``dropped`` | ``degraded``, :mod:`kernel_ext.stream.counts`) and, for drops, ``reason``
+  ``dropped`` | ``degraded``, :mod:`kernel_ext.stream.block_counts`) and, for drops, ``reason``
   (``throttled``, ``closed``, ``duplicate_terminal``, ``unattributed``, ``no_sender``,
   ``disconnected``, ``invalid``, ``too_large``, ``queue_full`` …).
 * ``kernel_ext.resolutions`` (counter): callId resolutions by ``path``

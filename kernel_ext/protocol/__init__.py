@@ -26,6 +26,10 @@ Rules pinned here:
   U+FFFD: :func:`well_formed`, :func:`well_formed_json`.
 
 Design: docs/contracts.md, "The wire protocol module".
+
+The package's other module: :mod:`kernel_ext.protocol.schema`, the wire described for other
+languages (the JSON Schema of a block, the payloads of the known kinds); it reads this
+module's models, so this module does not import it.
 """
 
 from __future__ import annotations
@@ -50,7 +54,6 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from kernel_ext._lazy import module_getattr
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 
 __all__ = [
@@ -706,11 +709,3 @@ def text_block(
     if trace_id is not None and call_id is not None:
         wire["traceId"] = trace_id
     return wire
-
-
-# Names that moved out of this module, and their homes. The schema's home is
-# kernel_ext.schema: it reads this module's models, so this module must not import it.
-_MOVED = {"block_json_schema": "kernel_ext.schema"}
-
-
-__getattr__ = module_getattr(__name__, {}, _MOVED)
