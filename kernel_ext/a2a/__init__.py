@@ -19,7 +19,8 @@ Guarantees:
 * :func:`ask_colleague` / :func:`stream_colleague` run a real client with timeouts that
   suit slow colleagues; whatever happens, each stream gets exactly one terminal.
 
-Design: docs/contracts.md, "The A2A adapter".
+Modules: :mod:`kernel_ext.a2a.adapter` (the adapter) and :mod:`kernel_ext.a2a.colleague`
+(the ``ask_colleague`` helper). Design: docs/contracts.md, "The A2A adapter".
 """
 
 from __future__ import annotations

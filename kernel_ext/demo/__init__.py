@@ -9,6 +9,13 @@ pane (:mod:`kernel_ext.demo.launcher` for what runs and what is guaranteed).
 Importing this package is cheap and works on every supported Python; :func:`run` checks
 that the demo can run here (Python ≥ 3.11 for pydantic-ai, the ``demo`` extra installed)
 and says what is missing otherwise.
+
+Modules: :mod:`kernel_ext.demo.launcher` (starts and stops the processes),
+:mod:`kernel_ext.demo.script` (what is asked, whom, in which words),
+:mod:`kernel_ext.demo.agent` (what the agents share), :mod:`kernel_ext.demo.worker` (the
+pydantic-ai worker), :mod:`kernel_ext.demo.graph_agent` (the LangGraph one),
+:mod:`kernel_ext.demo.colleague_server` (an A2A colleague), :mod:`kernel_ext.demo.web` (the
+relay and the page).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@
   blocks (extra ``kernel-ext[mcp]``).
 * :mod:`kernel_ext.integrations.openai_agents` — attributed function tools for the OpenAI
   Agents SDK (extra ``kernel-ext[openai-agents]``).
+* :mod:`kernel_ext.integrations.ag_ui` — the AG-UI bridge: each tool call's live pane in
+  AG-UI front-ends (extra ``kernel-ext[agui]``).
 
 Each integration is imported explicitly; importing this package imports none of them.
 """

@@ -2,12 +2,14 @@
 
 Every public name (``__all__``) is importable from here, each module loaded on first use.
 Each module has one job, and imports only the ones above it in this list (none imports the
-worker side: ``stream``, ``emit``, ``plugin``):
+worker side: ``stream``, ``emit``, ``worker``):
 
 =====================  ===================================================================
 ``_log``               the package's one logger (``kernel_ext.relay``), rare log, frames metric
 ``workers``            which streams each worker has open; ending a gone worker's streams
 ``terminal_memory``    terminals emitted: a re-send not shown twice, late joiners still served
+``replay``             what the relay keeps of each conversation's streams for late joiners
+``_send``              emitting to one room's browsers on this process, no task per browser
 ``auth``               who connects: the internal secret and worker id, the browsers' hooks
 ``limits``             :class:`~kernel_ext.relay.limits.Admission`: browsers per process and
                        per identity, conversations and joins per second per browser

@@ -3,7 +3,7 @@
 Tool code (and the A2A adapter) calls :func:`publish`; a :class:`StreamHub` attributes each
 block to its tool call, applies the per-stream rules and queues what passes; the one sender
 takes it through :meth:`StreamHub.consumer` (:class:`HubConsumer`). Modules, downhill:
-:mod:`.counts`, :mod:`.state`, :mod:`.consumer`, :mod:`.hub` (:class:`StreamHub`, which
+:mod:`.block_counts`, :mod:`.state`, :mod:`.consumer`, :mod:`.hub` (:class:`StreamHub`, which
 keeps every guarantee below), :mod:`.registry`.
 
 Guarantees of :meth:`StreamHub.publish` (and :func:`kernel_ext.publish`):

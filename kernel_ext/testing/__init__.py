@@ -1,7 +1,9 @@
 """Helpers for testing code that uses kernel_ext, and for demos: parts that stand in for the
 real ones in process, with no network. Nothing in the library itself imports this package.
 
-* :class:`MemoryEmitter` — a sender that records what it would send, in order.
+* :class:`MemoryEmitter` — a sender that records what it would send, in order;
+* :mod:`kernel_ext.testing.a2a_peer` — a scripted A2A colleague (a real a2a-sdk server);
+* :mod:`kernel_ext.testing.browser` — driving the reference renderer in a real Chromium.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The root package: what it exports, what importing it costs, where moved names went."""
+"""The root package: what it exports, what importing it costs."""
 
 from __future__ import annotations
 
