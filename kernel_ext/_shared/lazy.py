@@ -2,8 +2,8 @@
 
 ``module_getattr(module, lazy)`` builds a module's ``__getattr__``: a name in ``lazy``
 (name → module to import it from) is imported on first use and cached in the module's
-globals; anything else raises ``AttributeError``. Used by ``kernel_ext``, ``kernel_ext.cli``,
-``kernel_ext.relay`` and ``kernel_ext.stream.consumer``; it imports nothing heavy.
+globals; anything else raises ``AttributeError``. Used by ``kernel_ext``, ``kernel_ext.cli``
+and ``kernel_ext.relay``; it imports nothing heavy.
 """
 
 from __future__ import annotations

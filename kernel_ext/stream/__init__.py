@@ -3,8 +3,8 @@
 Tool code (and the A2A adapter) calls :func:`publish`; a :class:`StreamHub` attributes each
 block to its tool call, applies the per-stream rules and queues what passes; the one sender
 takes it through :meth:`StreamHub.consumer` (:class:`HubConsumer`). Modules, downhill:
-:mod:`.block_counts`, :mod:`.state`, :mod:`.consumer`, :mod:`.hub` (:class:`StreamHub`, which
-keeps every guarantee below), :mod:`.registry`.
+:mod:`.block_counts`, :mod:`.state`, :mod:`.outgoing` (queue items and their wire form),
+:mod:`.hub` (:class:`StreamHub`, which keeps every guarantee below), :mod:`.registry`.
 
 Guarantees of :meth:`StreamHub.publish` (and :func:`kernel_ext.publish`):
 
@@ -28,12 +28,6 @@ Counts: :meth:`StreamHub.stats`. Design: docs/contracts.md, "Publishing".
 from __future__ import annotations
 
 from kernel_ext.stream.block_counts import UNFLUSHED
-from kernel_ext.stream.consumer import (
-    Outgoing,
-    OutgoingBlock,
-    OutgoingChatEvent,
-    Progress,
-)
 from kernel_ext.stream.hub import (
     ATTR_BLOCKS_ADMITTED,
     ATTR_BLOCKS_DROPPED,
@@ -44,6 +38,12 @@ from kernel_ext.stream.hub import (
     PublishItem,
     PublishState,
     StreamHub,
+)
+from kernel_ext.stream.outgoing import (
+    Outgoing,
+    OutgoingBlock,
+    OutgoingChatEvent,
+    Progress,
 )
 from kernel_ext.stream.registry import (
     get_default_hub,

@@ -33,7 +33,7 @@ from kernel_ext.protocol import (
     trace_id_hex,
 )
 from kernel_ext.stream.block_counts import Counts
-from kernel_ext.stream.consumer import (
+from kernel_ext.stream.outgoing import (
     CHAT_EVENT_STATE,
     Outgoing,
     Progress,

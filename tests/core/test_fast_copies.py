@@ -11,7 +11,7 @@ with generated inputs and fails on any difference (issue 27, part 2). The pairs:
   another span;
 * the first case of :func:`kernel_ext.attribution.resolve.attribute`, inlined in
   ``StreamHub.publish``: ``attribute`` itself;
-* ``take()``'s inline build of small running text: :func:`kernel_ext.stream.consumer.build`
+* ``take()``'s inline build of small running text: :func:`kernel_ext.stream.outgoing.build`
   (also ``tests/stream/test_stream_consumer.py``), its dict and its JSON text (cut per stream
   out of the rule's own text) alike, and the bound it trusts,
   :func:`kernel_ext.protocol.text_block_fast_limit`: the one size measure;
@@ -72,8 +72,8 @@ from kernel_ext.protocol import (
 )
 from kernel_ext.stream import Progress, StreamHub
 from kernel_ext.stream import hub as hub_module
-from kernel_ext.stream.consumer import CHAT_EVENT_STATE, ToolCallItem, build, take
 from kernel_ext.stream.hub import ATTR_CALL_ID_PATH
+from kernel_ext.stream.outgoing import CHAT_EVENT_STATE, ToolCallItem, build, take
 
 # -- the span processor ---------------------------------------------------------------------
 

@@ -87,8 +87,6 @@ def test_the_root_has_its_names_and_no_other() -> None:
 
 def test_the_senders_port_keeps_its_import_paths() -> None:
     from kernel_ext.stream import HubConsumer
-    from kernel_ext.stream.consumer import HubConsumer as from_consumer
     from kernel_ext.stream.hub import HubConsumer as from_hub
 
-    assert from_consumer is HubConsumer
     assert from_hub is HubConsumer

@@ -20,7 +20,7 @@ from kernel_ext.attribution.tap import LiveCall, Tap
 from kernel_ext.observability.count_names import REJECTED, UNFLUSHED
 from kernel_ext.protocol import decode, text_block_fast_limit
 from kernel_ext.stream import ATTR_BLOCKS_DROPPED, OutgoingBlock, StreamHub
-from kernel_ext.stream.consumer import ToolCallItem, build, take
+from kernel_ext.stream.outgoing import ToolCallItem, build, take
 from kernel_ext.testing import MemoryEmitter
 
 pytestmark = pytest.mark.usefixtures("_no_default_hub_leak")

@@ -1,9 +1,9 @@
-"""The sender's side of a hub: queue items and their wire form.
+"""What goes out of a hub: queue items and their wire form, built on the sender's side.
 
 Publishers queue a :class:`QueueItem` (cheap: nothing is built or validated on the tool's
-thread); the one sender takes them through its
-:class:`~kernel_ext.stream.hub.HubConsumer` (the hub's port, defined with the hub and
-importable from here too), which turns each with :func:`take` into
+thread); the one sender takes them through its :class:`~kernel_ext.stream.hub.HubConsumer`
+(the hub's port, :meth:`~kernel_ext.stream.hub.StreamHub.consumer`), which turns each with
+:func:`take` into
 an :class:`OutgoingBlock` (the block's wire form, valid and within the size bound) or an
 :class:`OutgoingChatEvent`, in publish order. Building happens here, on the sender's loop:
 
@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from json.encoder import encode_basestring_ascii
 from typing import Any, NamedTuple
 
-from kernel_ext._shared.lazy import module_getattr
 from kernel_ext.errors import BlockTooLargeError, DecodeError
 from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.protocol import (
@@ -431,6 +430,3 @@ def _wire(
     if fits(wire, max_block_bytes):
         return wire, len(repr(wire))
     return wire, len(encode_wire(wire, max_bytes=max_block_bytes))
-
-
-__getattr__ = module_getattr(__name__, {"HubConsumer": "kernel_ext.stream.hub"})
