@@ -9,7 +9,7 @@
 
 Both build on :class:`Emitter` (:mod:`kernel_ext.emit.base`: the send task, stop and flush,
 the one counting-and-health mechanism) and owe their terminals through
-:mod:`kernel_ext.emit.held_terminals` (held within bounds, degraded when refused). A sender for
+:mod:`kernel_ext.emit.owed_terminals` (held within bounds, degraded when refused). A sender for
 tests, ``MemoryEmitter``, is in :mod:`kernel_ext.testing`.
 """
 

@@ -38,7 +38,7 @@ from kernel_ext.emit.base import (
     rare,
     remembers_arguments,
 )
-from kernel_ext.emit.held_terminals import HeldTerminal, HeldTerminals
+from kernel_ext.emit.owed_terminals import OwedTerminal, OwedTerminals
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
 from kernel_ext.observability.count_names import (
     ACK_TIMEOUTS,
@@ -82,7 +82,7 @@ rooms per frame), or a chat event."""
 class _Inflight(NamedTuple):
     """A ``kx_blocks`` frame awaiting its acknowledgement."""
 
-    terminals: list[HeldTerminal]
+    terminals: list[OwedTerminal]
     sent: float
     blocks: list[OutgoingBlock]
 
@@ -193,7 +193,7 @@ class LoopbackEmitter(Emitter):
     down_event = DISCONNECTS
 
     # The keyword parameters are this sender's documented API; alike in shape (not a copy)
-    # of RedisEmitter's and the relay's. HeldTerminals checks the terminal bounds.
+    # of RedisEmitter's and the relay's. OwedTerminals checks the terminal bounds.
     @remembers_arguments
     def __init__(
         self,
@@ -244,7 +244,7 @@ class LoopbackEmitter(Emitter):
         self.reconnect_delay = self._backoff.initial
         self.reconnect_delay_max = self._backoff.maximum
         self.connect_timeout = float(connect_timeout)
-        self._terminals = HeldTerminals(
+        self._terminals = OwedTerminals(
             lambda: self.consumer,
             max_pending_terminals=max_pending_terminals,
             terminal_max_age=terminal_max_age,
@@ -571,7 +571,7 @@ class LoopbackEmitter(Emitter):
         if items:
             await self._send_frames(self._frames(items), None)
 
-    async def _send_frames(self, frames: list[Frame], retry: list[HeldTerminal] | None) -> None:
+    async def _send_frames(self, frames: list[Frame], retry: list[OwedTerminal] | None) -> None:
         consumer = self.consumer
         held_by_item = {id(h.item): h for h in retry} if retry else {}
         for frame in frames:
@@ -628,7 +628,7 @@ class LoopbackEmitter(Emitter):
                 self._window_changed()
                 self._lose(blocks, terminals)
 
-    def _lose(self, blocks: list[OutgoingBlock], terminals: list[HeldTerminal]) -> None:
+    def _lose(self, blocks: list[OutgoingBlock], terminals: list[OwedTerminal]) -> None:
         """Blocks that cannot go now: running ones are dropped, terminals held."""
         consumer = self.consumer
         for block in blocks:
@@ -641,7 +641,7 @@ class LoopbackEmitter(Emitter):
         """A frame's acknowledgement. Running blocks the relay refused are lost (counted
         ``rejected``); a refused terminal is never counted delivered: it is degraded one
         step and sent again, or dropped (counted) when both steps were refused
-        (:meth:`HeldTerminals.refused`). A relay that refuses blocks without saying which
+        (:meth:`OwedTerminals.refused`). A relay that refuses blocks without saying which
         has each terminal of the frame sent again (it drops a terminal it emitted already);
         a busy relay has them all sent again unchanged."""
         frame = self._inflight.pop(frame_id, None)

@@ -31,7 +31,7 @@ from kernel_ext.emit.base import (
     logger,
     remembers_arguments,
 )
-from kernel_ext.emit.held_terminals import HeldTerminals
+from kernel_ext.emit.owed_terminals import OwedTerminals
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.observability.count_names import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
@@ -113,7 +113,7 @@ class RedisEmitter(Emitter):
     down_event = OUTAGES
 
     # The keyword parameters are this sender's documented API; alike in shape (not a copy)
-    # of LoopbackEmitter's and the relay's. HeldTerminals checks the terminal bounds.
+    # of LoopbackEmitter's and the relay's. OwedTerminals checks the terminal bounds.
     @remembers_arguments
     def __init__(
         self,
@@ -159,7 +159,7 @@ class RedisEmitter(Emitter):
             "socket_timeout": socket_timeout,
             **(redis_options or {}),
         }
-        self._terminals = HeldTerminals(
+        self._terminals = OwedTerminals(
             lambda: self.consumer,
             max_pending_terminals=max_pending_terminals,
             terminal_max_age=terminal_max_age,

@@ -20,7 +20,7 @@ Guarantees:
   application has its own handler: flush, then terminate as the default action would);
   what stays unsent is counted and logged.
 
-Design: docs/contracts.md, "The worker plugin".
+Design: docs/contracts.md, "Wiring the worker".
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The terminals a sender owes (kernel_ext.emit.held_terminals): bounded in count, age and
+"""The terminals a sender owes (kernel_ext.emit.owed_terminals): bounded in count, age and
 attempts, each give-up counted and logged; a refused terminal degraded one step at a time."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from support.timing import FakeClock
 
 from kernel_ext.attribution.tap import Tap
-from kernel_ext.emit.held_terminals import HeldTerminal, HeldTerminals
+from kernel_ext.emit.owed_terminals import OwedTerminal, OwedTerminals
 from kernel_ext.errors import ConfigError
 from kernel_ext.protocol import (
     FALLBACK_INVALID,
@@ -37,8 +37,8 @@ def held(
     count: int = 10,
     age: float = 60.0,
     attempts: int = 3,
-) -> HeldTerminals:
-    return HeldTerminals(
+) -> OwedTerminals:
+    return OwedTerminals(
         lambda: port,
         max_pending_terminals=count,
         terminal_max_age=age,
@@ -62,7 +62,7 @@ def port(hub: StreamHub) -> Iterator[HubConsumer]:
         loop.close()
 
 
-def test_held_terminals_come_back_oldest_first_and_are_no_longer_held(
+def test_owed_terminals_come_back_oldest_first_and_are_no_longer_held(
     hub: StreamHub, port: HubConsumer
 ) -> None:
     clock = FakeClock()
@@ -180,7 +180,7 @@ def test_a_terminal_refused_as_invalid_goes_straight_to_the_fallback(
 def test_degrading_does_not_touch_the_callers_block() -> None:
     item = terminal(text="y" * 5_000)
     original = item.block
-    entry = HeldTerminal(item, 0.0)
+    entry = OwedTerminal(item, 0.0)
     assert entry.degrade("too_large", 1_000)
     assert original["envelope"]["payload"]["text"] == "y" * 5_000
     assert item.block is not original

@@ -2,7 +2,7 @@
 made smaller when the relay refuses them.
 
 A terminal is sent exactly once per stream, so a sender never forgets one it could not
-deliver: it holds it (:class:`HeldTerminals`) and tries again — after a reconnect (loopback)
+deliver: it holds it (:class:`OwedTerminals`) and tries again — after a reconnect (loopback)
 or once Redis answers (Redis). Guarantees:
 
 * Bounded: at most ``max_pending_terminals`` terminals are held (beyond, the oldest is
@@ -11,11 +11,11 @@ or once Redis answers (Redis). Guarantees:
   (counted ``terminal_expired``). Each is counted on the hub (on its call too) and logged
   at ERROR (rarely: a flood of them costs a handful of lines).
 * Age counts from the first attempt, whatever happened since: it is checked on the terminal
-  whenever it is held or taken (:meth:`HeldTerminals.hold`, :meth:`HeldTerminals.take`,
-  :meth:`HeldTerminals.expire`), not by the map's time to live, which would count from the
+  whenever it is held or taken (:meth:`OwedTerminals.hold`, :meth:`OwedTerminals.take`,
+  :meth:`OwedTerminals.expire`), not by the map's time to live, which would count from the
   last time it was held.
 * Refused (loopback): a terminal the relay refused is never counted delivered. It is made
-  smaller one step per refusal (:meth:`HeldTerminal.degrade`: cut to the relay's size bound,
+  smaller one step per refusal (:meth:`OwedTerminal.degrade`: cut to the relay's size bound,
   then the protocol's short fallback terminal) and held again; when both were refused it
   is given up (counted ``rejected``, logged at ERROR).
 """
@@ -36,10 +36,10 @@ from kernel_ext.observability._rare_log import plural
 from kernel_ext.protocol import encode_wire, fallback_terminal
 from kernel_ext.stream import HubConsumer, OutgoingBlock
 
-__all__ = ["HeldTerminal", "HeldTerminals"]
+__all__ = ["OwedTerminal", "OwedTerminals"]
 
 
-class HeldTerminal:
+class OwedTerminal:
     """A terminal block a sender owes: ``first`` is when it was first tried (monotonic
     clock), ``attempts`` how often it was sent, ``level`` how often a refusal made it
     smaller (:meth:`degrade`)."""
@@ -88,7 +88,7 @@ class HeldTerminal:
         return False
 
 
-class HeldTerminals:
+class OwedTerminals:
     """The terminals a sender holds for a later attempt, oldest first (module docstring).
 
     The bounds are the senders' arguments of the same names.
@@ -124,7 +124,7 @@ class HeldTerminals:
         self.max_attempts = terminal_max_attempts
         self._clock = clock
         self._keys = itertools.count()
-        self._held: BoundedMap[int, HeldTerminal] = BoundedMap(
+        self._held: BoundedMap[int, OwedTerminal] = BoundedMap(
             max_pending_terminals, on_forget=self._forgotten
         )
 
@@ -136,11 +136,11 @@ class HeldTerminals:
     def __len__(self) -> int:
         return len(self._held)
 
-    def new(self, item: OutgoingBlock, attempts: int = 0) -> HeldTerminal:
+    def new(self, item: OutgoingBlock, attempts: int = 0) -> OwedTerminal:
         """A terminal about to be tried for the first time (or just tried, ``attempts``)."""
-        return HeldTerminal(item, self._clock(), attempts)
+        return OwedTerminal(item, self._clock(), attempts)
 
-    def hold(self, entry: HeldTerminal) -> None:
+    def hold(self, entry: OwedTerminal) -> None:
         """Keep ``entry`` for a later attempt; give it up (counted) when it is spent, or the
         oldest held one when over ``max_count``."""
         if self._spent(entry, self._clock()):
@@ -148,7 +148,7 @@ class HeldTerminals:
         else:
             self._held.set(next(self._keys), entry)
 
-    def take(self) -> list[HeldTerminal]:
+    def take(self) -> list[OwedTerminal]:
         """Every held terminal still within its bounds, oldest first, no longer held (the
         spent ones are given up, counted)."""
         now = self._clock()
@@ -171,7 +171,7 @@ class HeldTerminals:
         self._held.clear()
         return n
 
-    def refused(self, entry: HeldTerminal, reason: str, relay_bound: int | None) -> bool:
+    def refused(self, entry: OwedTerminal, reason: str, relay_bound: int | None) -> bool:
         """The relay refused ``entry`` (``reason``, the relay's size bound if it said it):
         degrade it one step and hold it (``True``), or give it up when nothing smaller is
         left (counted ``rejected``, logged at ERROR)."""
@@ -189,13 +189,13 @@ class HeldTerminals:
         )
         return False
 
-    def _spent(self, entry: HeldTerminal, now: float) -> bool:
+    def _spent(self, entry: OwedTerminal, now: float) -> bool:
         return entry.attempts >= self.max_attempts or now - entry.first > self.max_age
 
-    def _forgotten(self, _key: int, entry: HeldTerminal, reason: str) -> None:
+    def _forgotten(self, _key: int, entry: OwedTerminal, reason: str) -> None:
         self._give_up(entry, TERMINAL_OVERFLOW if reason == OVERFLOW else TERMINAL_EXPIRED)
 
-    def _give_up(self, entry: HeldTerminal, reason: str) -> None:
+    def _give_up(self, entry: OwedTerminal, reason: str) -> None:
         item = entry.item
         self._port().dropped(reason, 1, item.call_id)
         rare(
