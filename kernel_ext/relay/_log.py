@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from kernel_ext.observability import otel_metrics
+from kernel_ext.observability import otel_metrics as metrics
 from kernel_ext.observability._rare_log import RareLog
 
 __all__ = ["count_frame", "log_as_command", "logger", "rare"]
@@ -21,7 +21,7 @@ rare = RareLog(logger)
 def count_frame(outcome: str) -> None:
     """Add one to ``kernel_ext.relay.frames`` for ``outcome``; never raises."""
     with contextlib.suppress(Exception):
-        otel_metrics.relay_frames.add(1, {"outcome": outcome})
+        metrics.relay_frames.add(1, {"outcome": outcome})
 
 
 class _CommandFormatter(logging.Formatter):

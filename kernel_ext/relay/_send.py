@@ -24,7 +24,7 @@ from engineio.packet import Packet as EioPacket
 from socketio.async_manager import AsyncManager
 from socketio.packet import EVENT
 
-from kernel_ext._shared import compat
+from kernel_ext._shared import compat as _compat
 
 __all__ = ["event_text", "local_sends", "send_local"]
 
@@ -61,7 +61,7 @@ async def send_local(
     args = list(data) if isinstance(data, tuple) else [] if data is None else [data]
     encoded = server.packet_class(EVENT, namespace=namespace, data=[event, *args]).encode()
     eio = server.eio
-    send = compat.send_packet
+    send = _compat.send_packet
     if not isinstance(encoded, list):
         packet = EioPacket(MESSAGE, encoded)
         for eio_sid in targets:

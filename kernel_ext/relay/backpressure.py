@@ -32,7 +32,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kernel_ext._shared import compat
+from kernel_ext._shared import compat as _compat
 from kernel_ext.errors import ConfigError, check_positive_ints, check_positive_numbers
 from kernel_ext.observability.count_names import (
     ACK_PACE_TIMEOUTS,
@@ -152,7 +152,7 @@ class BackPressure:
     def attach(self, server: Any) -> None:
         """The relay is mounted on ``server``: its new connections' queues are metered."""
         self.server = server
-        self._metered = compat.meter_queues(server.eio, self._catch_up_queued)
+        self._metered = _compat.meter_queues(server.eio, self._catch_up_queued)
 
     def forget(self, sid: str) -> None:
         """The browser ``sid`` is leaving: when its connection is closing, what was queued
@@ -163,7 +163,7 @@ class BackPressure:
             watch.cancel()
         eio_sid = self._eio_sid(sid)
         if eio_sid is not None:
-            compat.release_closed(self.server.eio, eio_sid)
+            _compat.release_closed(self.server.eio, eio_sid)
 
     async def aclose(self) -> None:
         """Send the acknowledgements that wait for the browsers now; stop watching the
@@ -188,7 +188,7 @@ class BackPressure:
     def _queued(self, eio_sid: str) -> tuple[int, int]:
         """Packets and bytes python-engineio holds for one browser's connection, not yet
         written."""
-        return compat.queued(self.server.eio, eio_sid)
+        return _compat.queued(self.server.eio, eio_sid)
 
     def _over(self, eio_sid: str, packets_level: int, bytes_level: int) -> bool:
         packets, size = self._queued(eio_sid)
@@ -211,10 +211,10 @@ class BackPressure:
         eio_sid = self._eio_sid(sid)
         if eio_sid is None:
             return False
-        queue = compat.connection_queue(self.server.eio, eio_sid)
+        queue = _compat.connection_queue(self.server.eio, eio_sid)
         if queue is None:
             return False
-        if not isinstance(queue, compat.MeteredQueue) or not self.bounded:
+        if not isinstance(queue, _compat.MeteredQueue) or not self.bounded:
             return True
         packets_level, bytes_level = self._levels()
         if queue.packets < packets_level and queue.bytes < bytes_level:
@@ -227,10 +227,10 @@ class BackPressure:
             await self._stalled(sid, eio_sid)
             return False
         # Another sender may have filled it again meanwhile: the caller looks again.
-        return compat.connection_queue(self.server.eio, eio_sid) is queue
+        return _compat.connection_queue(self.server.eio, eio_sid) is queue
 
     async def _stalled(self, sid: str, eio_sid: str) -> None:
-        socket_queue = compat.connection_queue(self.server.eio, eio_sid)
+        socket_queue = _compat.connection_queue(self.server.eio, eio_sid)
         if socket_queue is None:
             return
         self._count(BROWSERS_STALLED)
@@ -243,7 +243,7 @@ class BackPressure:
             self.browser_queue_max,
             self.browser_queue_bytes,
         )
-        await compat.close_connection(self.server.eio, eio_sid)
+        await _compat.close_connection(self.server.eio, eio_sid)
 
     def _watch(self, sid: str) -> None:
         """Watch a browser a running block skipped until it drains (:meth:`drained`)."""
@@ -445,10 +445,10 @@ class BackPressure:
         peak = peak_bytes = 0
         for sid in browsers:
             eio_sid = self._eio_sid(sid)
-            queue = compat.connection_queue(eio, eio_sid) if eio_sid is not None else None
+            queue = _compat.connection_queue(eio, eio_sid) if eio_sid is not None else None
             if queue is None:
                 continue
-            if isinstance(queue, compat.MeteredQueue):
+            if isinstance(queue, _compat.MeteredQueue):
                 packets.append(queue.packets)
                 sizes.append(queue.bytes)
                 peak = max(peak, queue.peak_packets)

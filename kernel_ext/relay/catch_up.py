@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from kernel_ext._shared import compat
+from kernel_ext._shared import compat as _compat
 from kernel_ext.errors import ConfigError, check_positive_ints
 from kernel_ext.observability.count_names import (
     CATCH_UP_LIMITED,
@@ -215,7 +215,7 @@ class CatchUp:
             if self._packet_bytes > self.replay.total_bytes:
                 self._packets.clear()
                 self._packet_bytes = 0
-            packet = self._packets[data] = compat.catch_up_packet(self._text(data))
+            packet = self._packets[data] = _compat.catch_up_packet(self._text(data))
             self._packet_bytes += len(data)
         return packet
 
@@ -236,9 +236,9 @@ class CatchUp:
                 break  # no await from here to the send
             back_pressure.sent(size)  # another catch-up filled it meanwhile: wait again
         try:
-            if compat.connection_queue(eio, eio_sid) is None:
+            if _compat.connection_queue(eio, eio_sid) is None:
                 return False
-            await compat.send_packet(eio, eio_sid, self._packet(data))
+            await _compat.send_packet(eio, eio_sid, self._packet(data))
         finally:
             back_pressure.sent(size)
         return True
