@@ -18,7 +18,17 @@ import pytest
 import socketio
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from support.relay_helpers import NS, SECRET, Browser, join, relay_server, worker
+from support.relay_helpers import (
+    NS,
+    SECRET,
+    Browser,
+    block,
+    frame,
+    join,
+    relay_server,
+    seqs,
+    worker,
+)
 from support.timing import CALL_TIMEOUT, FakeClock, wait_until
 
 from kernel_ext import metrics
@@ -126,6 +136,20 @@ async def all_gone(relay: ChatRelay, browsers: int = 0) -> None:
     await wait_until(lambda: relay.stats()["browsers"] == browsers, 10, lambda: f"{relay.stats()}")
 
 
+LIVE = "bystanders-room"
+
+
+async def send_live(w: socketio.AsyncClient, seq: int) -> None:
+    """One live block of ``LIVE`` (task ``live``), for a bystander of another identity."""
+    await w.call("kx_blocks", frame(LIVE, [block(seq, task_id="live")]), namespace=NS)
+
+
+async def got_every_live_block(bystander: Browser, n: int) -> None:
+    """The bystander received live blocks 1 … ``n`` of ``LIVE``, each once, in order."""
+    await bystander.wait_for(lambda blocks: len(blocks) >= n)
+    assert seqs(bystander.blocks, "live") == list(range(1, n + 1))
+
+
 def held(relay: ChatRelay) -> tuple[int, int, int]:
     stats = relay.stats()
     return stats["browsers"], stats["browser_identities"], stats["browser_rooms"]
@@ -139,26 +163,36 @@ def held(relay: ChatRelay) -> tuple[int, int, int]:
 async def test_browsers_of_one_identity_are_capped_and_a_disconnect_frees_a_slot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A browser of another identity (a bystander, in another conversation) gets every live
+    block, in order, while the refusals go on."""
     reader = record_frames(monkeypatch)
     async with (
         relay_server(authenticate=authenticate, max_per_identity=3) as (port, relay),
+        worker(port) as w,
+        browsers_of(port, "user:carol") as (bystander,),
         browsers_of(port, "user:alice", "user:alice", "user:alice") as alices,
     ):
-        assert held(relay) == (3, 1, 0)
+        assert await join(bystander, LIVE) == {"ok": True}
+        assert held(relay) == (4, 2, 1)
+        await send_live(w, 1)
         answer = await refusal(port, "user:alice")
+        await send_live(w, 2)
         assert answer == {
             "message": "too many browsers of this identity on this web process (at most 3)",
             "data": {"reason": "identity_limit", "limit": 3},
         }
         assert relay.stats()["rejected_identity_limit"] == 1
-        assert frames_by_outcome(reader) == {"identity_limit": 1}
+        # The refusal, and the two live frames so far.
+        assert frames_by_outcome(reader) == {"identity_limit": 1, "accepted": 2}
         async with browsers_of(port, "user:bob"):  # another identity is not held back
-            assert held(relay) == (4, 2, 0)
+            assert held(relay) == (5, 3, 1)
         await alices[0].close()
-        await all_gone(relay, 2)
+        await all_gone(relay, 3)
         async with browsers_of(port, "user:alice"):  # the freed slot
-            assert held(relay) == (3, 1, 0)
+            assert held(relay) == (4, 2, 1)
             assert relay.stats()["rejected_identity_limit"] == 1
+        await send_live(w, 3)
+        await got_every_live_block(bystander, 3)
     assert held(relay) == (0, 0, 0)
 
 
@@ -279,15 +313,25 @@ async def test_a_burst_of_joins_past_the_bucket_is_refused_until_it_refills(
     a new connection starts with a full bucket."""
     async with (
         relay_server(authenticate=authenticate, join_rate=2.0, join_burst=5) as (port, relay),
+        worker(port) as w,
+        browsers_of(port, "user:carol") as (bystander,),
         browsers_of(port, "user:alice") as (browser,),
     ):
+        assert await join(bystander, LIVE) == {"ok": True}
         calls = [
             browser.client.call(
                 "join_conversation", {"conversationId": f"c{i}"}, namespace=NS, timeout=10
             )
             for i in range(60)
         ]
-        acks = await asyncio.gather(*calls)
+
+        async def live_meanwhile() -> None:
+            for seq in range(1, 11):
+                await send_live(w, seq)
+
+        *acks, _ = await asyncio.gather(*calls, live_meanwhile())
+        # A browser of another identity gets every live block, in order, meanwhile.
+        await got_every_live_block(bystander, 10)
         admitted = [ack for ack in acks if ack == {"ok": True}]
         refused = [ack for ack in acks if ack != {"ok": True}]
         assert len(admitted) >= 5
@@ -299,7 +343,8 @@ async def test_a_burst_of_joins_past_the_bucket_is_refused_until_it_refills(
             assert ack["retryAfterMs"] >= 1
         stats = relay.stats()
         assert stats["rejected_join_rate"] == len(refused)
-        assert stats["browser_rooms"] == len(admitted)  # a refused join holds no slot
+        # A refused join holds no slot (the bystander holds one).
+        assert stats["browser_rooms"] == len(admitted) + 1
         # Logged on the 1st, 2nd, 4th … time (the count is the process's, across relays).
         logged = [r for r in caplog.records if "(join_rate)" in r.getMessage()]
         assert 1 <= len(logged) <= len(refused).bit_length() + 1
