@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
+import aiohttp
 import pytest
 import socketio
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from support.network import serve_asgi
 from support.relay_helpers import (
     NS,
     SECRET,
@@ -33,7 +35,7 @@ from support.timing import CALL_TIMEOUT, FakeClock, wait_until
 
 from kernel_ext import metrics
 from kernel_ext.errors import ConfigError
-from kernel_ext.relay import ChatRelay
+from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.relay.limits import (
     DEFAULT_JOIN_RATE,
     DEFAULT_MAX_BROWSER_ROOMS,
@@ -194,6 +196,94 @@ async def test_browsers_of_one_identity_are_capped_and_a_disconnect_frees_a_slot
         await send_live(w, 3)
         await got_every_live_block(bystander, 3)
     assert held(relay) == (0, 0, 0)
+
+
+WS_PATH = "/socket.io/?EIO=4&transport=websocket"
+
+
+async def opened(session: aiohttp.ClientSession, port: int) -> aiohttp.ClientWebSocketResponse:
+    """A raw Engine.IO connection over WebSocket, past its open packet."""
+    ws = await session.ws_connect(f"ws://127.0.0.1:{port}{WS_PATH}")
+    assert (await ws.receive_str(timeout=CALL_TIMEOUT)).startswith("0{")
+    return ws
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("cap", "reason"),
+    [({"max_per_identity": 1}, "identity_limit"), ({"max_browsers": 1}, "browser_limit")],
+)
+async def test_a_browser_refused_by_a_cap_has_its_connection_closed(
+    cap: dict[str, int], reason: str
+) -> None:
+    """Regression: a browser refused by a cap kept its Engine.IO connection open, so one
+    token's 2,000 connections, 64 admitted, held all 2,000 (about 40 KiB each). A raw
+    client that ignores its refusal is told why, then closed; the admitted one is not."""
+    async with (
+        relay_server(authenticate=authenticate, **cap) as (port, relay),
+        aiohttp.ClientSession() as session,
+    ):
+        connect = f'40{NS},{{"token":"user:alice"}}'
+        admitted, refused = await opened(session, port), await opened(session, port)
+        try:
+            await admitted.send_str(connect)
+            assert (await admitted.receive_str(timeout=CALL_TIMEOUT)).startswith(f"40{NS},")
+            await refused.send_str(connect)
+            answer = await refused.receive_str(timeout=CALL_TIMEOUT)
+            assert answer.startswith(f"44{NS},")
+            assert reason in answer
+            texts = []
+            while True:  # what follows the refusal, until the relay closes the socket
+                message = await refused.receive(timeout=CALL_TIMEOUT)
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    break
+                texts.append(message.data)
+            assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            assert texts in ([], ["1"])  # at most Engine.IO's CLOSE packet
+            assert relay.stats()[f"rejected_{reason}"] == 1
+            assert held(relay) == (1, 1, 0)
+            # The admitted connection is still there: it leaves and enters again.
+            await admitted.send_str(f"41{NS},")
+            await all_gone(relay)
+            await admitted.send_str(connect)
+            assert (await admitted.receive_str(timeout=CALL_TIMEOUT)).startswith(f"40{NS},")
+            assert held(relay) == (1, 1, 0)
+        finally:
+            await admitted.close()
+            await refused.close()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_a_refused_browser_whose_connection_another_namespace_holds_stays_connected() -> None:
+    """The application's own namespace on the same connection keeps it: only the relay's
+    namespace refused it."""
+    ready = create_app(
+        SECRET, authenticate=authenticate, authorize_join=allow_all, max_per_identity=1
+    )
+    ready.sio.register_namespace(socketio.AsyncNamespace("/app"))
+    async with serve_asgi(ready.app) as port, aiohttp.ClientSession() as session:
+        connect = f'40{NS},{{"token":"user:alice"}}'
+        first, second = await opened(session, port), await opened(session, port)
+        try:
+            await first.send_str(connect)
+            assert (await first.receive_str(timeout=CALL_TIMEOUT)).startswith(f"40{NS},")
+            await second.send_str("40/app,")
+            assert (await second.receive_str(timeout=CALL_TIMEOUT)).startswith("40/app,")
+            await second.send_str(connect)
+            answer = await second.receive_str(timeout=CALL_TIMEOUT)
+            assert answer.startswith(f"44{NS},")
+            assert "identity_limit" in answer
+            # Still open: once the first leaves, the second is admitted on it.
+            await first.close()
+            await all_gone(ready.relay)
+            await second.send_str(connect)
+            assert (await second.receive_str(timeout=CALL_TIMEOUT)).startswith(f"40{NS},")
+            assert held(ready.relay) == (1, 1, 0)
+        finally:
+            await first.close()
+            await second.close()
 
 
 @pytest.mark.network
