@@ -29,8 +29,9 @@ For each: the amplification factor (wire bytes the attacker received per byte it
 relay's resident memory growth at the peak of the probe over its value before it, and the
 bystander's p99 during the probe. Each probe lasts ``PROBE_SECONDS`` at most (the
 connections are closed at its end), against a relay of its own. The relay also reports how
-late its event loop ran (the most a 10 ms sleep overshot, and how much of that it spent
-working rather than waiting for a core), which tells a relay that holds its loop from a
+late its event loop ran (the most a 10 ms sleep overshot, and the CPU its thread used over
+that sleep: close to the overshoot, the loop was held by work; far below it, the relay
+waited for a core), which tells a relay that holds its loop from a
 machine that is short of cores. Bounded: about 60–90 s in all.
 
 Diagnosis (not used by ``tox -e bench``): ``ABUSE_RELAY_OPTIONS='{"catch_up_inflight_bytes":
@@ -530,7 +531,9 @@ def run(quick: bool = False) -> list[dict[str, Any]]:
         return "n/a" if value is None else f"{value:.0f} ms"
 
     def lag(value: tuple[float, float] | None) -> str:
-        return "n/a" if value is None else f"{value[0]:.0f} ms ({value[1]:.0f} ms of it working)"
+        return (
+            "n/a" if value is None else f"{value[0]:.0f} ms ({value[1]:.0f} ms of CPU in that turn)"
+        )
 
     def summary(found: dict[str, Any]) -> str:
         return (
