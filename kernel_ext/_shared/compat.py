@@ -45,6 +45,7 @@ __all__ = [
     "close_connection",
     "connect_redis",
     "connection_queue",
+    "end_connection",
     "meter_queues",
     "publish_pipeline_supported",
     "publish_result_supported",
@@ -594,6 +595,17 @@ async def close_connection(eio: Any, eio_sid: str) -> None:
     socket = eio.sockets.get(eio_sid)
     if socket is not None:
         await socket.close(wait=False, abort=False, reason=eio.reason.SERVER_DISCONNECT)
+
+
+async def end_connection(eio: Any, eio_sid: str) -> None:
+    """Close the connection ``eio_sid`` as :func:`close_connection` does, then end its
+    writer once the ``CLOSE`` packet is written, which closes the WebSocket (python-engineio
+    otherwise keeps it open until the peer closes it or sends again, or for
+    ``ping_interval + ping_timeout``, 45 s by default)."""
+    socket = eio.sockets.get(eio_sid)
+    if socket is not None:
+        await close_connection(eio, eio_sid)
+        socket.queue.put_nowait(None)  # as python-engineio ends its writer
 
 
 async def send_packet(eio: Any, eio_sid: str, packet: Any) -> None:

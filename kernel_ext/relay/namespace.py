@@ -36,6 +36,7 @@ from typing import Any
 import socketio
 from socketio.async_pubsub_manager import AsyncPubSubManager
 
+from kernel_ext._shared import compat as _compat
 from kernel_ext.errors import (
     BlockTooLargeError,
     DecodeError,
@@ -361,6 +362,7 @@ class ChatRelay(GuardedNamespace):
         """Joins with catch-up (:class:`~kernel_ext.relay.catch_up.CatchUp`; ``None``
         without ``catch_up``)."""
         self._internal: dict[str, _Internal] = {}
+        self._closing: set[asyncio.Task[None]] = set()  # refused connections being closed
         self._browsers: dict[str, Any] = {}
         self._streams = streams
         self._grace = (
@@ -464,9 +466,35 @@ class ChatRelay(GuardedNamespace):
         if identity is None or identity is False:
             self._count(BROWSER_REFUSED)
             raise socketio.exceptions.ConnectionRefusedError(REFUSED_UNAUTHORIZED)
-        self.limits.connect(sid, identity)  # raises a refusal past a cap
+        try:
+            self.limits.connect(sid, identity)  # raises a refusal past a cap
+        except socketio.exceptions.ConnectionRefusedError:
+            self._close_refused(sid)
+            raise
         self._browsers[sid] = identity
         return True
+
+    def _close_refused(self, sid: str) -> None:
+        """Close the Engine.IO connection of a browser refused by a cap once its refusal is
+        queued to it, unless another namespace of the application holds the connection: a
+        refused browser would otherwise keep its connection open, and a client that opens
+        more and more of them would make this process hold each (about 40 KiB)."""
+        manager = self.server.manager
+        eio_sid = manager.eio_sid_from_sid(sid, self.namespace)
+        if eio_sid is None:
+            return
+
+        async def close() -> None:
+            # Runs after the refusal's CONNECT_ERROR was queued (python-socketio queues it
+            # with no await that waits, right after this handler raised).
+            for namespace in list(manager.get_namespaces()):
+                if namespace != self.namespace and manager.sid_from_eio_sid(eio_sid, namespace):
+                    return
+            await _compat.end_connection(self.server.eio, eio_sid)
+
+        task = asyncio.get_running_loop().create_task(close())
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
 
     async def on_disconnect(self, sid: str, reason: Any = None) -> None:
         """Forget the connection; an internal sender's queued frames are still emitted."""

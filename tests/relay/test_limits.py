@@ -14,16 +14,28 @@ from collections.abc import AsyncIterator
 from decimal import Decimal
 from typing import Any
 
+import aiohttp
 import pytest
 import socketio
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-from support.relay_helpers import NS, SECRET, Browser, join, relay_server, worker
+from support.network import serve_asgi
+from support.relay_helpers import (
+    NS,
+    SECRET,
+    Browser,
+    block,
+    frame,
+    join,
+    relay_server,
+    seqs,
+    worker,
+)
 from support.timing import CALL_TIMEOUT, FakeClock, wait_until
 
 from kernel_ext.errors import ConfigError
 from kernel_ext.observability import otel_metrics
-from kernel_ext.relay import ChatRelay
+from kernel_ext.relay import ChatRelay, allow_all, create_app
 from kernel_ext.relay.limits import (
     DEFAULT_JOIN_RATE,
     DEFAULT_MAX_BROWSER_ROOMS,
@@ -128,6 +140,20 @@ async def all_gone(relay: ChatRelay, browsers: int = 0) -> None:
     await wait_until(lambda: relay.stats()["browsers"] == browsers, 10, lambda: f"{relay.stats()}")
 
 
+LIVE = "bystanders-room"
+
+
+async def send_live(w: socketio.AsyncClient, seq: int) -> None:
+    """One live block of ``LIVE`` (task ``live``), for a bystander of another identity."""
+    await w.call("kx_blocks", frame(LIVE, [block(seq, task_id="live")]), namespace=NS)
+
+
+async def got_every_live_block(bystander: Browser, n: int) -> None:
+    """The bystander received live blocks 1 … ``n`` of ``LIVE``, each once, in order."""
+    await bystander.wait_for(lambda blocks: len(blocks) >= n)
+    assert seqs(bystander.blocks, "live") == list(range(1, n + 1))
+
+
 def held(relay: ChatRelay) -> tuple[int, int, int]:
     stats = relay.stats()
     return stats["browsers"], stats["browser_identities"], stats["browser_rooms"]
@@ -141,27 +167,125 @@ def held(relay: ChatRelay) -> tuple[int, int, int]:
 async def test_browsers_of_one_identity_are_capped_and_a_disconnect_frees_a_slot(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A browser of another identity (a bystander, in another conversation) gets every live
+    block, in order, while the refusals go on."""
     reader = record_frames(monkeypatch)
     async with (
         relay_server(authenticate=authenticate, max_per_identity=3) as (port, relay),
+        worker(port) as w,
+        browsers_of(port, "user:carol") as (bystander,),
         browsers_of(port, "user:alice", "user:alice", "user:alice") as alices,
     ):
-        assert held(relay) == (3, 1, 0)
+        assert await join(bystander, LIVE) == {"ok": True}
+        assert held(relay) == (4, 2, 1)
+        await send_live(w, 1)
         answer = await refusal(port, "user:alice")
+        await send_live(w, 2)
         assert answer == {
             "message": "too many browsers of this identity on this web process (at most 3)",
             "data": {"reason": "identity_limit", "limit": 3},
         }
         assert relay.stats()["rejected_identity_limit"] == 1
-        assert frames_by_outcome(reader) == {"identity_limit": 1}
+        # The refusal, and the two live frames so far.
+        assert frames_by_outcome(reader) == {"identity_limit": 1, "accepted": 2}
         async with browsers_of(port, "user:bob"):  # another identity is not held back
-            assert held(relay) == (4, 2, 0)
+            assert held(relay) == (5, 3, 1)
         await alices[0].close()
-        await all_gone(relay, 2)
+        await all_gone(relay, 3)
         async with browsers_of(port, "user:alice"):  # the freed slot
-            assert held(relay) == (3, 1, 0)
+            assert held(relay) == (4, 2, 1)
             assert relay.stats()["rejected_identity_limit"] == 1
+        await send_live(w, 3)
+        await got_every_live_block(bystander, 3)
     assert held(relay) == (0, 0, 0)
+
+
+WS_PATH = "/socket.io/?EIO=4&transport=websocket"
+
+
+async def opened(session: aiohttp.ClientSession, port: int) -> aiohttp.ClientWebSocketResponse:
+    """A raw Engine.IO connection over WebSocket, past its open packet."""
+    ws = await session.ws_connect(f"ws://127.0.0.1:{port}{WS_PATH}")
+    assert (await ws.receive_str(timeout=CALL_TIMEOUT)).startswith("0{")
+    return ws
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("cap", "reason"),
+    [({"max_per_identity": 1}, "identity_limit"), ({"max_browsers": 1}, "browser_limit")],
+)
+async def test_a_browser_refused_by_a_cap_has_its_connection_closed(
+    cap: dict[str, int], reason: str
+) -> None:
+    """Regression: a browser refused by a cap kept its Engine.IO connection open, so one
+    token's 2,000 connections, 64 admitted, held all 2,000 (about 40 KiB each). A raw
+    client that ignores its refusal is told why, then closed; the admitted one is not."""
+    async with (
+        relay_server(authenticate=authenticate, **cap) as (port, relay),
+        aiohttp.ClientSession() as session,
+    ):
+        connect = f'40{NS},{{"token":"user:alice"}}'
+        admitted, refused = await opened(session, port), await opened(session, port)
+        try:
+            await admitted.send_str(connect)
+            assert (await admitted.receive_str(timeout=CALL_TIMEOUT)).startswith(f"40{NS},")
+            await refused.send_str(connect)
+            answer = await refused.receive_str(timeout=CALL_TIMEOUT)
+            assert answer.startswith(f"44{NS},")
+            assert reason in answer
+            texts = []
+            while True:  # what follows the refusal, until the relay closes the socket
+                message = await refused.receive(timeout=CALL_TIMEOUT)
+                if message.type != aiohttp.WSMsgType.TEXT:
+                    break
+                texts.append(message.data)
+            assert message.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            assert texts in ([], ["1"])  # at most Engine.IO's CLOSE packet
+            assert relay.stats()[f"rejected_{reason}"] == 1
+            assert held(relay) == (1, 1, 0)
+            # The admitted connection is still there: it leaves and enters again.
+            await admitted.send_str(f"41{NS},")
+            await all_gone(relay)
+            await admitted.send_str(connect)
+            assert (await admitted.receive_str(timeout=CALL_TIMEOUT)).startswith(f"40{NS},")
+            assert held(relay) == (1, 1, 0)
+        finally:
+            await admitted.close()
+            await refused.close()
+
+
+@pytest.mark.network
+@pytest.mark.timeout(60)
+async def test_a_refused_browser_whose_connection_another_namespace_holds_stays_connected() -> None:
+    """The application's own namespace on the same connection keeps it: only the relay's
+    namespace refused it."""
+    ready = create_app(
+        SECRET, authenticate=authenticate, authorize_join=allow_all, max_per_identity=1
+    )
+    ready.sio.register_namespace(socketio.AsyncNamespace("/app"))
+    async with serve_asgi(ready.app) as port, aiohttp.ClientSession() as session:
+        connect = f'40{NS},{{"token":"user:alice"}}'
+        first, second = await opened(session, port), await opened(session, port)
+        try:
+            await first.send_str(connect)
+            assert (await first.receive_str(timeout=CALL_TIMEOUT)).startswith(f"40{NS},")
+            await second.send_str("40/app,")
+            assert (await second.receive_str(timeout=CALL_TIMEOUT)).startswith("40/app,")
+            await second.send_str(connect)
+            answer = await second.receive_str(timeout=CALL_TIMEOUT)
+            assert answer.startswith(f"44{NS},")
+            assert "identity_limit" in answer
+            # Still open: once the first leaves, the second is admitted on it.
+            await first.close()
+            await all_gone(ready.relay)
+            await second.send_str(connect)
+            assert (await second.receive_str(timeout=CALL_TIMEOUT)).startswith(f"40{NS},")
+            assert held(ready.relay) == (1, 1, 0)
+        finally:
+            await first.close()
+            await second.close()
 
 
 @pytest.mark.network
@@ -281,15 +405,25 @@ async def test_a_burst_of_joins_past_the_bucket_is_refused_until_it_refills(
     a new connection starts with a full bucket."""
     async with (
         relay_server(authenticate=authenticate, join_rate=2.0, join_burst=5) as (port, relay),
+        worker(port) as w,
+        browsers_of(port, "user:carol") as (bystander,),
         browsers_of(port, "user:alice") as (browser,),
     ):
+        assert await join(bystander, LIVE) == {"ok": True}
         calls = [
             browser.client.call(
                 "join_conversation", {"conversationId": f"c{i}"}, namespace=NS, timeout=10
             )
             for i in range(60)
         ]
-        acks = await asyncio.gather(*calls)
+
+        async def live_meanwhile() -> None:
+            for seq in range(1, 11):
+                await send_live(w, seq)
+
+        *acks, _ = await asyncio.gather(*calls, live_meanwhile())
+        # A browser of another identity gets every live block, in order, meanwhile.
+        await got_every_live_block(bystander, 10)
         admitted = [ack for ack in acks if ack == {"ok": True}]
         refused = [ack for ack in acks if ack != {"ok": True}]
         assert len(admitted) >= 5
@@ -301,7 +435,8 @@ async def test_a_burst_of_joins_past_the_bucket_is_refused_until_it_refills(
             assert ack["retryAfterMs"] >= 1
         stats = relay.stats()
         assert stats["rejected_join_rate"] == len(refused)
-        assert stats["browser_rooms"] == len(admitted)  # a refused join holds no slot
+        # A refused join holds no slot (the bystander holds one).
+        assert stats["browser_rooms"] == len(admitted) + 1
         # Logged on the 1st, 2nd, 4th … time (the count is the process's, across relays).
         logged = [r for r in caplog.records if "(join_rate)" in r.getMessage()]
         assert 1 <= len(logged) <= len(refused).bit_length() + 1
