@@ -54,7 +54,15 @@ import time
 from typing import Any
 
 from loads import EVENT, NS, SECRET, block
-from processes import ask, free_port, read_line, rss_bytes, spawn, wait_listening_async
+from processes import (
+    ask,
+    end_processes,
+    free_port,
+    read_line,
+    rss_bytes,
+    spawn,
+    wait_listening_async,
+)
 
 PROBE_SECONDS = 4.0
 QUICK_PROBE_SECONDS = 2.5
@@ -502,14 +510,7 @@ async def measure(mode: str, name: str, quick: bool) -> dict[str, Any]:
         result["lag"] = max(((late, busy) for at, late, busy in lags if at >= began), default=None)
         await worker.disconnect()
     finally:
-        for proc in reversed(procs):
-            if proc is not relay and proc.stdin is not None:
-                proc.stdin.close()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 10)
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
+        await end_processes(procs, [proc for proc in procs if proc is not relay])
         counter.cancel()
         lagger.cancel()
     return result

@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import gc
 import json
 import math
@@ -72,7 +71,15 @@ import loads
 from bench_stream import SCRIPT as STREAM_SCRIPT
 from bench_stream import SECONDS, THROUGHPUT_N, side_by_side
 from loads import EVENT, NS, SECRET
-from processes import ask, free_port, read_line, spawn, stdin_lines, wait_listening_async
+from processes import (
+    ask,
+    end_processes,
+    free_port,
+    read_line,
+    spawn,
+    stdin_lines,
+    wait_listening_async,
+)
 
 # the runner: longer than the common limit (about 80 processes in a full run)
 TIMEOUT = 1_200.0
@@ -218,14 +225,7 @@ class Processes:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for proc in reversed(self.procs):  # the worker (given time to stop), then the relay
-            if proc is self.worker and proc.stdin is not None:
-                proc.stdin.close()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(proc.wait(), 10)
-            if proc.returncode is None:
-                proc.kill()
-            await proc.wait()
+        await end_processes(self.procs, [self.worker])  # the worker given time to stop
 
     async def publish(self, prefix: str, streams: int, per_room: int, blocks: int) -> None:
         """Have the worker publish, and wait until the relay has emitted every block (its

@@ -19,6 +19,7 @@ Not a ``bench_*`` module: ``benchmarks/run.py`` does not run it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -26,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 HOST = "127.0.0.1"
@@ -268,6 +269,21 @@ async def spawn(
         stderr=None,
         stdin=stdin,
     )
+
+
+async def end_processes(
+    procs: list[asyncio.subprocess.Process], asked: Collection[asyncio.subprocess.Process]
+) -> None:
+    """End ``procs`` in reverse order: each of ``asked`` by closing its stdin (its way to
+    stop cleanly) and waiting up to 10 s, then killing any still running."""
+    for proc in reversed(procs):
+        if proc in asked and proc.stdin is not None:
+            proc.stdin.close()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(proc.wait(), 10)
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 async def read_line(proc: asyncio.subprocess.Process, prefix: str, timeout: float) -> str:

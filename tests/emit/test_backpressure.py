@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -19,7 +18,14 @@ from typing import Any
 import pytest
 import socketio
 from support.network import serve_asgi
-from support.relay_helpers import NS, SECRET, Browser, emitter_for, terminals
+from support.relay_helpers import (
+    NS,
+    SECRET,
+    Browser,
+    emitter_for,
+    small_buffer_websocket,
+    terminals,
+)
 from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext.context import ToolCall, use_tool_call
@@ -52,17 +58,7 @@ class StalledBrowser:
         self._changed = asyncio.Event()
 
     async def open(self, port: int, room: str) -> None:
-        from websockets.asyncio.client import connect
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        url = f"ws://127.0.0.1:{port}/socket.io/?EIO=4&transport=websocket"
-        self._ws = await asyncio.wait_for(
-            connect(url, sock=sock, max_queue=1, ping_interval=None, compression=None), 10
-        )
-        assert (await self._recv()).startswith("0")  # Engine.IO open
+        self._ws = await small_buffer_websocket(port)
         await self._ws.send(f"40{NS},{{}}")
         assert (await self._recv()).startswith(f"40{NS},")
         await self._ws.send(f'42{NS},1["join_conversation",{{"conversationId":"{room}"}}]')

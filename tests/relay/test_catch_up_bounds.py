@@ -21,6 +21,7 @@ from support.relay_helpers import (
     C1,
     C2,
     NS,
+    SECRET,
     Browser,
     NeverReads,
     barrier,
@@ -39,8 +40,6 @@ from kernel_ext.protocol import block_size
 from kernel_ext.relay import ChatRelay
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
-
-SECRET = "s3cret-for-tests"
 
 
 def pane(tasks: int, blocks: int, text: str) -> list[list[dict[str, Any]]]:

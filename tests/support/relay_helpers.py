@@ -441,6 +441,27 @@ def seqs(blocks: list[dict[str, Any]], task: str = "task-1") -> list[int]:
     return [b["envelope"]["seq"] for b in blocks if b["taskId"] == task]
 
 
+async def small_buffer_websocket(port: int) -> Any:
+    """A WebSocket to the relay on ``port`` as a browser speaks it (Engine.IO 4), on a socket
+    with a 4 KiB receive buffer, past Engine.IO's open packet: what the relay sends it stays
+    queued at the relay as soon as it stops reading."""
+    import socket
+
+    from websockets.asyncio.client import connect
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    url = f"ws://127.0.0.1:{port}/socket.io/?EIO=4&transport=websocket"
+    ws = await asyncio.wait_for(
+        connect(url, sock=sock, max_queue=1, ping_interval=None, compression=None),
+        CALL_TIMEOUT,
+    )
+    assert (await asyncio.wait_for(ws.recv(), CALL_TIMEOUT)).startswith("0")  # Engine.IO open
+    return ws
+
+
 class NeverReads:
     """A browser that never reads: Engine.IO 4 over a WebSocket (as a browser speaks it) on a
     socket with a 4 KiB receive buffer. After the handshake it only sends — joins and
@@ -452,21 +473,10 @@ class NeverReads:
 
     async def open(self, port: int) -> None:
         import json
-        import socket
 
-        from websockets.asyncio.client import connect
-
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        sock.setblocking(False)
-        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
-        url = f"ws://127.0.0.1:{port}/socket.io/?EIO=4&transport=websocket"
-        self._ws = await asyncio.wait_for(
-            connect(url, sock=sock, max_queue=1, ping_interval=None, compression=None), 10
-        )
-        assert (await asyncio.wait_for(self._ws.recv(), 10)).startswith("0")  # Engine.IO open
+        self._ws = await small_buffer_websocket(port)
         await self._ws.send(f"40{NS},{{}}")
-        assert (await asyncio.wait_for(self._ws.recv(), 10)).startswith(f"40{NS},")
+        assert (await asyncio.wait_for(self._ws.recv(), CALL_TIMEOUT)).startswith(f"40{NS},")
         self._json = json
 
     async def send(self, event: str, data: Any) -> None:
