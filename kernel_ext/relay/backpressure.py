@@ -223,7 +223,7 @@ class BackPressure:
             await asyncio.wait_for(
                 queue.below(packets_level, bytes_level), self.browser_stall_timeout
             )
-        except TimeoutError:
+        except asyncio.TimeoutError:  # not the built-in TimeoutError before Python 3.11
             await self._stalled(sid, eio_sid)
             return False
         # Another sender may have filled it again meanwhile: the caller looks again.

@@ -87,12 +87,14 @@ def test_the_web_process_curve_counts_every_block_and_sums_each_web_processs_cpu
     prefix = "scale-out, 2 web processes vs 1: sum of the web processes' CPU per delivered block"
     kx = figures[f"{prefix}, kernel_ext"]
     plain = figures[f"{prefix}, plain Redis manager (info)"]
+    ratios = {}
     for kind, figure in (("kx", kx), ("plain", plain)):
         one, two = (curve[n][kind].loads["burst"] for n in (1, 2))
-        ratio = (two.relay_cpu / two.delivered) / (one.relay_cpu / one.delivered)
-        assert figure["value"] == round(ratio, 2) > 0, figure
+        ratios[kind] = (two.relay_cpu / two.delivered) / (one.relay_cpu / one.delivered)
+        assert figure["value"] == round(ratios[kind], 2) > 0, figure
     assert kx["target"] == scale_out.WEB_CPU_TARGET
-    assert kx["ok"] is (kx["value"] <= scale_out.WEB_CPU_TARGET)
+    # Judged on the measured ratio, not on the two decimals the report shows of it.
+    assert kx["ok"] is (ratios["kx"] <= scale_out.WEB_CPU_TARGET)
     assert plain["target"] is None
     assert plain["ok"] is None
     redis = figures[
