@@ -180,8 +180,8 @@ current_call_id = _CURRENT_CALL_ID.get
 Bound directly to ``ContextVar.get`` so that the hot path costs a single lookup.
 """
 
-# set_tool_call / reset_tool_call in halves, without their ToolCallToken (a NamedTuple costs
-# ~0.3 µs to build): the contextvars' own bound methods (C calls), for the instrumented
+# set_tool_call / reset_tool_call in halves, without their ToolCallToken (no NamedTuple built
+# per call): the contextvars' own bound methods (C calls), for the instrumented
 # runtime's per-call path (kernel_ext.instrument). Set both, reset both in reverse order;
 # tool code and integrations use use_tool_call / set_tool_call instead.
 set_call = _CURRENT_CALL.set

@@ -11,6 +11,8 @@ Each is probed and documented here, so a release that renames one shows up in on
   ``AsyncRedisManager._publish`` returns;
 * :func:`publish_pipeline_supported` (probed on first use): a frame's ``PUBLISH`` commands
   as one pipeline on python-socketio's Redis client;
+* :func:`spliced_packet_class`: python-socketio's ``Packet`` class (``socketio.packet``)
+  and its ``json`` class attribute, the JSON module its ``encode`` writes with;
 * :func:`meter_queues` (probed when a relay is mounted): python-engineio's queue of each
   connection's outgoing packets (made by its server's ``create_queue``, read as the socket's
   ``queue``) counted in packets and bytes (:class:`MeteredQueue`), and let go of when the
@@ -30,7 +32,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, cast
 
@@ -53,6 +55,7 @@ __all__ = [
     "release_closed",
     "sampled_trace_id",
     "send_packet",
+    "spliced_packet_class",
 ]
 
 _log = logging.getLogger("kernel_ext.compat")
@@ -391,6 +394,31 @@ ACTIVE.update(
     suppress_keys="private" if SUPPRESS_KEYS is not None else "public",
 )
 _log.debug("kernel_ext private-name paths: %s", ACTIVE)
+
+
+# -- python-socketio: how a packet is written -------------------------------------------------
+
+
+def spliced_packet_class(marker: type, text_of: Callable[[str], str]) -> type[Any]:
+    """python-socketio's ``Packet`` class (a client's ``serializer``) whose JSON module
+    writes an event ``[name, data]`` whose data is a ``marker`` (an object holding its JSON
+    text as ``.text``) as ``[text_of(name),data.text]``, spliced without encoding it again;
+    anything else is written by python-socketio's own JSON module (``Packet.json``)."""
+    import socketio
+
+    base: Any = socketio.packet.Packet
+    json = base.json
+
+    class SplicedJSON:
+        loads = staticmethod(json.loads)
+
+        @staticmethod
+        def dumps(data: Any, **kwargs: Any) -> str:
+            if data.__class__ is list and len(data) == 2 and data[1].__class__ is marker:
+                return f"[{text_of(data[0])},{data[1].text}]"
+            return json.dumps(data, **kwargs)  # type: ignore[no-any-return]
+
+    return type("SplicedPacket", (base,), {"json": SplicedJSON, "__module__": __name__})
 
 
 # -- python-engineio: what one connection holds ---------------------------------------------

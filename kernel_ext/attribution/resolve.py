@@ -16,9 +16,9 @@ the answer (:class:`ResolutionPath`):
     No active call and no live candidate: no id.
 
 Every resolution is counted on ``kernel_ext.resolutions`` by ``path``. Counts reach the
-OpenTelemetry counter in batches of 64 per path (one ``Counter.add`` costs about 5 µs with
-an SDK meter provider); :func:`flush_metrics` adds the rest, and the span processor calls
-it from ``force_flush`` and ``shutdown``.
+OpenTelemetry counter in batches of 64 per path (an SDK meter provider's ``Counter.add`` is
+too dear for every publish; docs/performance.md); :func:`flush_metrics` adds the rest, and
+the span processor calls it from ``force_flush`` and ``shutdown``.
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ count_context = _COUNTS[ResolutionPath.CONTEXT].add_one
 """``count_context()``: count one attribution by the active call (path ``context``), for
 :meth:`kernel_ext.stream.StreamHub.publish`, which takes that case of :func:`attribute` inline."""
 
-# Resolutions of the context path by call id: the same call publishes many blocks, and a
-# frozen dataclass costs ~0.5 µs to build. Bounded; cleared whole when full.
+# Resolutions of the context path by call id: the same call publishes many blocks, and
+# building a frozen dataclass per block is dear. Bounded; cleared whole when full.
 _CACHE_SIZE = 256
 _context_cache: dict[str, Resolution] = {}
 _NO_CONVERSATION = {

@@ -3,18 +3,8 @@
 Reconnection is ours, not python-socketio's: one connect loop
 (``LoopbackEmitter._connect_loop``) waits between attempts by
 :class:`kernel_ext._shared.backoff.Backoff`, and an acknowledgement watchdog forces a reconnect
-when the relay stops answering. The client's own reconnection (python-socketio 5.18,
-``AsyncClient(reconnection=True)``) is off, because it cannot do what a sender needs:
-
-* it starts only when the transport dropped by itself. After our own ``disconnect()`` —
-  how the watchdog leaves a frozen web process — or after the relay closed the namespace
-  it never reconnects, so the watchdog would need a loop of its own anyway;
-* a first attempt the relay refuses (a wrong secret) is not retried even with
-  ``connect(retry=True)``, which retries transport failures only;
-* its attempts wait 1 s for the namespace instead of ``connect_timeout``, and its jitter
-  is ±0.5 s absolute, which swamps a 0.1 s first delay;
-* it swallows failed attempts (a timeout reaches no handler), so ``connect_failures``
-  could not be counted.
+when the relay stops answering. The client's own reconnection is off: it cannot do what a
+sender needs (why: docs/contracts.md, "The loopback sender").
 """
 
 from __future__ import annotations
@@ -27,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
+from kernel_ext._shared import compat
 from kernel_ext.emit.base import (
     DEFAULT_NAMESPACE,
     DISCONNECTED,
@@ -115,77 +106,34 @@ class _EncodedFrame:
 
 @functools.cache
 def _packet_class() -> type[Any]:
-    """python-socketio's packet class, with a JSON module that writes an event whose data
-    is an :class:`_EncodedFrame` around the frame's text (its blocks are not encoded
-    again) and is python-socketio's own (engine.io's ``json``) for everything else.
+    """The sender client's packet class: an event whose data is an :class:`_EncodedFrame`
+    is written as the frame's text (its blocks are not encoded again), everything else as
+    python-socketio writes it (:func:`kernel_ext._shared.compat.spliced_packet_class`).
     Made on first use: the root package does not import python-socketio."""
-    import socketio
-
-    base: Any = socketio.packet.Packet
-    json = base.json
-
-    class FrameJSON:
-        loads = staticmethod(json.loads)
-
-        @staticmethod
-        def dumps(data: Any, **kwargs: Any) -> str:
-            if data.__class__ is list and len(data) == 2 and data[1].__class__ is _EncodedFrame:
-                return f"[{wire_text(data[0])},{data[1].text}]"
-            return json.dumps(data, **kwargs)  # type: ignore[no-any-return]
-
-    return type("FramePacket", (base,), {"json": FrameJSON, "__module__": __name__})
+    return compat.spliced_packet_class(_EncodedFrame, wire_text)
 
 
 class LoopbackEmitter(Emitter):
     """Sends blocks to the web process's relay over a python-socketio ``AsyncClient``.
 
-    Connects to ``url`` (e.g. ``http://127.0.0.1:8000``), namespace ``/chat``, with auth
-    ``{"internal": secret, "worker": worker_id}``. ``worker_id`` (default: a random id per
-    emitter; unique per process run) names this sender to the relay, which
-    ends the sender's open streams with ``aborted`` when it stays disconnected longer than
-    the relay's grace period; a sender that reconnects within it resumes. Guarantees:
+    Connects to ``url``, namespace ``/chat``, with auth ``{"internal": secret, "worker":
+    worker_id}`` (default id: random per emitter); the relay ends the open streams of a
+    sender that stays away longer than its grace period with ``aborted``. Guarantees (in
+    full: docs/contracts.md, "The loopback sender"):
 
-    * Blocks of one stream are sent in order, batched into ``kx_blocks`` frames of at most
-      ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters: blocks of several
-      rooms per frame when the relay says it takes them (its answer to ``kx_hello``, asked
-      once per connection; :attr:`rooms_per_frame`), else one room per frame. Blocks
-      published before the first connection wait in the hub's bounded queue until it is
-      up and the relay answered (at most 1 s for the answer).
-    * A frame holding a terminal is sent with an acknowledgement request; a terminal is
-      held and re-sent after a reconnect until the relay acknowledges it, at most
-      ``terminal_max_attempts`` times and for ``terminal_max_age`` seconds, at most
-      ``max_pending_terminals`` at once (beyond: dropped, counted, logged at ERROR). No
-      acknowledgement within ``ack_timeout`` seconds (a frozen server) forces a reconnect.
-    * Back-pressure: when the relay says its acknowledgements are paced by its browsers
-      (its answer to ``kx_hello``; :attr:`paced`), every frame asks for an acknowledgement
-      and at most ``max_inflight_frames`` frames await one at a time. With the window full
-      the sender takes nothing more from the hub (counted ``window_full`` once per wait), so
-      the hub's bounded queue fills and its rules decide what is dropped (running blocks,
-      ``queue_full``; terminals are kept): a relay that cannot keep up slows the sender
-      instead of holding what it cannot deliver. A relay that does not say so (an older
-      one) gets running blocks without acknowledgement requests, as before.
-    * Running blocks are otherwise fire-and-forget: while disconnected they are dropped and
-      counted (``disconnected``, also those of frames awaiting an acknowledgement when the
-      connection drops); nothing is kept (T3).
-    * Reconnects with jittered exponential backoff from ``reconnect_delay`` to
-      ``reconnect_delay_max`` seconds (a connection that lasted under a second counts as a
-      failed attempt). The relay keeps nothing per connection that a new connection (new
-      sid) does not rebuild by authenticating again.
-    * ``chat_event`` snapshots go as ``kx_chat_event`` in publish order with the blocks.
-    * :attr:`healthy` is whether the ``/chat`` namespace is connected right now;
-      ``on_health(connected)`` is called on every change.
-    * A relay that refuses the connection (a wrong secret, a bad worker id) is told apart
-      from one that cannot be reached: logged at ERROR in its own words ("the relay refused
-      the internal secret") once until the answer changes, counted ``connect_refused``
-      (and ``connect_failures``), and tried again by the backoff — the relay's secret may
-      be rotated to this one.
-    * :attr:`counts`: ``connects``, ``disconnects``, ``connect_failures``,
-      ``connect_refused``, ``ack_timeouts``, ``acks``, ``nacks``, ``terminal_resends``,
-      ``terminals_degraded``, ``window_full``.
+    * Blocks of one stream go in order, batched into ``kx_blocks`` frames (at most
+      ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters).
+    * A terminal is re-sent after a reconnect until acknowledged, within
+      ``terminal_max_attempts``, ``terminal_max_age`` and ``max_pending_terminals``
+      (beyond: dropped, counted, logged at ERROR); a silent relay past ``ack_timeout`` is
+      left and reconnected to.
+    * Running blocks are fire-and-forget (T3); against a relay that paces its
+      acknowledgements, at most ``max_inflight_frames`` await one, and the hub's bounds
+      decide what waits.
+    * Reconnects with jittered backoff; a refused connection is told apart from an
+      unreachable relay. :attr:`healthy`, ``on_health`` and :attr:`counts` report it.
 
-    Raises:
-        ConfigError: a bad argument (a ``reconnect_delay_max`` below ``reconnect_delay``, a
-            secret under 16 bytes: :func:`~kernel_ext.settings.check_secret`, among them).
+    Raises :class:`~kernel_ext.ConfigError` for a bad argument (a secret under 16 bytes …).
     """
 
     sender = "loopback"

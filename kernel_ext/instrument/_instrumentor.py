@@ -37,29 +37,14 @@ class ToolTarget:
 
 class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc, unused-ignore]
     """Wraps tool runtimes' invoke methods so that each call has its ``execute_tool`` span
-    and its contextvar (see :mod:`kernel_ext.instrument` for what happens around a call).
+    and its contextvar (see :mod:`kernel_ext.instrument` for what happens around a call;
+    :meth:`_instrument` for the keywords of ``instrument()``).
 
-    Like every OpenTelemetry instrumentor it is a process-wide singleton:
-    ``ToolRuntimeInstrumentor()`` always returns the same object, so :mod:`kernel_ext.worker.wiring`
-    (and through it the ``opentelemetry-instrument`` entry point) and user code share one
-    set of wrapped targets. ``instrument()`` and ``uninstrument()`` are idempotent (a
-    repeated call logs a warning and does nothing); to change targets, ``uninstrument()``
-    and ``instrument()`` again. It only wraps: the stream hub, the span processor and the
-    sender are :func:`kernel_ext.enable`'s.
-
-    ``instrument(**kwargs)``:
-
-    * ``targets``: an iterable of target strings ``"package.module:Class.method"`` (or
-      ``"package.module:function"``) and/or :class:`ToolTarget` objects. Without
-      ``targets``, those of ``KERNEL_EXT_TARGETS`` (:mod:`kernel_ext.settings`; unset or
-      empty: nothing is wrapped).
-    * ``describe``: the describe hook of string targets (default: with ``targets``,
-      :func:`default_describe`; without, the hook ``KERNEL_EXT_DESCRIBE`` names, if any).
-    * ``tracer_provider``: where spans go (default: the global provider, resolved lazily).
-    * ``sink``: sets :attr:`sink`.
-
-    Raises :class:`~kernel_ext.ConfigError` for a malformed or unknown target or hook (or
-    a bad ``KERNEL_EXT_*`` value); nothing is wrapped then.
+    A process-wide singleton, like every OpenTelemetry instrumentor: the worker's wiring
+    (and the ``opentelemetry-instrument`` entry point) and user code share one set of wrapped
+    targets. ``instrument()`` and ``uninstrument()`` are idempotent (a repeated call logs a
+    warning and does nothing); to change targets, ``uninstrument()`` and ``instrument()``
+    again. It only wraps: hub, span processor and sender are :func:`kernel_ext.enable`'s.
 
     Wrapping is per attribute: code that imported the function itself (``from mod import
     func``) before instrumenting keeps the unwrapped one. ``uninstrument()`` puts the
@@ -98,6 +83,20 @@ class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc, unused-ig
         return tuple(w.target for w in self._wrapped)
 
     def _instrument(self, **kwargs: Any) -> None:
+        """``instrument(**kwargs)``, whose keywords are:
+
+        * ``targets``: an iterable of target strings ``"package.module:Class.method"`` (or
+          ``"package.module:function"``) and/or :class:`ToolTarget` objects. Without
+          ``targets``, those of ``KERNEL_EXT_TARGETS`` (:mod:`kernel_ext.settings`; unset or
+          empty: nothing is wrapped).
+        * ``describe``: the describe hook of string targets (default: with ``targets``,
+          :func:`default_describe`; without, the hook ``KERNEL_EXT_DESCRIBE`` names, if any).
+        * ``tracer_provider``: where spans go (default: the global provider, resolved lazily).
+        * ``sink``: sets :attr:`sink`.
+
+        Raises :class:`~kernel_ext.ConfigError` for a malformed or unknown target or hook (or
+        a bad ``KERNEL_EXT_*`` value); nothing is wrapped then.
+        """
         if "sink" in kwargs:
             self.sink = kwargs["sink"]
         targets: Iterable[str | ToolTarget] | None = kwargs.get("targets")

@@ -199,7 +199,7 @@ class StreamHub:
         """
         try:
             # resolve.attribute is the rule; its first case (the active call) is taken here
-            # without the call: a Python call costs this path a sixth (callgrind counts).
+            # without the call: one more Python call per block is dear on this path.
             call = _current_tool_call()
             if call is not None:
                 count_context()

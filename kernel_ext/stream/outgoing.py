@@ -72,10 +72,9 @@ the hub's clock (monotonic seconds) when it was queued, the block's ``ts`` once 
 :class:`ToolCallItem`, a :class:`Progress` or a chat event; ``seq`` the stream's seq for a
 caller-made envelope (0 for the peer's own); ``trace_id`` the block's ``traceId`` or
 ``None`` (the call's: the same for every item of a ``call_id``, so fixed per stream). A
-plain tuple, always unpacked by these names: a named tuple costs the publishing path about
-a sixth more (instruction counts under callgrind). ``at`` rather than the wall clock in ns:
-the hub reads its clock anyway, and a second clock read with its integer cost the path
-about 550 machine instructions per block."""
+plain tuple, always unpacked by these names (a named tuple would cost the publishing path
+more). ``at`` rather than the wall clock in ns: the hub reads its clock anyway, and a second
+clock read per block is not free."""
 
 
 def wall_ms(at: float, wall_offset: float) -> int:
@@ -123,8 +122,8 @@ class OutgoingBlock:
     is :attr:`block` (a JSON-ready dict) and :attr:`text` (that dict's JSON text as
     python-socketio encodes it, :func:`~kernel_ext.protocol.wire_text`); each is made on
     first use and kept, as python-socketio encodes a dict when it is emitted. Read-only by
-    convention (setting :attr:`block` replaces both; not frozen: a frozen class costs about
-    1 µs more per block)."""
+    convention (setting :attr:`block` replaces both; not frozen: a frozen class costs every
+    block more to build)."""
 
     __slots__ = ("_block", "_parts", "_text", "call_id", "room", "size", "task_id", "terminal")
 
@@ -246,9 +245,8 @@ def take(
             # The common block — small running text — decided inline: what build() makes
             # of it (text_block, and wire_text of that for the sender), without its calls,
             # its wire form made when the sender reads it from what is fixed per stream
-            # (this runs for every block; callgrind: about 5,000 machine instructions per
-            # block fewer than building its dicts here; tests/core/test_fast_copies.py holds the
-            # two equal, block and text).
+            # (this runs for every block, far cheaper than building its dicts here;
+            # tests/core/test_fast_copies.py holds the two equal, block and text).
             if state == "running" and item.__class__ is str:
                 if task_id is not last_task or call_id is not last_call:
                     last_call, last_task = call_id, task_id

@@ -490,3 +490,30 @@ def test_the_metered_queue_counts_what_its_writer_holds_until_it_comes_back() ->
         assert (queue.peak_packets, queue.peak_bytes) == (2, 8)
 
     asyncio.run(run())
+
+
+def test_python_socketio_packets_encode_with_their_class_json_module() -> None:
+    """python-socketio's ``Packet`` writes its data with the ``json`` module its class holds
+    (the hook :func:`compat.spliced_packet_class` replaces): a marker's text is spliced in as
+    it is, anything else is written exactly as python-socketio writes it."""
+
+    class Marker:
+        def __init__(self, text: str) -> None:
+            self.text = text
+
+    spliced = compat.spliced_packet_class(Marker, json.dumps)
+    assert issubclass(spliced, socketio.packet.Packet)
+    assert hasattr(socketio.packet.Packet, "json")
+    text = '{"v":1,"room":"c-1","blocks":[]}'
+    ours = spliced(socketio.packet.EVENT, data=["ev", Marker(text)], namespace="/chat", id=7)
+    theirs = socketio.packet.Packet(
+        socketio.packet.EVENT, data=["ev", json.loads(text)], namespace="/chat", id=7
+    )
+    assert ours.encode() == theirs.encode() == '2/chat,7["ev",{"v":1,"room":"c-1","blocks":[]}]'
+    other = ["ev", {"a": "中"}]
+    assert spliced(socketio.packet.EVENT, data=other).encode() == (
+        socketio.packet.Packet(socketio.packet.EVENT, data=other).encode()
+    )
+    # the spliced text is written as given: the class's json module, not a re-encoding
+    odd = spliced(socketio.packet.EVENT, data=["ev", Marker('{"b":1, "a":2}')])
+    assert odd.encode() == '2["ev",{"b":1, "a":2}]'
