@@ -102,7 +102,7 @@ async def _publish_costs() -> dict[str, float]:
 
     async def drain(hub: StreamHub) -> None:
         nonlocal drained
-        consumer = hub.consumer()
+        consumer = hub.attach_sender()
         while not consumer.closed:
             drained += len(await consumer.get(1024))
 
@@ -144,7 +144,7 @@ async def _publish_costs() -> dict[str, float]:
 
     # consumer side: build cost per block (no publisher running)
     hub = StreamHub(max_running_per_second=None, max_queue=1_000_000, tap=tap)
-    consumer = hub.consumer()
+    consumer = hub.attach_sender()
     built = 0
     spent = 0
     with use_tool_call(ToolCall(CALL_ID, "ask_colleague", ROOM)):

@@ -25,7 +25,7 @@ async def hub_memory_per_call(calls: int) -> float:
     from kernel_ext.stream import StreamHub
 
     hub = StreamHub(max_running_per_second=None, max_queue=1_000_000, tap=Tap())
-    consumer = hub.consumer()
+    consumer = hub.attach_sender()
     records = [ToolCall(f"{i + 1:016x}", "ask_colleague", f"conv-{i % 10}") for i in range(calls)]
     tracemalloc.start()
     try:

@@ -415,7 +415,8 @@ def spliced_packet_class(marker: type, text_of: Callable[[str], str]) -> type[An
         @staticmethod
         def dumps(data: Any, **kwargs: Any) -> str:
             if data.__class__ is list and len(data) == 2 and data[1].__class__ is marker:
-                return f"[{text_of(data[0])},{data[1].text}]"
+                spliced: Any = data[1]
+                return f"[{text_of(data[0])},{spliced.text}]"
             return json.dumps(data, **kwargs)  # type: ignore[no-any-return]
 
     return type("SplicedPacket", (base,), {"json": SplicedJSON, "__module__": __name__})

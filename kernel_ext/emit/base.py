@@ -1,8 +1,8 @@
 """The base of every sender: one task that takes from the hub and delivers, one way to count
 and to report health.
 
-Every :class:`Emitter` runs one asyncio task on one event loop and is the hub's only consumer
-while it runs. Guarantees common to all senders:
+Every :class:`Emitter` runs one asyncio task on one event loop and is the hub's one attached
+sender while it runs. Guarantees common to all senders:
 
 * Blocks of one stream leave in publish order; a kernel ``chat_event`` leaves before blocks
   published after it; nothing here ever raises into tool code (the hub is enqueue-only).
@@ -18,7 +18,7 @@ while it runs. Guarantees common to all senders:
   and logged in the sender's words.
 
 A sender uses the hub only through its port, :attr:`Emitter.consumer` (a
-:class:`~kernel_ext.stream.HubConsumer`): it takes batches from it, and reports there the
+:class:`~kernel_ext.stream.SenderPort`): it takes batches from it, and reports there the
 blocks that leave (``consumer.delivered(n)``) and those lost after the hub let them through
 (``consumer.dropped(reason, n, call_id)``, with the reasons of
 :mod:`kernel_ext.observability.count_names`; the senders' own are re-exported below).
@@ -53,7 +53,7 @@ from kernel_ext.observability.count_names import (
     TERMINAL_OVERFLOW,
 )
 from kernel_ext.protocol import NAMESPACE, WORKER_ID_PATTERN
-from kernel_ext.stream import UNFLUSHED, HubConsumer, Outgoing, StreamHub, get_default_hub
+from kernel_ext.stream import UNFLUSHED, Outgoing, SenderPort, StreamHub, get_default_hub
 
 __all__ = [
     "DEFAULT_NAMESPACE",
@@ -178,7 +178,7 @@ class Emitter(abc.ABC):
         self.counts: Counter[str] = Counter()
         """What this sender went through, by event name (module docstring)."""
         self._healthy = True
-        self._consumer: HubConsumer | None = None
+        self._consumer: SenderPort | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -196,8 +196,8 @@ class Emitter(abc.ABC):
         return self._hub
 
     @property
-    def consumer(self) -> HubConsumer:
-        """The hub's port this sender takes from and reports to (:class:`HubConsumer`: a
+    def consumer(self) -> SenderPort:
+        """The hub's port this sender takes from and reports to (:class:`SenderPort`: a
         sender uses nothing else of the hub), from :meth:`attach` on; after :meth:`stop` the
         last one, so that what was taken can still be reported.
 
@@ -284,11 +284,12 @@ class Emitter(abc.ABC):
     # -- the task -------------------------------------------------------------------------
 
     def attach(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
-        """Become the hub's consumer on ``loop`` (default: the running loop), so blocks are
-        queued from now on, before :meth:`start` runs. May be called from any thread."""
+        """Attach to the hub as its one sender on ``loop`` (default: the running loop), so
+        blocks are queued from now on, before :meth:`start` runs. May be called from any
+        thread."""
         if self._consumer is None or self._consumer.closed:
             self._loop = loop if loop is not None else asyncio.get_running_loop()
-            self._consumer = self.hub.consumer(self._loop)
+            self._consumer = self.hub.attach_sender(self._loop)
 
     async def start(self) -> None:
         """Attach (if not yet) and start the send task on the running loop. Idempotent."""

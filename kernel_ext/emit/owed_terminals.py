@@ -34,7 +34,7 @@ from kernel_ext.emit.base import REJECTED, TERMINAL_EXPIRED, TERMINAL_OVERFLOW, 
 from kernel_ext.errors import BlockTooLargeError, check_positive_ints, check_positive_numbers
 from kernel_ext.observability._rare_log import plural
 from kernel_ext.protocol import encode_wire, fallback_terminal
-from kernel_ext.stream import HubConsumer, OutgoingBlock
+from kernel_ext.stream import OutgoingBlock, SenderPort
 
 __all__ = ["OwedTerminal", "OwedTerminals"]
 
@@ -94,7 +94,7 @@ class OwedTerminals:
     The bounds are the senders' arguments of the same names.
 
     Args:
-        port: returns the sender's :class:`~kernel_ext.stream.HubConsumer`, where a
+        port: returns the sender's :class:`~kernel_ext.stream.SenderPort`, where a
             terminal given up is reported (read when that happens).
         max_pending_terminals: terminals held at most.
         terminal_max_age: seconds after its first attempt a terminal is given up.
@@ -107,7 +107,7 @@ class OwedTerminals:
 
     def __init__(
         self,
-        port: Callable[[], HubConsumer],
+        port: Callable[[], SenderPort],
         *,
         max_pending_terminals: int,
         terminal_max_age: float,

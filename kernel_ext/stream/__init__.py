@@ -2,7 +2,7 @@
 
 Tool code (and the A2A adapter) calls :func:`publish`; a :class:`StreamHub` attributes each
 block to its tool call, applies the per-stream rules and queues what passes; the one sender
-takes it through :meth:`StreamHub.consumer` (:class:`HubConsumer`). Modules, downhill:
+takes it through :meth:`StreamHub.attach_sender` (:class:`SenderPort`). Modules, downhill:
 :mod:`.block_counts`, :mod:`.state`, :mod:`.outgoing` (queue items and their wire form),
 :mod:`.hub` (:class:`StreamHub`, which keeps every guarantee below), :mod:`.registry`.
 
@@ -33,10 +33,10 @@ from kernel_ext.stream.hub import (
     ATTR_BLOCKS_DROPPED,
     ATTR_CALL_ID_PATH,
     ATTR_STREAMS,
-    HubConsumer,
     HubStats,
     PublishItem,
     PublishState,
+    SenderPort,
     StreamHub,
 )
 from kernel_ext.stream.outgoing import (
@@ -58,7 +58,6 @@ __all__ = [
     "ATTR_CALL_ID_PATH",
     "ATTR_STREAMS",
     "UNFLUSHED",
-    "HubConsumer",
     "HubStats",
     "Outgoing",
     "OutgoingBlock",
@@ -66,6 +65,7 @@ __all__ = [
     "Progress",
     "PublishItem",
     "PublishState",
+    "SenderPort",
     "StreamHub",
     "get_default_hub",
     "publish",

@@ -5,8 +5,8 @@ docs/contracts.md, "Publishing"). It is one class of about 550 lines, and one mo
 purpose: its methods share one lock and one state (open streams, live calls, the queue),
 and each rule that touches that state — attribution and admission on publish, the one
 terminal per stream, the call's end, idle streams — is written once, here, under that lock.
-Building what is queued, and counting, live in :mod:`.consumer` and :mod:`.counts`.
-:class:`HubConsumer`, the sender's port (take, wait, report), is here too: it shares the
+Building what is queued, and counting, live in :mod:`.outgoing` and :mod:`.block_counts`.
+:class:`SenderPort`, the sender's port (take, wait, report), is here too: it shares the
 hub's state (the queue, the idle flag, the detach).
 """
 
@@ -54,10 +54,10 @@ __all__ = [
     "ATTR_BLOCKS_DROPPED",
     "ATTR_CALL_ID_PATH",
     "ATTR_STREAMS",
-    "HubConsumer",
     "HubStats",
     "PublishItem",
     "PublishState",
+    "SenderPort",
     "StreamHub",
 ]
 
@@ -169,7 +169,7 @@ class StreamHub:
         # Terminals without a callId: remembered as the streams of one call that never ends.
         self._unattributed = CallState("none", 0.0)
         self._queue: deque[QueueItem] = deque()
-        self._consumer: HubConsumer | None = None
+        self._port: SenderPort | None = None
         self._idle = False
         self._next_sweep = 0.0
         self._next_flush = 0.0
@@ -217,8 +217,8 @@ class StreamHub:
                 if room is None:
                     self._counts.add(count_names.NO_ROOM)
                     return
-                consumer = self._consumer
-                if consumer is None:
+                port = self._port
+                if port is None:
                     self._counts.add(count_names.NO_SENDER)
                     return
                 if task_id is None:
@@ -258,7 +258,7 @@ class StreamHub:
                     lock.release()
                 if self._idle:
                     self._idle = False
-                    consumer._wake()
+                    port._wake()
                 return
             if state == "done" or state == "aborted":
                 trace = None if call_id is None else self._trace_of(call, call_id)
@@ -282,7 +282,7 @@ class StreamHub:
             if room is None:
                 self._counts.add(count_names.NO_ROOM)
                 return
-            if self._consumer is None:
+            if self._port is None:
                 self._counts.add(count_names.NO_SENDER)
                 return
             with self._lock:
@@ -307,7 +307,7 @@ class StreamHub:
             if parent.conversation_id is None:
                 self._counts.add(count_names.NO_ROOM)
                 return
-            if self._consumer is None:
+            if self._port is None:
                 self._counts.add(count_names.NO_SENDER)
                 return
             key = (parent.call_id, parent.call_id)
@@ -419,19 +419,19 @@ class StreamHub:
 
     # -- the sender's side ----------------------------------------------------------------
 
-    def consumer(self, loop: asyncio.AbstractEventLoop | None = None) -> HubConsumer:
+    def attach_sender(self, loop: asyncio.AbstractEventLoop | None = None) -> SenderPort:
         """Attach the one sender; from now on blocks are queued instead of ``no_sender``.
 
-        ``loop`` is the event loop the consumer runs on (default: the running loop). Attaching
-        a new consumer detaches the previous one (its :meth:`HubConsumer.get` then returns
+        ``loop`` is the event loop the sender runs on (default: the running loop). Attaching
+        a new sender detaches the previous one (its :meth:`SenderPort.get` then returns
         ``[]`` forever). Must not be called from tool code; may be called from any thread.
         """
         if loop is None:
             loop = asyncio.get_running_loop()
-        new = HubConsumer(self, loop)
+        new = SenderPort(self, loop)
         with self._lock:
-            old = self._consumer
-            self._consumer = new
+            old = self._port
+            self._port = new
             self._idle = True
         if old is not None:
             old._closed = True
@@ -445,13 +445,13 @@ class StreamHub:
 
     def record_delivered(self, n: int = 1) -> None:
         """``n`` blocks left this process (counted ``delivered``); a sender reports this on
-        its port, :meth:`HubConsumer.delivered`."""
+        its port, :meth:`SenderPort.delivered`."""
         self._counts.add(count_names.DELIVERED, n)
 
     def record_dropped(self, reason: str, n: int = 1, call_id: str | None = None) -> None:
         """``n`` blocks will not reach a browser, counted ``reason`` — and on ``call_id`` too
         while the hub still holds that call; a sender reports this on its port,
-        :meth:`HubConsumer.dropped`."""
+        :meth:`SenderPort.dropped`."""
         with self._lock:
             self._counts.add_locked(reason, n)
             stats = self._calls.get(call_id) if call_id is not None else None
@@ -469,16 +469,16 @@ class StreamHub:
                 closed=sum(len(c.closed) for c in self._calls.values())
                 + len(self._unattributed.closed),
                 queue=len(self._queue),
-                consumer=self._consumer is not None,
+                consumer=self._port is not None,
             )
 
-    def _detach(self, consumer: HubConsumer, reason: str = count_names.NO_SENDER) -> int:
-        """Detach ``consumer``; what was queued is dropped, counted ``reason``. Returns the
+    def _detach(self, port: SenderPort, reason: str = count_names.NO_SENDER) -> int:
+        """Detach ``port``; what was queued is dropped, counted ``reason``. Returns the
         number of terminals among it (logged at ERROR)."""
         with self._lock:
-            if self._consumer is not consumer:
+            if self._port is not port:
                 return 0
-            self._consumer = None
+            self._port = None
             lost = list(self._queue)
             self._queue.clear()
             if lost:
@@ -492,7 +492,7 @@ class StreamHub:
         return terminals
 
     def _take(self, max_items: int) -> list[Outgoing]:
-        """Up to ``max_items`` queued items, built (the consumer's :meth:`HubConsumer.get`);
+        """Up to ``max_items`` queued items, built (the sender's :meth:`SenderPort.get`);
         also ends idle streams and flushes counts, about once a second."""
         now = self._clock()
         out = take(
@@ -674,7 +674,7 @@ class StreamHub:
                 closed[task_id] = None
                 if len(closed) > self.max_closed_per_call:
                     del closed[next(iter(closed))]
-            if self._consumer is None:
+            if self._port is None:
                 self._drop_locked(count_names.NO_SENDER, stats)
                 return
             # Terminals bypass the queue bound: their number is bounded by the streams.
@@ -716,10 +716,10 @@ class StreamHub:
             )
 
     def _poke(self) -> None:
-        consumer = self._consumer
-        if consumer is not None and self._idle:
+        port = self._port
+        if port is not None and self._idle:
             self._idle = False
-            consumer._wake()
+            port._wake()
 
     def _maybe_flush(self, now: float | None = None) -> None:
         now = self._clock() if now is None else now
@@ -728,9 +728,9 @@ class StreamHub:
             self._counts.flush_metrics()
 
 
-class HubConsumer:
+class SenderPort:
     """The sender's end of a :class:`StreamHub`, and the only part of the hub a sender uses
-    (made by :meth:`StreamHub.consumer`): :meth:`get` a batch of outgoing items (waiting for
+    (made by :meth:`StreamHub.attach_sender`): :meth:`get` a batch of outgoing items (waiting for
     more), or :meth:`take_nowait` what is queued; then report what became of each block
     taken, :meth:`delivered` or :meth:`dropped`.
 
@@ -748,12 +748,12 @@ class HubConsumer:
 
     @property
     def hub(self) -> StreamHub:
-        """The :class:`StreamHub` this consumer takes from."""
+        """The :class:`StreamHub` this port takes from."""
         return self._hub
 
     @property
     def closed(self) -> bool:
-        """Whether this consumer was detached (by :meth:`close` or a newer consumer)."""
+        """Whether this port was detached (by :meth:`close` or a newer port)."""
         return self._closed
 
     @property
@@ -763,7 +763,7 @@ class HubConsumer:
 
     async def get(self, max_items: int = 256) -> list[Outgoing]:
         """Wait for and return up to ``max_items`` items in publish order; ``[]`` when
-        :meth:`poke` was called or the consumer is closed."""
+        :meth:`poke` was called or the port is closed."""
         hub = self._hub
         self._loop_thread = threading.get_ident()
         while True:

@@ -1,8 +1,8 @@
 """What goes out of a hub: queue items and their wire form, built on the sender's side.
 
 Publishers queue a :class:`QueueItem` (cheap: nothing is built or validated on the tool's
-thread); the one sender takes them through its :class:`~kernel_ext.stream.hub.HubConsumer`
-(the hub's port, :meth:`~kernel_ext.stream.hub.StreamHub.consumer`), which turns each with
+thread); the one sender takes them through its :class:`~kernel_ext.stream.hub.SenderPort`
+(the hub's port, :meth:`~kernel_ext.stream.hub.StreamHub.attach_sender`), which turns each with
 :func:`take` into
 an :class:`OutgoingBlock` (the block's wire form, valid and within the size bound) or an
 :class:`OutgoingChatEvent`, in publish order. Building happens here, on the sender's loop:

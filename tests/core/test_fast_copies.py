@@ -477,7 +477,7 @@ def _tap_of(case: dict[str, Any]) -> Tap:
 def _publish(case: dict[str, Any], loop: asyncio.AbstractEventLoop) -> dict[str, Any]:
     """One publish of ``case``: what became of it, as far as anyone can see."""
     hub = StreamHub(max_running_per_second=None, tap=_tap_of(case))
-    consumer = hub.consumer(loop)
+    consumer = hub.attach_sender(loop)
     with contextlib.ExitStack() as stack:
         if case["active"] is not None:
             stack.enter_context(use_tool_call(case["active"]))

@@ -20,7 +20,7 @@ from kernel_ext.protocol import (
     block_size,
     text_block,
 )
-from kernel_ext.stream import HubConsumer, OutgoingBlock, StreamHub
+from kernel_ext.stream import OutgoingBlock, SenderPort, StreamHub
 
 CALL = "00f067aa0ba902b7"
 
@@ -31,7 +31,7 @@ def terminal(task: str = "t", text: str = "the answer") -> OutgoingBlock:
 
 
 def held(
-    port: HubConsumer,
+    port: SenderPort,
     clock: FakeClock,
     *,
     count: int = 10,
@@ -53,17 +53,17 @@ def hub() -> StreamHub:
 
 
 @pytest.fixture
-def port(hub: StreamHub) -> Iterator[HubConsumer]:
+def port(hub: StreamHub) -> Iterator[SenderPort]:
     """The hub's port, as a sender holds it (its loop never runs: nothing waits on it)."""
     loop = asyncio.new_event_loop()
     try:
-        yield hub.consumer(loop)
+        yield hub.attach_sender(loop)
     finally:
         loop.close()
 
 
 def test_owed_terminals_come_back_oldest_first_and_are_no_longer_held(
-    hub: StreamHub, port: HubConsumer
+    hub: StreamHub, port: SenderPort
 ) -> None:
     clock = FakeClock()
     owed = held(port, clock)
@@ -77,7 +77,7 @@ def test_owed_terminals_come_back_oldest_first_and_are_no_longer_held(
 
 
 def test_beyond_the_count_bound_the_oldest_is_given_up_counted_and_logged(
-    hub: StreamHub, port: HubConsumer, caplog: pytest.LogCaptureFixture
+    hub: StreamHub, port: SenderPort, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = FakeClock()
     owed = held(port, clock, count=2)
@@ -91,7 +91,7 @@ def test_beyond_the_count_bound_the_oldest_is_given_up_counted_and_logged(
 
 
 def test_age_counts_from_the_first_attempt_even_when_held_again_later(
-    hub: StreamHub, port: HubConsumer
+    hub: StreamHub, port: SenderPort
 ) -> None:
     clock = FakeClock()
     owed = held(port, clock, age=60.0, attempts=100)
@@ -108,7 +108,7 @@ def test_age_counts_from_the_first_attempt_even_when_held_again_later(
 
 def test_a_spent_terminal_is_given_up_when_held_and_expire_keeps_the_rest(
     hub: StreamHub,
-    port: HubConsumer,
+    port: SenderPort,
 ) -> None:
     clock = FakeClock()
     owed = held(port, clock, age=60.0, attempts=3)
@@ -127,7 +127,7 @@ def test_a_spent_terminal_is_given_up_when_held_and_expire_keeps_the_rest(
     assert owed.take() == [young]
 
 
-def test_abandon_forgets_without_counting(hub: StreamHub, port: HubConsumer) -> None:
+def test_abandon_forgets_without_counting(hub: StreamHub, port: SenderPort) -> None:
     owed = held(port, FakeClock())
     owed.hold(owed.new(terminal(), attempts=1))
     assert owed.abandon() == 1
@@ -135,7 +135,7 @@ def test_abandon_forgets_without_counting(hub: StreamHub, port: HubConsumer) -> 
     assert not any(k.startswith("terminal_") for k in hub.stats().counts)
 
 
-def test_bad_bounds_are_refused_naming_the_senders_argument(port: HubConsumer) -> None:
+def test_bad_bounds_are_refused_naming_the_senders_argument(port: SenderPort) -> None:
     with pytest.raises(ConfigError, match="max_pending_terminals"):
         held(port, FakeClock(), count=0)
     with pytest.raises(ConfigError, match="terminal_max_age"):
@@ -145,7 +145,7 @@ def test_bad_bounds_are_refused_naming_the_senders_argument(port: HubConsumer) -
 
 
 def test_a_terminal_refused_as_too_large_is_cut_to_the_bound_then_replaced_then_lost(
-    hub: StreamHub, port: HubConsumer, caplog: pytest.LogCaptureFixture
+    hub: StreamHub, port: SenderPort, caplog: pytest.LogCaptureFixture
 ) -> None:
     owed = held(port, FakeClock())
     entry = owed.new(terminal(text="x" * 5_000), attempts=1)
@@ -166,7 +166,7 @@ def test_a_terminal_refused_as_too_large_is_cut_to_the_bound_then_replaced_then_
 
 
 def test_a_terminal_refused_as_invalid_goes_straight_to_the_fallback(
-    hub: StreamHub, port: HubConsumer
+    hub: StreamHub, port: SenderPort
 ) -> None:
     owed = held(port, FakeClock())
     entry = owed.new(terminal(), attempts=1)

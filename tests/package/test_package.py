@@ -86,7 +86,7 @@ def test_the_root_has_its_names_and_no_other() -> None:
 
 
 def test_the_senders_port_keeps_its_import_paths() -> None:
-    from kernel_ext.stream import HubConsumer
-    from kernel_ext.stream.hub import HubConsumer as from_hub
+    from kernel_ext.stream import SenderPort
+    from kernel_ext.stream.hub import SenderPort as from_hub
 
-    assert from_hub is HubConsumer
+    assert from_hub is SenderPort

@@ -293,7 +293,7 @@ def test_publish_never_raises_counts_every_call_and_emits_only_valid_blocks(
     calls: list[tuple[Any, Any, Any, bool, Any]],
 ) -> None:
     hub = StreamHub(tap=Tap(), max_running_per_second=None)
-    consumer = hub.consumer(SENDER_LOOP)
+    consumer = hub.attach_sender(SENDER_LOOP)
     for item, task_id, state, inside, conversation in calls:
         if inside:
             with use_tool_call(ToolCall(CALL_ID, "ask_colleague", "conv-1")):
@@ -442,7 +442,7 @@ def test_a2a_adapter_gives_each_bad_part_its_outcome_and_each_task_one_terminal(
     events: list[StreamResponse],
 ) -> None:
     hub = StreamHub(tap=Tap(), max_running_per_second=None)
-    consumer = hub.consumer(SENDER_LOOP)
+    consumer = hub.attach_sender(SENDER_LOOP)
     record = Recorder(hub)
     adapter = A2AStreamAdapter(record)
     catch = Catch()
@@ -718,7 +718,7 @@ def test_a_terminal_with_a_task_id_of_the_wrong_type_still_goes_out_once() -> No
     """Regression (found by the publish fuzzer): a terminal whose task id was not a string
     could not be rebuilt and was lost, counted as an internal ``error``."""
     hub = StreamHub(tap=Tap())
-    consumer = hub.consumer(SENDER_LOOP)
+    consumer = hub.attach_sender(SENDER_LOOP)
     with use_tool_call(ToolCall(CALL_ID, "ask_colleague", "conv-1")):
         hub.publish("the answer", task_id=7, state="done")  # type: ignore[arg-type]
     [sent] = consumer.take_nowait()

@@ -36,7 +36,7 @@ def test_the_consumer_builds_running_text_as_the_general_path_does(
 ) -> None:
     # _take builds running text blocks inline; the result must be what consumer.build makes
     # (and valid on the wire), and anything it does not cover must still take that path.
-    hub.consumer(loop)
+    hub.attach_sender(loop)
     with in_call():
         hub.publish("hello", task_id=task_id)
     [raw] = list(hub._queue)
@@ -156,7 +156,7 @@ def test_the_consumers_batches_are_the_general_build_of_each_item_in_order(
 def test_a_running_block_with_a_non_string_task_id_is_dropped_not_raised(
     hub: StreamHub, loop: asyncio.AbstractEventLoop
 ) -> None:
-    hub.consumer(loop)
+    hub.attach_sender(loop)
     with in_call():
         hub.publish("odd", task_id=42)  # type: ignore[arg-type]
         hub.publish("fine", task_id="t1")
@@ -169,7 +169,7 @@ def test_a_huge_running_text_leaves_the_inline_build_for_the_bounded_one(
     clock: FakeClock, tap: Tap, loop: asyncio.AbstractEventLoop
 ) -> None:
     hub = StreamHub(clock=clock, tap=tap, max_block_bytes=4096)
-    hub.consumer(loop)
+    hub.attach_sender(loop)
     with in_call():
         hub.publish("x" * 760, task_id="t")  # 760 + 2 + 256 = 1018 chars: inline
         hub.publish("x" * 800, task_id="u")  # 1058 chars * 4 > 4096: bounded
@@ -183,7 +183,7 @@ def test_a_huge_running_text_leaves_the_inline_build_for_the_bounded_one(
 def test_a_blocks_ts_is_when_it_was_published_not_when_the_sender_took_it(
     hub: StreamHub, clock: FakeClock, tap: Tap, loop: asyncio.AbstractEventLoop, kind: str
 ) -> None:
-    hub.consumer(loop)
+    hub.attach_sender(loop)
     before = time.time()
     with in_call():
         if kind == "text":
@@ -208,7 +208,7 @@ def test_a_blocks_ts_is_when_it_was_published_not_when_the_sender_took_it(
 async def test_a_sender_reports_outcomes_on_its_port_counted_on_the_hub_and_the_call(
     hub: StreamHub,
 ) -> None:
-    consumer = hub.consumer()
+    consumer = hub.attach_sender()
     with in_call():
         hub.publish("a")
         hub.publish("b", task_id="t2")
@@ -225,7 +225,7 @@ async def test_a_sender_reports_outcomes_on_its_port_counted_on_the_hub_and_the_
 
 
 async def test_what_a_closed_port_reports_still_counts(hub: StreamHub) -> None:
-    consumer = hub.consumer()
+    consumer = hub.attach_sender()
     with in_call():
         hub.publish("a")
     taken = consumer.take_nowait()

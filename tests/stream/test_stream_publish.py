@@ -249,7 +249,7 @@ async def test_state_is_released_after_many_finished_calls(clock: FakeClock, tap
 
 async def test_queue_bound_drops_running_but_keeps_terminals(clock: FakeClock, tap: Tap) -> None:
     hub = StreamHub(clock=clock, tap=tap, max_queue=5)
-    consumer = hub.consumer()  # attached, not taking: the queue fills up
+    consumer = hub.attach_sender()  # attached, not taking: the queue fills up
     with in_call():
         for i in range(8):
             hub.publish("r", task_id=f"t{i}")
@@ -265,7 +265,7 @@ async def test_queue_bound_drops_running_but_keeps_terminals(clock: FakeClock, t
 
 async def test_stream_bound(clock: FakeClock, tap: Tap) -> None:
     hub = StreamHub(clock=clock, tap=tap, max_streams=3)
-    hub.consumer()
+    hub.attach_sender()
     with in_call():
         for i in range(5):
             hub.publish("r", task_id=f"t{i}")
@@ -389,7 +389,7 @@ def test_publish_admits_and_drops_exactly_as_the_hubs_one_admission_rule_does(
             clock=clock,
             tap=Tap(),
         )
-        consumer = hub.consumer(loop)
+        consumer = hub.attach_sender(loop)
         parent = LiveCall(CALL, "ask_colleague", CONV)
         admitted_at = []
         taken = 0

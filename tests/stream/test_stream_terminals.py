@@ -304,7 +304,7 @@ class _StaleOnce(dict):  # type: ignore[type-arg]
 def test_a_stream_closed_after_a_lookup_without_the_lock_is_not_written_to(
     hub: StreamHub, clock: FakeClock, loop: asyncio.AbstractEventLoop
 ) -> None:
-    hub.consumer(loop)
+    hub.attach_sender(loop)
     streams = _StaleOnce()
     hub._streams = streams
     with in_call():

@@ -241,7 +241,7 @@ def pool_task(index: int) -> dict[str, Any]:
             index=index,
             stats=repr(state.hub.stats()),
             sender=repr(state.emitter),
-            consumer=repr(state.hub._consumer),
+            consumer=repr(state.hub._port),
             loop=repr(state.loop),
             sigterm=repr(__import__("signal").getsignal(15)),
         )
