@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``kernel-ext``; each subcommand sets ``func``."""
     # The commands are imported here, where a stop signal already ends them in one line.
     from kernel_ext import demo
-    from kernel_ext.relay import command as relay_command
+    from kernel_ext.cli import relay as relay_command
     from kernel_ext.viewing import tail
 
     parser = Parser(prog=PROG, description="Live, attributed tool-call detail streams.")

@@ -24,8 +24,10 @@ worker side: ``stream``, ``emit``, ``worker``):
 ``catch_up``           a join's catch-up: sent as the browser reads, within its budget
 ``namespace``          :class:`ChatRelay`: connections, joins, ``kx_blocks``/``kx_chat_event``
 ``app``                :func:`mount_relay`, :func:`create_app`, :class:`RelayApp`
-``command``            ``kernel-ext relay`` = ``python -m kernel_ext.relay`` (:func:`main`)
 =====================  ===================================================================
+
+``kernel-ext relay`` (= ``python -m kernel_ext.relay``, :func:`main`) is the command line's:
+:mod:`kernel_ext.cli.relay`.
 """
 
 from __future__ import annotations
@@ -43,9 +45,9 @@ from kernel_ext.protocol import (
 )
 
 if TYPE_CHECKING:
+    from kernel_ext.cli.relay import is_loopback_host, main
     from kernel_ext.relay.app import RelayApp, create_app, mount_relay
     from kernel_ext.relay.auth import BrowserAuth, JoinAuth, allow_all
-    from kernel_ext.relay.command import is_loopback_host, main
     from kernel_ext.relay.guarded import with_packet_guard
     from kernel_ext.relay.health import Readiness, with_probes
     from kernel_ext.relay.namespace import ChatRelay
@@ -85,8 +87,8 @@ _LAZY = {
     "BrowserAuth": "auth",
     "JoinAuth": "auth",
     "allow_all": "auth",
-    "is_loopback_host": "command",
-    "main": "command",
+    "is_loopback_host": "kernel_ext.cli.relay",
+    "main": "kernel_ext.cli.relay",
     "with_packet_guard": "guarded",
     "Readiness": "health",
     "with_probes": "health",
@@ -97,7 +99,10 @@ _LAZY = {
 }
 
 
-__getattr__ = module_getattr(__name__, {name: f"{__name__}.{home}" for name, home in _LAZY.items()})
+__getattr__ = module_getattr(
+    __name__,
+    {name: home if "." in home else f"{__name__}.{home}" for name, home in _LAZY.items()},
+)
 
 
 def __dir__() -> list[str]:

@@ -43,7 +43,7 @@ import ipaddress
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 from kernel_ext.cli._common import (
     EXIT_OK,
@@ -414,7 +414,7 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
     openness = _openness(args.authenticate, args.authorize_join)
     from kernel_ext.relay.app import create_app  # Socket.IO: loaded when it serves
     from kernel_ext.relay.auth import allow_all
-    from kernel_ext.relay.redis_manager import RelayRedisManager
+    from kernel_ext.relay.redis_manager import RelayRedisManager  # typing the manager only
 
     with sock:
         port = sock.getsockname()[1]
@@ -440,9 +440,10 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
 
         async def announce() -> None:
             state = None
-            if isinstance(manager, RelayRedisManager):
+            if settings.redis_url is not None:
                 # Started by the app at start-up; the line says how its first attempt went.
-                state = await manager.tried(manager.connect_timeout + 1.0)
+                redis_manager = cast(RelayRedisManager, manager)
+                state = await redis_manager.tried(redis_manager.connect_timeout + 1.0)
             line = _startup_line(
                 prog,
                 args,
