@@ -121,8 +121,8 @@ class ToolSpanProcessor(SpanProcessor):
                 start_time = span.start_time
             # Is it a tool span (of which convention), and its id? Written out again in on_end
             # on purpose: a shared helper would cost every span (tool or not) a Python call on
-            # this hot path. A span with a GenAI operation pays one lookup, as before; one
-            # without pays one more (the OpenInference kind) before its name is read.
+            # this hot path. A span with a GenAI operation pays one lookup; one without pays
+            # one more (the OpenInference kind) before its name is read.
             operation = get(OPERATION)
             if operation is None:
                 kind = get(OI_KIND)

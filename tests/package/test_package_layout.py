@@ -165,7 +165,7 @@ def redis_home(found: dict[Path, str]) -> tuple[Path | None, list[str]]:
     importing = [p.parent for p in speaking if imports_redis(found[p])]
     if not importing:
         return None, []
-    home = max(set(importing), key=lambda p: (importing.count(p), str(p)))
+    home = max(set(importing), key=lambda p: (importing.count(p), "redis" in p.name, str(p)))
     if home == PACKAGE or home == PACKAGE / "relay":
         # the root or the relay itself is not a package of its own for Redis
         return None, sorted(relative(p) for p in speaking)
@@ -176,6 +176,29 @@ def test_everything_that_speaks_redis_lives_in_one_sub_package() -> None:
     home, outside = redis_home(sources())
     assert home is not None, f"no sub-package of its own holds the Redis code: {outside}"
     assert outside == [], f"Redis code outside {relative(home)}: {outside}"
+
+
+def test_the_redis_check_finds_redis_code_outside_its_one_package() -> None:
+    home = PACKAGE / "transport"
+    together = {
+        home / "manager.py": "import redis.asyncio\n",
+        home / "emitter.py": "def f():\n    from redis import asyncio\n",
+        home / "routing.py": "X = 1\n",
+        PACKAGE / "settings.py": "from redis.connection import parse_url\n",
+        PACKAGE / "stream" / "hub.py": "import json\n",
+    }
+    assert redis_home(together) == (home, [])
+    apart = {
+        **together,
+        PACKAGE / "_redis_routing.py": "X = 1\n",
+        PACKAGE / "demo" / "launcher.py": "from redis import asyncio as aioredis\n",
+    }
+    assert redis_home(apart) == (
+        home,
+        ["kernel_ext/_redis_routing.py", "kernel_ext/demo/launcher.py"],
+    )
+    in_the_relay = {PACKAGE / "relay" / "redis_manager.py": "import redis\n"}
+    assert redis_home(in_the_relay) == (None, ["kernel_ext/relay/redis_manager.py"])
 
 
 def test_the_namespace_is_at_most_450_lines() -> None:
