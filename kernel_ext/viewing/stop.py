@@ -54,6 +54,7 @@ __all__ = [
     "EXIT_UNKNOWN",
     "EXIT_UNREACHABLE",
     "add_arguments",
+    "answer_line",
     "call_id",
     "read_answer",
     "run",

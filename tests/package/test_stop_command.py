@@ -131,6 +131,14 @@ def test_hostile_ids_are_refused_in_one_line_before_connecting(
     assert err.count("\n") == 1, err
 
 
+def test_a_conversation_id_of_512_characters_is_taken() -> None:
+    longest = "c" * 512
+    with stand_in_relay() as relay:
+        assert stop(relay.url, "--conversation", longest)[0] == 0
+        assert relay.joins == [{"conversationId": longest}]
+        assert relay.stops == [{"v": 1, "room": longest, "callId": CALL}]
+
+
 def test_against_nothing_it_says_it_could_not_connect() -> None:
     with stand_in_relay() as relay:
         url = relay.url

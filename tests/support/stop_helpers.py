@@ -59,8 +59,11 @@ class StandInRelay:
 
     def emit_block(self, block: dict[str, Any], room: str = CONV) -> None:
         """Send one ``tool_event_stream`` block to ``room``'s browsers."""
-        coro = self.sio.emit("tool_event_stream", block, room=room, namespace=NS)
-        self.loop.run(coro)
+        self.emit("tool_event_stream", block, room)
+
+    def emit(self, event: str, data: Any, room: str = CONV) -> None:
+        """Send ``event`` with ``data`` to ``room``'s browsers."""
+        self.loop.run(self.sio.emit(event, data, room=room, namespace=NS))
 
     def wait_for(self, what: str, count: int) -> list[Any]:
         """Wait until ``count`` events of list ``what`` (``stops``, ``joins``, ``probes``)

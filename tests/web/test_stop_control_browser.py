@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from support.renderer_page import block
+from support.renderer_page import block, snapshot
 from support.stop_helpers import CALL, CONV, NO_ACK, StandInRelay, stand_in_relay
 
 pytestmark = [pytest.mark.browser, pytest.mark.network, pytest.mark.timeout(120)]
@@ -119,7 +119,12 @@ ANSWERS: list[tuple[str, Any, str, bool]] = [
         f"You may not stop this call ({HOSTILE_REASON})",
         True,
     ),
-    ("a000000000000004", {"answer": "unreachable"}, "No worker reachable", True),
+    (
+        "a000000000000004",
+        {"answer": "unreachable", "reason": "r" * 300},
+        f"No worker reachable ({'r' * 200}…)",
+        True,
+    ),
     ("a000000000000005", {"answer": "yes"}, "No usable answer to the stop request", True),
     ("a000000000000006", "stopping", "No usable answer to the stop request", True),
     ("a000000000000007", {}, "No usable answer to the stop request", True),
@@ -160,6 +165,15 @@ def test_each_answer_other_than_stopping_is_shown_in_its_pane(browser: Any) -> N
 def test_no_answer_within_the_timeout_is_a_failure_the_pane_says(browser: Any) -> None:
     with stand_in_relay(answer=NO_ACK) as relay, example(browser, relay) as page:
         relay.emit_block(running())
+        # Until an answer comes the control says the stop is under way, and takes no click.
+        button = pane(page).locator("button.kx-stop")
+        button.click()
+        relay.wait_for("stops", 1)
+        assert pane(page).get_attribute("data-stop") == "sending"
+        assert button.is_disabled()
+        assert button.inner_text() == "Stopping…"
+        button.click(force=True)
+        sent_nothing_more(page, relay, stops=1)
         # The page's own pane, with a short wait for the answer.
         page.evaluate(
             """async (call) => {
@@ -173,11 +187,23 @@ def test_no_answer_within_the_timeout_is_a_failure_the_pane_says(browser: Any) -
             CALL,
         )
         page.locator("#short button.kx-stop").click()
-        relay.wait_for("stops", 1)
+        relay.wait_for("stops", 2)
         note = page.locator("#short .kx-stop-note")
         note.wait_for(state="visible")
         assert note.inner_text() == "No usable answer to the stop request"
         assert page.locator("#short button.kx-stop").is_enabled()
+
+
+def test_the_control_goes_when_the_tool_returns(browser: Any) -> None:
+    with stand_in_relay() as relay, example(browser, relay) as page:
+        relay.emit("chat_event", snapshot(CALL)["snapshot"])
+        button = pane(page).locator("button.kx-stop")
+        button.wait_for()  # a call that has begun, without blocks yet, runs
+        returned = snapshot(CALL, toolReturn="the answer")["snapshot"]
+        relay.emit("chat_event", returned)
+        pane(page).locator(".kx-final-text").wait_for()
+        assert pane(page).locator(".kx-stop, .kx-stop-box").count() == 0
+        assert pane(page).get_attribute("data-stop") is None
 
 
 def test_a_click_while_disconnected_sends_nothing_and_says_so(browser: Any) -> None:
