@@ -1,4 +1,4 @@
-"""The ``kernel-ext`` command: ``relay``, ``tail``, ``demo`` and ``schema``.
+"""The ``kernel-ext`` command: ``relay``, ``tail``, ``stop``, ``demo`` and ``schema``.
 
 Conventions of every subcommand (:mod:`kernel_ext.cli._common`): a bad command line is one line on
 stderr and exit status 2, never a usage block or a traceback; ``--help`` lists every option
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The commands are imported here, where a stop signal already ends them in one line.
     from kernel_ext import demo
     from kernel_ext.cli import relay as relay_command
-    from kernel_ext.viewing import tail
+    from kernel_ext.viewing import stop, tail
 
     parser = Parser(prog=PROG, description="Live, attributed tool-call detail streams.")
     parser.add_argument("--version", action="version", version=f"kernel-ext {_version()}")
@@ -67,6 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tail.add_arguments(follow)
     follow.set_defaults(func=tail.run)
+    halt = sub.add_parser(
+        "stop",
+        help="ask the relay to stop one running tool call, as its pane's stop button does",
+        description="Ask the relay to stop one running tool call of a conversation, as its "
+        "pane's stop button does, and print the answer in one line. Exit status: 0 stopping "
+        "or already ended, 1 refused, 2 a bad command line or no relay at --url, 3 unknown "
+        "call, 4 no worker reachable, 5 no usable answer.",
+    )
+    stop.add_arguments(halt)
+    halt.set_defaults(func=stop.run)
     show = sub.add_parser(
         "demo",
         help="the whole path on this machine, in a browser",

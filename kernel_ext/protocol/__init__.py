@@ -67,12 +67,16 @@ __all__ = [
     "KX_CHAT_EVENT",
     "KX_HELLO",
     "LEAVE_EVENT",
+    "MAX_CONVERSATION_ID_CHARS",
     "MAX_PAYLOAD_DEPTH",
     "NAMESPACE",
     "PROTOCOL_VERSION",
     "REFUSED_BAD_WORKER",
     "REFUSED_UNAUTHORIZED",
     "REPLAY_IDLE",
+    "STOP_ANSWERS",
+    "STOP_EVENT",
+    "STOP_UNDER_WAY",
     "TERMINAL_KEYS",
     "TERMINAL_STATES",
     "TOOL_EVENT_STREAM",
@@ -111,6 +115,21 @@ TOOL_EVENT_STREAM = "tool_event_stream"
 CHAT_EVENT = "chat_event"
 JOIN_EVENT = "join_conversation"
 LEAVE_EVENT = "leave_conversation"
+# A browser asks to stop one running call of a room it joined (docs/web.md, "Stopping a
+# call"): {"v": 1, "room": <conversation id>, "callId": <call id>}, acknowledged
+# {"answer": <one of STOP_ANSWERS>} and maybe a short "reason".
+STOP_EVENT = "stop_call"
+STOP_UNDER_WAY = "stopping"
+STOP_ANSWERS: tuple[str, ...] = (
+    STOP_UNDER_WAY,  # the worker was asked; the call's terminal follows
+    "already_ended",  # the call had ended
+    "unknown",  # no running call with that callId in that room
+    "refused",  # not allowed: not joined, the application's hook said no, or rate-limited
+    "unreachable",  # no worker reachable: the pane ends as a gone worker's does
+)
+"""Every answer a relay gives to :data:`STOP_EVENT`; anything else is a failure."""
+MAX_CONVERSATION_ID_CHARS = 512
+"""The longest conversation id (a room's name) a relay takes, in characters."""
 KX_BLOCKS = "kx_blocks"
 KX_CHAT_EVENT = "kx_chat_event"
 KX_HELLO = "kx_hello"

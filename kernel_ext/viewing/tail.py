@@ -27,27 +27,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import os
 import re
 import signal
-import socket
 import sys
-from collections.abc import Awaitable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TextIO
-from urllib.parse import urlsplit
 
-from kernel_ext.cli._common import (
-    EXIT_USAGE,
-    exit_code_after,
-    http_url,
-    never_resolves,
-    positive_seconds,
-    run_until_stopped,
-)
+from kernel_ext.cli._common import EXIT_FAILED, exit_code_after, run_until_stopped
 from kernel_ext.observability._rare_log import plural
 from kernel_ext.protocol import (
     CHAT_EVENT,
@@ -55,6 +45,13 @@ from kernel_ext.protocol import (
     NAMESPACE,
     TOOL_EVENT_STREAM,
     well_formed,
+)
+from kernel_ext.viewing.terminal import (
+    RelayClient,
+    add_connection_arguments,
+    clean,
+    error_of,
+    ok,
 )
 from kernel_ext.viewing.view import (
     Applied,
@@ -78,24 +75,10 @@ __all__ = [
     "run",
 ]
 
-EXIT_FAILED = 1
 EXIT_INTERRUPTED = exit_code_after(signal.SIGINT)
 """After Ctrl-C (SIGINT); SIGTERM gives 143."""
 
-# C0 controls but tab and newline, DEL, C1 controls, bidi embeddings/overrides/isolates.
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 _UNSAFE_IN_JSON = re.compile("[\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
-def clean(text: str) -> str:
-    """``text`` with every character that could steer a terminal shown as a visible escape
-    (``\\x1b``, ``\\x0d``, ``\\u202e`` …); tabs and newlines are kept."""
-    return _UNSAFE.sub(_escape, text)
 
 
 _BAR_CELLS = 10
@@ -347,13 +330,7 @@ async def follow(
     (:meth:`TailPrinter.joining`, :meth:`TailPrinter.joined`); a join superseded by a newer
     one leaves the catch-up to the newer. Cancelling it disconnects.
     """
-    err = err if err is not None else sys.stderr
     follower = _Follower(url, conversation_id, printer, namespace, timeout, err)
-    host = urlsplit(url).hostname or ""
-    if never_resolves(host):
-        reason = f"the host name {host!r} does not resolve (no name under .invalid does)"
-        follower.say(f"cannot connect to {url}: {reason}")
-        return EXIT_USAGE
     try:
         failed = await follower.connect(token)
         if failed is None:
@@ -368,7 +345,7 @@ async def follow(
         await follower.close()
 
 
-class _Follower:
+class _Follower(RelayClient):
     """One :func:`follow`: its Socket.IO client, its joins, what it tells the person."""
 
     def __init__(
@@ -378,59 +355,18 @@ class _Follower:
         printer: TailPrinter,
         namespace: str,
         timeout: float,
-        err: TextIO,
+        err: TextIO | None,
     ) -> None:
-        import socketio
-
-        self.url = url
+        super().__init__("kernel-ext tail", url, namespace=namespace, timeout=timeout, err=err)
         self.conversation_id = conversation_id
         self.printer = printer
-        self.namespace = namespace
-        self.timeout = timeout
-        self.err = err
-        # handle_sigint=False: SIGINT is ours (a clean exit), not engineio's cancel-everything.
-        self.sio = socketio.AsyncClient(
-            reconnection=True, reconnection_delay_max=5, handle_sigint=False
-        )
-        self.refused: list[Any] = []
         self.joined_once = False
         self.closing = False
         self.joins = 0  # the latest join ends the catch-up, not one it superseded
         self.sio.on("connect", self.on_connect, namespace=namespace)
         self.sio.on("disconnect", self.on_disconnect, namespace=namespace)
-        self.sio.on("connect_error", self.on_connect_error, namespace=namespace)
         self.sio.on(TOOL_EVENT_STREAM, printer.block, namespace=namespace)
         self.sio.on(CHAT_EVENT, printer.snapshot, namespace=namespace)
-
-    def say(self, message: str) -> None:
-        try:
-            self.err.write(f"kernel-ext tail: {message}\n")
-            self.err.flush()
-        except (BrokenPipeError, ValueError):
-            pass
-
-    async def connect(self, token: str | None) -> int | None:
-        """Connect; ``None``, else the exit status (the reason said)."""
-        import socketio
-
-        try:
-            await self.sio.connect(
-                self.url,
-                namespaces=[self.namespace],
-                auth={"token": token} if token is not None else None,
-                wait_timeout=self.timeout,
-                retry=False,
-            )
-        except socketio.exceptions.ConnectionError as exc:
-            if self.refused and isinstance(self.refused[-1], Mapping):  # the server said no
-                reason = _refusal_of(self.refused[-1])
-                hint = " (check --token)" if "auth" in reason.lower() else ""
-                self.say(f"the relay at {self.url} refused the connection: {reason}{hint}")
-                return EXIT_FAILED
-            why = await _why_unreachable(self.url, self.timeout, exc)
-            self.say(f"cannot connect to {self.url}: {why}")
-            return EXIT_USAGE
-        return None
 
     async def first_join(self) -> int | None:
         """Join the room; ``None``, else the exit status (the reason said)."""
@@ -441,8 +377,8 @@ class _Follower:
         except socketio.exceptions.TimeoutError:
             self.say(f"the relay did not answer join_conversation within {self.timeout:g} s")
             return EXIT_FAILED
-        if not _ok(ack):
-            self.say(f"joining conversation {self.conversation_id!r} was refused: {_error_of(ack)}")
+        if not ok(ack):
+            self.say(f"joining conversation {self.conversation_id!r} was refused: {error_of(ack)}")
             return EXIT_FAILED
         self.joined_once = True
         self.say(
@@ -473,10 +409,10 @@ class _Follower:
         except Exception as exc:  # reported, and the next reconnect tries again
             self.say(f"re-joining {conversation!r} failed: {exc or type(exc).__name__}")
             return
-        if _ok(ack):
+        if ok(ack):
             self.say(f"reconnected; following {conversation!r} again{_caught_up(ack)}")
         else:
-            self.say(f"re-joining {conversation!r} was refused: {_error_of(ack)}")
+            self.say(f"re-joining {conversation!r} was refused: {error_of(ack)}")
 
     def on_connect(self) -> None:
         if self.joined_once:
@@ -486,46 +422,9 @@ class _Follower:
         if self.joined_once and not self.closing:
             self.say("connection lost; reconnecting…")
 
-    def on_connect_error(self, data: Any = None) -> None:
-        self.refused.append(data)
-
     async def close(self) -> None:
         self.closing = True
-        await _quietly(self.sio.disconnect(), self.timeout)
-
-
-async def _why_unreachable(url: str, timeout: float, error: Exception) -> str:
-    """Why a Socket.IO connection to ``url`` failed, in words a person can act on: a plain
-    TCP connection to its host and port tells a name that does not resolve, a port nobody
-    listens on and a host that does not answer apart from a server that is no relay.
-    (The Socket.IO client's own message is aiohttp's, ``… ssl:default [Connect call
-    failed …]`` even for plain http.)"""
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    try:
-        port = parts.port or (443 if parts.scheme in ("https", "wss") else 80)
-    except ValueError:
-        return f"{url!r} has no usable port"
-    where = f"{host}:{port}"
-    try:
-        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
-    except socket.gaierror as exc:
-        return f"the host name {host!r} does not resolve ({exc.strerror})"
-    except ConnectionRefusedError:
-        return f"nothing is listening on {where} (connection refused)"
-    except (asyncio.TimeoutError, TimeoutError):
-        return f"{where} did not answer within {timeout:g} s"
-    except OSError as exc:
-        return f"{where} cannot be reached ({exc.strerror or exc})"
-    writer.close()
-    with contextlib.suppress(OSError):
-        await writer.wait_closed()
-    detail = clean(str(error) or type(error).__name__)
-    return f"{where} answers, but not as a Socket.IO relay at this URL ({detail})"
-
-
-def _ok(ack: Any) -> bool:
-    return isinstance(ack, Mapping) and ack.get("ok") is True
+        await super().close()
 
 
 def _caught_up(ack: Any) -> str:
@@ -538,44 +437,9 @@ def _caught_up(ack: Any) -> str:
     return ""
 
 
-def _error_of(ack: Any) -> str:
-    if isinstance(ack, Mapping) and isinstance(ack.get("error"), str):
-        return clean(ack["error"])
-    return f"unexpected acknowledgement {clean(repr(ack))[:200]}"
-
-
-def _refusal_of(data: Any) -> str:
-    if isinstance(data, Mapping) and isinstance(data.get("message"), str):
-        return clean(data["message"])
-    if isinstance(data, str):
-        return clean(data)
-    return "no reason given"
-
-
-async def _quietly(awaitable: Awaitable[Any], timeout: float) -> None:
-    with contextlib.suppress(Exception, asyncio.CancelledError):
-        await asyncio.wait_for(awaitable, timeout)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``tail``'s options to ``parser``."""
-    parser.add_argument(
-        "--url",
-        required=True,
-        type=http_url,
-        help="the relay's base URL, e.g. http://127.0.0.1:8765 (required)",
-    )
-    parser.add_argument(
-        "--conversation",
-        required=True,
-        type=_conversation,
-        help="the conversation id, the room to join (required)",
-    )
-    parser.add_argument(
-        "--token",
-        default=None,
-        help="sent as auth {'token': TOKEN} on connect (default: none, no auth)",
-    )
+    add_connection_arguments(parser, "seconds to connect and to join")
     parser.add_argument(
         "--json",
         action="store_true",
@@ -585,28 +449,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--lang", choices=("zh", "en"), default="zh", help="labels (default: %(default)s)"
     )
     parser.add_argument(
-        "--namespace", default=NAMESPACE, help="Socket.IO namespace (default: %(default)s)"
-    )
-    parser.add_argument(
         "--trace-url",
         default=None,
         metavar="TEMPLATE",
         help="print each call's link to its span: a trace backend's URL template with "
         "{traceId} and {spanId} (default: none)",
     )
-    parser.add_argument(
-        "--timeout",
-        type=positive_seconds,
-        default=10.0,
-        metavar="S",
-        help="seconds to connect and to join (default: %(default)g)",
-    )
-
-
-def _conversation(value: str) -> str:
-    if not value.strip():
-        raise argparse.ArgumentTypeError("must be a conversation id, got an empty string")
-    return value
 
 
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -34,6 +34,19 @@ export const DEFAULT_JOIN_TIMEOUT_MS = 10000;
  */
 export const MAX_JOIN_STREAMS = 1000;
 
+/** How long a stop request (stopSender) waits for the relay's answer before it has failed. */
+export const DEFAULT_STOP_TIMEOUT_MS = 10000;
+
+/**
+ * The relay's answers to `stop_call` (docs/web.md, "Stopping a call"): the worker was asked
+ * (its terminal follows), the call had ended, no running call with that callId in that
+ * room, not allowed, no worker reachable. Same as kernel_ext.protocol.STOP_ANSWERS.
+ */
+export const STOP_ANSWERS = Object.freeze(["stopping", "already_ended", "unknown", "refused", "unreachable"]);
+
+// The longest `reason` of a stop's answer a pane shows, in UTF-16 code units (then "…").
+const MAX_REASON_CHARS = 200;
+
 // Counts and cursors are JSON integers every reader holds exactly: 0 .. 2**53 - 1.
 const MAX_COUNT = Number.MAX_SAFE_INTEGER;
 
@@ -55,6 +68,15 @@ export const LABELS = Object.freeze({
     live: "实时",
     missing: "{n} 条较早的内容已不可用",
     missingOne: "1 条较早的内容已不可用",
+    stop: "停止",
+    stopCall: "停止这次调用",
+    stopping: "正在停止…",
+    stopAlreadyEnded: "调用已经结束",
+    stopUnknown: "未知的调用",
+    stopRefused: "你无权停止这次调用",
+    stopUnreachable: "无法联系到执行调用的进程",
+    stopOffline: "未连接：停止请求没有发出",
+    stopFailed: "停止请求没有得到可用的回应",
   }),
   en: Object.freeze({
     calling: "Calling…",
@@ -72,6 +94,15 @@ export const LABELS = Object.freeze({
     live: "Live",
     missing: "{n} earlier blocks are no longer available",
     missingOne: "1 earlier block is no longer available",
+    stop: "Stop",
+    stopCall: "Stop this call",
+    stopping: "Stopping…",
+    stopAlreadyEnded: "The call had already ended",
+    stopUnknown: "Unknown call",
+    stopRefused: "You may not stop this call",
+    stopUnreachable: "No worker reachable",
+    stopOffline: "Not connected: the stop was not sent",
+    stopFailed: "No usable answer to the stop request",
   }),
 });
 
@@ -686,6 +717,44 @@ export function attachSocket(
   };
 }
 
+/**
+ * The `stop` option of mountPane / mountRoom for a Socket.IO client (namespace /chat) that
+ * follows `conversationId` (attachSocket's): `stop(callId)` emits one `stop_call`
+ * {v: 1, room: conversationId, callId} and resolves — never rejects — with
+ * {answer, reason}: `answer` one of STOP_ANSWERS as the relay acknowledged it, "offline" when
+ * the socket was not connected (nothing is emitted: the client would buffer the request and
+ * send it after a reconnect), or "failed" when no acknowledgement came within `timeoutMs`
+ * or it was not {answer: one of STOP_ANSWERS}; `reason` the acknowledgement's short text
+ * (a string) or null.
+ */
+export function stopSender(socket, conversationId, { timeoutMs = DEFAULT_STOP_TIMEOUT_MS } = {}) {
+  if (!nonEmptyString(conversationId)) {
+    throw new TypeError(`conversationId must be a non-empty string, got ${typeof conversationId}`);
+  }
+  if (!(typeof timeoutMs === "number" && timeoutMs > 0 && timeoutMs <= 2147483647)) {
+    throw new RangeError(`timeoutMs must be a number > 0 of milliseconds, got ${String(timeoutMs)}`);
+  }
+  return (callId) =>
+    new Promise((resolve) => {
+      if (!socket.connected) {
+        resolve({ answer: "offline", reason: null });
+        return;
+      }
+      const request = { v: 1, room: conversationId, callId };
+      socket.timeout(timeoutMs).emit("stop_call", request, (error, ack) => {
+        resolve(error ? { answer: "failed", reason: null } : readStopAnswer(ack));
+      });
+    });
+}
+
+/** An acknowledgement of `stop_call` as received: {answer, reason} (see stopSender). */
+export function readStopAnswer(ack) {
+  const answer = isObject(ack) ? get(ack, "answer") : undefined;
+  if (!STOP_ANSWERS.includes(answer)) return { answer: "failed", reason: null };
+  const reason = get(ack, "reason");
+  return { answer, reason: typeof reason === "string" && reason !== "" ? reason : null };
+}
+
 // ---------------------------------------------------------------------------------------
 // DOM views. Constant markup only; data goes in through textContent and attribute values.
 
@@ -729,6 +798,10 @@ const STYLE = `
 .kx-other-kind { font: 12px var(--kx-mono); overflow-wrap: anywhere; }
 .kx-missing { color: #9a6700; font-size: 12px; font-style: italic; border-left: 2px dotted #d4a72c; padding-left: 8px; }
 .kx-empty, .kx-end { color: #6e7781; font-size: 12px; text-align: center; }
+.kx-stop-box { display: inline-flex; gap: 6px; align-items: baseline; flex-wrap: wrap; }
+.kx-stop { font: 12px var(--kx-font); padding: 1px 8px; border: 1px solid #cf222e; border-radius: 4px; color: #cf222e; background: #fff; cursor: pointer; }
+.kx-stop:disabled { border-color: #d0d4da; color: #6e7781; cursor: default; }
+.kx-stop-note { font-size: 12px; color: #9a6700; overflow-wrap: anywhere; }
 .kx-orphan { border: 1px dashed #d0d4da; border-radius: 8px; padding: 8px 12px; font: 14px/1.45 var(--kx-font); }
 `;
 
@@ -780,6 +853,23 @@ const hasFrames = () => typeof globalThis.requestAnimationFrame === "function";
 const requestFrame = (fn) => (hasFrames() ? globalThis.requestAnimationFrame(fn) : setTimeout(fn, 16));
 const cancelFrame = (handle) => (hasFrames() ? globalThis.cancelAnimationFrame(handle) : clearTimeout(handle));
 
+// What a stop's answer other than "stopping" shows in the pane: its words, and the relay's
+// reason (cut to MAX_REASON_CHARS) in parentheses.
+const STOP_NOTES = {
+  already_ended: "stopAlreadyEnded",
+  unknown: "stopUnknown",
+  refused: "stopRefused",
+  unreachable: "stopUnreachable",
+  offline: "stopOffline",
+};
+
+function stopNoteText(labels, answer, reason) {
+  const words = labels[has(STOP_NOTES, answer) ? STOP_NOTES[answer] : "stopFailed"];
+  if (reason === null) return words;
+  const cut = reason.length > MAX_REASON_CHARS ? `${reason.slice(0, MAX_REASON_CHARS)}…` : reason;
+  return `${words} (${cut})`;
+}
+
 function statusLabel(labels, status) {
   return { calling: labels.calling, streaming: labels.streaming, ended: labels.ended, no_details: labels.noDetails }[status];
 }
@@ -830,6 +920,21 @@ class PaneView {
     this.modeNode = el(doc, "span", "kx-mode", this.labels.replay);
     this.statusNode = el(doc, "span", "kx-status");
     head.append(this.toolNode, this.callIdNode, this.modeNode, this.statusNode);
+    this.head = head;
+    // The stop control (option `stop`): a button and a note of what came of a click, in a
+    // box that is in the head only while the call runs.
+    this.stop = typeof options.stop === "function" ? options.stop : null;
+    this.stopState = "idle"; // "idle" | "sending" | "stopping" | "over" (it had ended)
+    this.stopNote = null; // {answer, text} of the last click, or null
+    if (this.stop !== null) {
+      this.stopBox = el(doc, "span", "kx-stop-box");
+      this.stopButton = el(doc, "button", "kx-stop");
+      this.stopButton.type = "button";
+      this.stopButton.addEventListener("click", () => this.requestStop());
+      this.stopNoteNode = el(doc, "span", "kx-stop-note");
+      this.stopNoteNode.setAttribute("role", "status");
+      this.stopBox.append(this.stopButton, this.stopNoteNode);
+    }
     this.finalNode = el(doc, "div", "kx-final");
     this.finalLabel = el(doc, "div", "kx-final-label");
     this.finalText = el(doc, "div", "kx-final-text");
@@ -844,6 +949,7 @@ class PaneView {
     container.appendChild(root);
     this.taskViews = new Map();
     this.frame = null;
+    this.destroyed = false;
     this.unsubscribe = store.subscribe((applied) => {
       if (applied.callId === callId) this.changed(applied);
     });
@@ -875,6 +981,7 @@ class PaneView {
     this.toolNode.textContent = (pane && pane.tool) || "";
     this.renderTraceLink(pane ? traceUrl(this.traceUrl, pane.traceId, this.callId) : null);
     this.statusNode.textContent = statusLabel(labels, status);
+    if (this.stop !== null) this.renderStop(pane);
     const final = pane ? pane.final : null;
     this.finalNode.hidden = final === null;
     if (final !== null) {
@@ -890,6 +997,63 @@ class PaneView {
     this.endNode.hidden = status !== "ended";
     this.streamNode.classList.toggle("kx-ended", status === "ended");
     if (follow) this.streamNode.scrollTop = this.streamNode.scrollHeight;
+  }
+
+  // Whether the pane's call may still be running, as far as the page knows: it has begun
+  // (the store holds its pane), has not ended (no terminal of every stream, no tool return)
+  // and has a callId a relay could stop (a span id).
+  running(pane) {
+    return pane !== null && pane.status !== "ended" && !pane.returned && SPAN_ID.test(this.callId);
+  }
+
+  // The stop control: in the head while the call runs and a click may still help; "Stop",
+  // else disabled "Stopping…" from the click until an answer other than "stopping", or
+  // until the terminal when the relay answered "stopping"; the note says what else came of
+  // the last click. Gone at the end.
+  renderStop(pane) {
+    const running = this.running(pane);
+    const showButton = running && this.stopState !== "over";
+    const note = running ? this.stopNote : null;
+    if (!showButton) this.stopButton.remove();
+    else if (!this.stopButton.isConnected) this.stopBox.prepend(this.stopButton);
+    if (!showButton && note === null) this.stopBox.remove();
+    else if (!this.stopBox.isConnected) this.head.append(this.stopBox);
+    if (running) this.element.dataset.stop = this.stopState;
+    else delete this.element.dataset.stop;
+    if (showButton) {
+      const idle = this.stopState === "idle";
+      this.stopButton.disabled = !idle;
+      this.stopButton.textContent = idle ? this.labels.stop : this.labels.stopping;
+      this.stopButton.setAttribute("aria-label", idle ? this.labels.stopCall : this.labels.stopping);
+    }
+    this.stopNoteNode.hidden = note === null;
+    this.stopNoteNode.textContent = note === null ? "" : note.text;
+    if (note === null) delete this.stopNoteNode.dataset.answer;
+    else this.stopNoteNode.dataset.answer = note.answer;
+  }
+
+  // One click: one request, unless one is under way or the call is over.
+  async requestStop() {
+    if (this.stop === null || this.stopState !== "idle" || !this.running(this.store.pane(this.callId))) return;
+    this.stopState = "sending";
+    this.stopNote = null;
+    this.update();
+    let result;
+    try {
+      result = await this.stop(this.callId);
+    } catch (error) {
+      console.error("kernel_ext renderer: the stop option failed", error);
+      result = null;
+    }
+    const answer = isObject(result) && typeof get(result, "answer") === "string" ? result.answer : "failed";
+    const reason = isObject(result) && nonEmptyString(get(result, "reason")) ? result.reason : null;
+    if (answer === "stopping") {
+      this.stopState = "stopping";
+    } else {
+      this.stopState = answer === "already_ended" ? "over" : "idle";
+      this.stopNote = { answer, text: stopNoteText(this.labels, answer, reason) };
+    }
+    if (!this.destroyed) this.update();
   }
 
   // The callId, as a link to its span when the page gave a `traceUrl` and the pane has a
@@ -1021,6 +1185,7 @@ class PaneView {
   }
 
   destroy() {
+    this.destroyed = true;
     this.unsubscribe();
     if (this.frame !== null) cancelFrame(this.frame);
     this.frame = null;
@@ -1032,7 +1197,12 @@ class PaneView {
  * Render the pane of `callId` into `container` (appended) and keep it up to date.
  * Options: locale ("zh" default, "en"), labels (overrides), document, injectStyles (default
  * true), traceUrl (a template such as "https://jaeger.example/trace/{traceId}?uiFind={spanId}":
- * the callId links to traceUrl(template, pane.traceId, callId) when that is not null).
+ * the callId links to traceUrl(template, pane.traceId, callId) when that is not null),
+ * stop (off by default: a function callId => Promise<{answer, reason}>, such as
+ * stopSender(socket, conversationId) makes; with it, a running pane whose callId is a span
+ * id has a stop button: one click calls it once, the button then says "Stopping…" and is
+ * disabled until the answer — until the terminal when the answer is "stopping" — and any
+ * other answer is shown beside it; the control is gone once the call has ended).
  * Returns {element, update(), destroy()}.
  */
 export function mountPane(container, store, callId, options = {}) {

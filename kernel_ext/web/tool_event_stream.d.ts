@@ -229,6 +229,30 @@ export interface Replay {
 /** What `join_conversation` answers. */
 export type JoinAnswer = { ok: true; replay?: Replay } | { ok: false; error: string };
 
+/** What `stop_call` sends: stop one running call of a room the browser joined. */
+export interface StopRequest {
+  v: 1;
+  /** the conversation id, a room this browser joined */
+  room: string;
+  /** the call to stop: its callId (16 lower-case hex digits) */
+  callId: string;
+}
+
+/**
+ * How a relay answers a stop: `stopping` (the worker was asked; the call's terminal follows),
+ * `already_ended`, `unknown` (no running call with that callId in that room), `refused` (not
+ * joined, the application's hook said no, or rate-limited), `unreachable` (no worker reachable: the
+ * pane ends as a gone worker's does)
+ */
+export type StopAnswerWord = "stopping" | "already_ended" | "unknown" | "refused" | "unreachable";
+
+/** What `stop_call` answers; anything else is a failure. */
+export interface StopAnswer {
+  answer: StopAnswerWord;
+  /** a short text saying why, when the relay gives one */
+  reason?: string;
+}
+
 /** What `leave_conversation` answers (and `join_conversation` without `replay`). */
 export type RoomAnswer = { ok: true } | { ok: false; error: string };
 
@@ -251,6 +275,10 @@ export interface ClientToServerEvents {
   leave_conversation: (
     request: { conversationId: string },
     ack: (answer: RoomAnswer) => void,
+  ) => void;
+  stop_call: (
+    request: StopRequest,
+    ack: (answer: StopAnswer) => void,
   ) => void;
 }
 

@@ -12,7 +12,8 @@ regenerates it and compares, so the file cannot drift from the models. What it d
   kind and a block type per state, whose union is ``ToolEventStreamBlock``;
 * the Socket.IO events of namespace ``/chat`` as socket.io-client's event maps
   (``Socket<ServerToClientEvents, ClientToServerEvents>``), with the join's request
-  (``have``: what the browser holds) and answer (``replay``: what the catch-up sent);
+  (``have``: what the browser holds) and answer (``replay``: what the catch-up sent), and
+  the stop request and its answer;
 * the pane state of ``renderer.js``'s ``PaneStore.state()`` (the conformance vectors'
   format), its literal unions taken from :mod:`kernel_ext.viewing.view`.
 
@@ -34,6 +35,8 @@ from kernel_ext.protocol import (
     JOIN_EVENT,
     LEAVE_EVENT,
     NAMESPACE,
+    STOP_ANSWERS,
+    STOP_EVENT,
     TERMINAL_KEYS,
     TOOL_EVENT_STREAM,
     BlockState,
@@ -190,6 +193,7 @@ def declarations() -> str:
     out += [f"export type ToolEventStreamBlock = {' | '.join(blocks)};", ""]
 
     out += _join_declarations()
+    out += _stop_declarations()
     out += [
         "/** What `leave_conversation` answers (and `join_conversation` without `replay`). */",
         "export type RoomAnswer = { ok: true } | { ok: false; error: string };",
@@ -213,6 +217,10 @@ def declarations() -> str:
         f"  {LEAVE_EVENT}: (",
         "    request: { conversationId: string },",
         "    ack: (answer: RoomAnswer) => void,",
+        "  ) => void;",
+        f"  {STOP_EVENT}: (",
+        "    request: StopRequest,",
+        "    ack: (answer: StopAnswer) => void,",
         "  ) => void;",
         "}",
         "",
@@ -283,6 +291,36 @@ def _join_declarations() -> list[str]:
         "",
         f"/** What `{JOIN_EVENT}` answers. */",
         "export type JoinAnswer = { ok: true; replay?: Replay } | { ok: false; error: string };",
+        "",
+    ]
+
+
+def _stop_declarations() -> list[str]:
+    """The stop request and its answer (docs/web.md, "Stopping a call")."""
+    return [
+        f"/** What `{STOP_EVENT}` sends: stop one running call of a room the browser joined. */",
+        "export interface StopRequest {",
+        "  v: 1;",
+        "  /** the conversation id, a room this browser joined */",
+        "  room: string;",
+        "  /** the call to stop: its callId (16 lower-case hex digits) */",
+        "  callId: string;",
+        "}",
+        "",
+        *_doc(
+            "How a relay answers a stop: `stopping` (the worker was asked; the call's terminal "
+            "follows), `already_ended`, `unknown` (no running call with that callId in that "
+            "room), `refused` (not joined, the application's hook said no, or rate-limited), "
+            "`unreachable` (no worker reachable: the pane ends as a gone worker's does)"
+        ),
+        f"export type StopAnswerWord = {_union(STOP_ANSWERS)};",
+        "",
+        f"/** What `{STOP_EVENT}` answers; anything else is a failure. */",
+        "export interface StopAnswer {",
+        "  answer: StopAnswerWord;",
+        "  /** a short text saying why, when the relay gives one */",
+        "  reason?: string;",
+        "}",
         "",
     ]
 

@@ -61,9 +61,10 @@ REFUSED_WEBSOCKET = re.compile(r"^WebSocket connection to 'ws://127\.0\.0\.1:\d+
 
 # Installed before the page's own scripts: after every DOM change (so after every socket
 # message the page handled, whatever the frame rate) it records which tool nodes were seen
-# live (blocks shown, final answer not yet) and the most nodes seen live at once.
+# live (blocks shown, final answer not yet), the most nodes seen live at once, and the
+# nodes seen live with a stop button in their pane.
 WATCH = """
-window.__kx = { liveBeforeFinal: [], mostLiveAtOnce: 0 };
+window.__kx = { liveBeforeFinal: [], mostLiveAtOnce: 0, stopWhileLive: [] };
 new MutationObserver(() => {
   let live = 0;
   for (const node of document.querySelectorAll(".node-tool")) {
@@ -72,6 +73,10 @@ new MutationObserver(() => {
     live += 1;
     if (!window.__kx.liveBeforeFinal.includes(node.dataset.callId)) {
       window.__kx.liveBeforeFinal.push(node.dataset.callId);
+    }
+    const stop = node.querySelector(".kx-pane .kx-head button.kx-stop");
+    if (stop && !stop.disabled && !window.__kx.stopWhileLive.includes(node.dataset.callId)) {
+      window.__kx.stopWhileLive.push(node.dataset.callId);
     }
   }
   window.__kx.mostLiveAtOnce = Math.max(window.__kx.mostLiveAtOnce, live);
@@ -201,6 +206,9 @@ def test_the_page_shows_colleagues_working_live_in_each_calls_pane(kernel: str) 
             first = _check_first_question(page, "zh", "思考中…", "已结束")
             live = page.evaluate("() => window.__kx.liveBeforeFinal")
             assert set(first) <= set(live)  # blocks were on screen before each answer
+            # The demo turns the panes' stop control on: there while each call ran, gone after.
+            assert set(first) <= set(page.evaluate("() => window.__kx.stopWhileLive"))
+            assert page.locator(".node-tool .kx-stop").count() == 0
             page.screenshot(path=str(ARTIFACTS / f"demo{shot}.png"), full_page=True)
 
             third = _send_second_question(page, "zh", "已结束")

@@ -142,6 +142,14 @@ USAGE_ERRORS = {
         ["tail", *URL, "http://127.0.0.1:8765", "--conversation", " "],
         "--conversation: must be a conversation id, got an empty string",
     ),
+    "tail conversation too long": (
+        ["tail", *URL, "http://127.0.0.1:8765", "--conversation", "c" * 513],
+        "--conversation: must be a conversation id of at most 512 characters, got 'ccc",
+    ),
+    "stop no call id": (
+        ["stop", *URL, "http://127.0.0.1:8765", "--conversation", "c"],
+        "the following arguments are required: --call-id",
+    ),
     "unknown command": (["bogus"], "invalid choice: 'bogus'"),
 }
 
@@ -164,7 +172,7 @@ DEMO_NEEDS_311 = pytest.mark.skipif(
 def test_a_bad_command_line_is_one_line_and_exit_2(case: str) -> None:
     args, phrase = USAGE_ERRORS[case]
     line = one_line(kernel_ext(*args), 2)
-    command = args[0] if args[0] in ("demo", "relay", "tail") else ""
+    command = args[0] if args[0] in ("demo", "relay", "tail", "stop") else ""
     prog = f"kernel-ext {command}".strip()
     assert line.startswith(f"{prog}: error: "), line  # the subcommand's own name
     assert phrase in line

@@ -14,6 +14,7 @@ import pytest
 from support import ROOT
 from support.network import need_binary
 
+from kernel_ext.protocol import STOP_ANSWERS
 from kernel_ext.viewing.view import LABELS, MAX_JOIN_STREAMS
 from kernel_ext.web import ASSETS, asset_path, asset_text, web_root
 
@@ -64,6 +65,10 @@ def test_renderer_labels_are_the_python_labels() -> None:
 
 def test_renderer_join_bound_is_the_python_bound() -> None:
     assert exported("MAX_JOIN_STREAMS") == MAX_JOIN_STREAMS
+
+
+def test_renderer_stop_answers_are_the_protocols() -> None:
+    assert exported("STOP_ANSWERS") == list(STOP_ANSWERS)
 
 
 def test_web_assets_are_locatable_in_the_installed_package() -> None:

@@ -20,9 +20,11 @@
 //   bubble, scene "tool" is a tool-call node (once per eventId = callId). Each node mounts
 //   the renderer's pane for its callId (kernel_ext/web/renderer.js), fed by the same socket.
 // * The box sends `user_message` {conversationId, text}; the web process forwards it to the
-//   agent. Nothing else can be sent from here but join_conversation.
+//   agent. Each running call's pane has a stop button (renderer.js's `stop` option): one
+//   click sends one `stop_call` {v: 1, room, callId}. Nothing else can be sent from here but
+//   join_conversation.
 // * All data goes into the page through textContent and attribute values; never as markup.
-import { LABELS, PaneStore, attachSocket, ensureStyles, labelsFor, mountPane } from "/renderer.js";
+import { LABELS, PaneStore, attachSocket, ensureStyles, labelsFor, mountPane, stopSender } from "/renderer.js";
 import { io } from "/vendor/socket.io.esm.min.js";
 
 ensureStyles(); // the panes' stylesheet, and --kx-font, --kx-mono (the font stacks) for the whole page
@@ -78,6 +80,7 @@ for (const suggestion of current.suggestions) {
 
 const store = new PaneStore();
 const socket = io("/chat");
+const stop = stopSender(socket, conversationId); // the panes' stop control
 const nodes = new Map(); // eventId -> tool node view
 const seenMessages = new Set();
 let firstSent = false;
@@ -185,7 +188,7 @@ function addToolNode(callId, content) {
     detail.hidden = !open;
   });
   append(item);
-  const pane = mountPane(detail, store, callId, { locale });
+  const pane = mountPane(detail, store, callId, { locale, stop });
   const update = () => {
     const current = store.pane(callId);
     const status = current ? current.status : "calling";
