@@ -103,7 +103,7 @@ _OPTIONS = {
     "max_browser_rooms": "--max-browser-rooms",
     "join_rate": "--join-rate",
     "max_handshakes": "--max-handshakes",
-    "max_handshake_waiting": "--max-handshake-waiting",
+    "max_handshake_waiting": "--handshake-queue",
 }
 # The admission caps' options: (settings field, metavar, what, default).
 _CAPS = (
@@ -111,13 +111,8 @@ _CAPS = (
     ("max_per_identity", "N", "browsers of one identity", DEFAULT_MAX_PER_IDENTITY),
     ("max_browser_rooms", "N", "conversations per browser", DEFAULT_MAX_BROWSER_ROOMS),
     ("join_rate", "RATE", "joins per second per browser", f"{DEFAULT_JOIN_RATE:g}"),
-    ("max_handshakes", "N", "new connections handled at once", DEFAULT_MAX_HANDSHAKES),
-    (
-        "max_handshake_waiting",
-        "N",
-        "new connections waiting their turn, then 503",
-        DEFAULT_MAX_HANDSHAKE_WAITING,
-    ),
+    ("max_handshakes", "N", "handshakes at once", DEFAULT_MAX_HANDSHAKES),
+    ("max_handshake_waiting", "N", "handshakes waiting, then 503", DEFAULT_MAX_HANDSHAKE_WAITING),
 )
 
 DESCRIPTION = (
@@ -128,11 +123,9 @@ _EPILOG = (
     f"The internal senders' secret comes from {_SECRET} (at least {MIN_SECRET_BYTES} bytes; "
     f"make one with: {MAKE_SECRET}). Without both --authenticate and "
     "--authorize-join the relay refuses to start, unless --allow-anyone is given on a "
-    "loopback --host. The caps --max-browsers, --max-per-identity, --max-browser-rooms, "
-    "--join-rate, --max-handshakes and --max-handshake-waiting hold per web process; each "
-    "defaults to its KERNEL_EXT_ variable "
-    f"({env_name('max_browsers')} …) if set. It answers GET /healthz (liveness) and "
-    "GET /readyz (readiness). Ctrl-C or SIGTERM: exit 130 or 143."
+    "loopback --host. The caps hold per web process, each by default its KERNEL_EXT_ "
+    "variable if set. It answers GET /healthz and GET /readyz. Ctrl-C or SIGTERM: exit "
+    "130 or 143."
 )
 
 
@@ -227,7 +220,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for field, metavar, what, default in _CAPS:
         parser.add_argument(
-            _OPTIONS[field], default=None, metavar=metavar, help=f"{what} (default: {default})"
+            _OPTIONS[field],
+            dest=field,
+            default=None,
+            metavar=metavar,
+            help=f"{what} (default: {default})",
         )
     parser.add_argument(
         "--no-page",
