@@ -106,7 +106,7 @@ def create_app(
     served = socketio.ASGIApp(sio, other_asgi_app=other_asgi_app, static_files=static)
     turnstile = app = with_handshake_turnstile(
         with_packet_guard(served),
-        reject=relay._reject,
+        relay,
         path=served.engineio_path,
         max_handshakes=max_handshakes,
         max_handshake_waiting=max_handshake_waiting,

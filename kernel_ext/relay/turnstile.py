@@ -28,7 +28,7 @@ import asyncio
 import collections
 import contextlib
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import parse_qs
 
 from kernel_ext.errors import check_positive_ints
@@ -54,8 +54,13 @@ _Message = MutableMapping[str, Any]
 _Receive = Callable[[], Awaitable[_Message]]
 _Send = Callable[[_Message], Awaitable[None]]
 _ASGIApp = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
-Reject = Callable[[str, str, str], None]
-"""``reject(who, reason, what)``: count and rarely log a refusal (the relay's ``_reject``)."""
+
+
+class _Relay(Protocol):
+    """What the turnstile needs of a relay: to count and rarely log a refusal."""
+
+    def _reject(self, sid: str, reason: str, what: str) -> None: ...
+
 
 # The messages after which a handshake is done: the app has answered it.
 _ANSWERS = frozenset(
@@ -80,13 +85,13 @@ class HandshakeTurnstile:
         path: str,
         max_handshakes: int | None,
         max_waiting: int | None,
-        reject: Reject,
+        relay: _Relay,
     ) -> None:
         self.app = app
         self.path = path if path.endswith("/") else path + "/"
         self.max_handshakes = max_handshakes
         self.max_waiting = max_waiting
-        self._reject = reject
+        self._relay = relay
         self._busy = 0  # handshakes the app is handling
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
 
@@ -167,7 +172,7 @@ class HandshakeTurnstile:
     async def _refuse(self, scope: _Scope, send: _Send) -> None:
         client = scope.get("client")
         who = f"{client[0]}:{client[1]}" if isinstance(client, list | tuple) else "a client"
-        self._reject(who, HANDSHAKE_LIMIT, "a new connection (too many handshakes waiting)")
+        self._relay._reject(who, HANDSHAKE_LIMIT, "a new connection (too many handshakes waiting)")
         headers = [
             (b"content-type", b"text/plain; charset=utf-8"),
             (b"content-length", str(len(REFUSED_HANDSHAKE_BODY)).encode()),
@@ -186,8 +191,8 @@ class HandshakeTurnstile:
 
 def with_handshake_turnstile(
     app: _ASGIApp,
+    relay: _Relay,
     *,
-    reject: Reject,
     path: str = "/socket.io/",
     max_handshakes: int | None = DEFAULT_MAX_HANDSHAKES,
     max_handshake_waiting: int | None = DEFAULT_MAX_HANDSHAKE_WAITING,
@@ -195,7 +200,7 @@ def with_handshake_turnstile(
     """``app`` (a ``socketio.ASGIApp``, or an app around one, serving Engine.IO under
     ``path``) behind the handshake turnstile (module docstring): ``max_handshakes`` new
     sessions handled at once, ``max_handshake_waiting`` waiting, one more refused with
-    ``503`` and ``reject(who, "handshake_limit", what)``.
+    ``503`` and counted by ``relay`` (the :class:`~kernel_ext.relay.ChatRelay` served).
 
     Raises:
         ConfigError: a bound that is not a positive int.
@@ -207,5 +212,5 @@ def with_handshake_turnstile(
         path=path,
         max_handshakes=max_handshakes,
         max_waiting=max_handshake_waiting,
-        reject=reject,
+        relay=relay,
     )
