@@ -59,7 +59,7 @@ _ASGIApp = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
 class _Relay(Protocol):
     """What the turnstile needs of a relay: to count and rarely log a refusal."""
 
-    def _reject(self, sid: str, reason: str, what: str) -> None: ...
+    def count_refusal(self, who: str, reason: str, what: str) -> None: ...
 
 
 # The messages after which a handshake is done: the app has answered it.
@@ -172,7 +172,9 @@ class HandshakeTurnstile:
     async def _refuse(self, scope: _Scope, send: _Send) -> None:
         client = scope.get("client")
         who = f"{client[0]}:{client[1]}" if isinstance(client, list | tuple) else "a client"
-        self._relay._reject(who, HANDSHAKE_LIMIT, "a new connection (too many handshakes waiting)")
+        self._relay.count_refusal(
+            who, HANDSHAKE_LIMIT, "a new connection (too many handshakes waiting)"
+        )
         headers = [
             (b"content-type", b"text/plain; charset=utf-8"),
             (b"content-length", str(len(REFUSED_HANDSHAKE_BODY)).encode()),
