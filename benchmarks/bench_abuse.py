@@ -2,7 +2,8 @@
 the other conversations, on 127.0.0.1 — each probe twice, side by side in one run: with the
 relay's bounds (its defaults) and with the bounds relaxed through the relay's options to
 their old unbounded behaviour ("bounds off": no per-browser queue bound, no catch-up budget,
-no bound in flight, no admission caps; the named options are in :data:`BOUNDS_OFF`).
+no bound in flight, no admission caps, no handshake turnstile; the named options are in
+:data:`BOUNDS_OFF`).
 
 One relay process per mode (``create_app`` served by uvicorn, as ``kernel-ext relay`` does;
 an ``authenticate`` hook whose identity is the browser's ``token``), filled by a worker
@@ -91,6 +92,7 @@ BOUNDS_OFF: dict[str, Any] = {
     "max_per_identity": None,
     "max_browser_rooms": None,
     "join_rate": None,
+    "max_handshakes": None,
 }
 """The relay options of the "bounds off" run: each new bound relaxed to unbounded."""
 _SCRIPT = os.path.abspath(__file__)

@@ -159,6 +159,9 @@ class Settings(BaseSettings):
     max_per_identity: int | None = Field(default=None, ge=1)
     max_browser_rooms: int | None = Field(default=None, ge=1)
     join_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    # Its handshake turnstile (kernel-ext relay); unset: create_app's defaults.
+    max_handshakes: int | None = Field(default=None, ge=1)
+    max_handshake_waiting: int | None = Field(default=None, ge=1)
 
     def relay_caps(self) -> dict[str, Any]:
         """The admission caps set (by variable or argument), as the relay's options: the
@@ -170,6 +173,16 @@ class Settings(BaseSettings):
             "join_rate": self.join_rate,
         }
         return {name: value for name, value in caps.items() if value is not None}
+
+    def handshake_bounds(self) -> dict[str, Any]:
+        """The handshake turnstile's bounds set (by variable or argument), as
+        :func:`~kernel_ext.relay.create_app`'s options: the ones unset are left to its
+        defaults."""
+        bounds = {
+            "max_handshakes": self.max_handshakes,
+            "max_handshake_waiting": self.max_handshake_waiting,
+        }
+        return {name: value for name, value in bounds.items() if value is not None}
 
     @field_validator("targets", mode="before")
     @classmethod

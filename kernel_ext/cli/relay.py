@@ -68,6 +68,7 @@ from kernel_ext.relay.limits import (
     DEFAULT_MAX_PER_IDENTITY,
 )
 from kernel_ext.relay.replay import DEFAULT_CONVERSATION_BYTES, DEFAULT_TOTAL_BYTES
+from kernel_ext.relay.turnstile import DEFAULT_MAX_HANDSHAKE_WAITING, DEFAULT_MAX_HANDSHAKES
 from kernel_ext.settings import (
     MAKE_SECRET,
     MIN_SECRET_BYTES,
@@ -101,6 +102,8 @@ _OPTIONS = {
     "max_per_identity": "--max-per-identity",
     "max_browser_rooms": "--max-browser-rooms",
     "join_rate": "--join-rate",
+    "max_handshakes": "--max-handshakes",
+    "max_handshake_waiting": "--handshake-queue",
 }
 # The admission caps' options: (settings field, metavar, what, default).
 _CAPS = (
@@ -108,6 +111,8 @@ _CAPS = (
     ("max_per_identity", "N", "browsers of one identity", DEFAULT_MAX_PER_IDENTITY),
     ("max_browser_rooms", "N", "conversations per browser", DEFAULT_MAX_BROWSER_ROOMS),
     ("join_rate", "RATE", "joins per second per browser", f"{DEFAULT_JOIN_RATE:g}"),
+    ("max_handshakes", "N", "handshakes at once", DEFAULT_MAX_HANDSHAKES),
+    ("max_handshake_waiting", "N", "handshakes waiting, then 503", DEFAULT_MAX_HANDSHAKE_WAITING),
 )
 
 DESCRIPTION = (
@@ -118,10 +123,9 @@ _EPILOG = (
     f"The internal senders' secret comes from {_SECRET} (at least {MIN_SECRET_BYTES} bytes; "
     f"make one with: {MAKE_SECRET}). Without both --authenticate and "
     "--authorize-join the relay refuses to start, unless --allow-anyone is given on a "
-    "loopback --host. The caps --max-browsers, --max-per-identity, --max-browser-rooms "
-    "and --join-rate hold per web process; each defaults to its KERNEL_EXT_ variable "
-    f"({env_name('max_browsers')} …) if set. It answers GET /healthz (liveness) and "
-    "GET /readyz (readiness). Ctrl-C or SIGTERM: exit 130 or 143."
+    "loopback --host. The caps hold per web process, each by default its KERNEL_EXT_ "
+    "variable if set. It answers GET /healthz and GET /readyz. Ctrl-C or SIGTERM: exit "
+    "130 or 143."
 )
 
 
@@ -216,7 +220,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for field, metavar, what, default in _CAPS:
         parser.add_argument(
-            _OPTIONS[field], default=None, metavar=metavar, help=f"{what} (default: {default})"
+            _OPTIONS[field],
+            dest=field,
+            default=None,
+            metavar=metavar,
+            help=f"{what} (default: {default})",
         )
     parser.add_argument(
         "--no-page",
@@ -435,6 +443,7 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
             catch_up=not args.no_catch_up,
             replay_total_bytes=args.catch_up_memory << 20,
             **settings.relay_caps(),
+            **settings.handshake_bounds(),
         )
         manager = ready.sio.manager
 

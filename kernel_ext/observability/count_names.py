@@ -65,6 +65,7 @@ __all__ = [
     "EXPIRED",
     "FRAMES",
     "FRAME_TOO_LARGE",
+    "HANDSHAKE_LIMIT",
     "HEARTBEATS",
     "HELD_TERMINALS",
     "IDENTITY_LIMIT",
@@ -291,3 +292,6 @@ BROWSER_LIMIT = "browser_limit"
 IDENTITY_LIMIT = "identity_limit"
 ROOM_LIMIT = "room_limit"
 JOIN_RATE = "join_rate"
+HANDSHAKE_LIMIT = "handshake_limit"
+"""A new connection refused because ``max_handshake_waiting`` others wait for their
+handshake (:mod:`kernel_ext.relay.turnstile`), counted ``rejected_handshake_limit``."""

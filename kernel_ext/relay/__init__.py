@@ -19,6 +19,7 @@ worker side: ``stream``, ``emit``, ``worker``):
                        outage, write-only workers' streams ended when they are gone, whether
                        Redis answers
 ``health``             :class:`Readiness`, :func:`with_probes`: ``/healthz`` and ``/readyz``
+``turnstile``          new connections' handshakes a few at a time, a bounded queue, ``503``
 ``backpressure``       what each browser may hold (packets, bytes), paced acknowledgements,
                        the catch-up bytes in flight in all
 ``catch_up``           a join's catch-up: sent as the browser reads, within its budget

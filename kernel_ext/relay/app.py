@@ -13,6 +13,12 @@ from kernel_ext.relay.guarded import with_packet_guard
 from kernel_ext.relay.health import with_probes
 from kernel_ext.relay.namespace import ChatRelay
 from kernel_ext.relay.redis_manager import RelayRedisManager
+from kernel_ext.relay.turnstile import (
+    DEFAULT_MAX_HANDSHAKE_WAITING,
+    DEFAULT_MAX_HANDSHAKES,
+    HandshakeTurnstile,
+    with_handshake_turnstile,
+)
 
 __all__ = ["RelayApp", "create_app", "mount_relay"]
 
@@ -29,11 +35,13 @@ def mount_relay(sio: socketio.AsyncServer, secret: str, **options: Any) -> ChatR
 
 @dataclass(frozen=True)
 class RelayApp:
-    """A ready relay: the ASGI ``app`` to serve, its ``sio`` server and the ``relay``."""
+    """A ready relay: the ASGI ``app`` to serve, its ``sio`` server, the ``relay`` and the
+    ``turnstile`` its new connections pass (``turnstile.waiting``: how many wait now)."""
 
     app: Any
     sio: socketio.AsyncServer
     relay: ChatRelay
+    turnstile: HandshakeTurnstile | None = None
 
 
 def create_app(
@@ -46,6 +54,8 @@ def create_app(
     max_http_buffer_size: int = 4 * 1024 * 1024,
     assets_prefix: str | None = None,
     probes: bool = True,
+    max_handshakes: int | None = DEFAULT_MAX_HANDSHAKES,
+    max_handshake_waiting: int | None = DEFAULT_MAX_HANDSHAKE_WAITING,
     **relay_options: Any,
 ) -> RelayApp:
     """An ``AsyncServer`` (Redis client manager when ``redis_url`` is given) with a
@@ -64,9 +74,15 @@ def create_app(
     starts the Redis manager's listener at start-up; ``False`` leaves those paths to
     ``other_asgi_app`` (answer them with ``relay.readiness()``).
 
+    ``max_handshakes`` new Engine.IO sessions are handled at once, ``max_handshake_waiting``
+    more wait their turn, one more is answered ``503`` (counted
+    ``rejected_handshake_limit``): :func:`~kernel_ext.relay.turnstile.with_handshake_turnstile`;
+    ``max_handshakes=None`` turns it off.
+
     Raises:
         ConfigError: a secret shorter than 16 bytes, a Redis URL that does not parse, a bad
-            relay option (:class:`ChatRelay`, :class:`RelayRedisManager`).
+            relay option (:class:`ChatRelay`, :class:`RelayRedisManager`), a handshake bound
+            that is not a positive int.
     """
     manager = None
     if redis_url is not None:
@@ -87,7 +103,14 @@ def create_app(
         from kernel_ext.web import static_files
 
         static = static_files(assets_prefix)
-    app = with_packet_guard(
-        socketio.ASGIApp(sio, other_asgi_app=other_asgi_app, static_files=static)
+    served = socketio.ASGIApp(sio, other_asgi_app=other_asgi_app, static_files=static)
+    turnstile = app = with_handshake_turnstile(
+        with_packet_guard(served),
+        relay,
+        path=served.engineio_path,
+        max_handshakes=max_handshakes,
+        max_handshake_waiting=max_handshake_waiting,
     )
-    return RelayApp(app=with_probes(app, relay) if probes else app, sio=sio, relay=relay)
+    return RelayApp(
+        app=with_probes(app, relay) if probes else app, sio=sio, relay=relay, turnstile=turnstile
+    )

@@ -98,6 +98,12 @@ class GuardedNamespace(socketio.AsyncNamespace):  # type: ignore[misc, unused-ig
             exc_info=exc_info,
         )
 
+    def count_refusal(self, who: str, reason: str, what: str) -> None:
+        """Count and rarely log ``what`` from ``who`` refused for ``reason`` as the relay's own
+        refusals are (``rejected_<reason>``): for the layers around it (the handshake
+        turnstile)."""
+        self._reject(who, reason, what)
+
     def _who(self, sid: str) -> str:
         """What the connection ``sid`` is, for the log."""
         return "client"

@@ -98,6 +98,20 @@ def test_the_relay_caps_are_read_and_only_the_ones_set_reach_the_relay(
     assert (relay.limits.max_browser_rooms, relay.limits.join_rate) == (100, 0.5)
 
 
+def test_the_handshake_bounds_are_read_and_only_the_ones_set_reach_create_app(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("MAX_HANDSHAKES", "MAX_HANDSHAKE_WAITING"):
+        monkeypatch.delenv(env_name(name), raising=False)
+    assert load_settings().handshake_bounds() == {}
+    monkeypatch.setenv("KERNEL_EXT_MAX_HANDSHAKE_WAITING", "20")
+    settings = load_settings(max_handshakes="2")  # a flag's text
+    assert settings.handshake_bounds() == {"max_handshakes": 2, "max_handshake_waiting": 20}
+    ready = create_app("s3cret-for-settings-tests", **settings.handshake_bounds())
+    assert ready.turnstile is not None
+    assert (ready.turnstile.max_handshakes, ready.turnstile.max_waiting) == (2, 20)
+
+
 @pytest.mark.parametrize(
     ("variable", "value"),
     [

@@ -171,6 +171,8 @@ def test_help_is_short_and_shows_every_default() -> None:
         "--max-per-identity",
         "--max-browser-rooms",
         "--join-rate",
+        "--max-handshakes",
+        "--handshake-queue",
     ]
     described = " ".join(text.split())  # argparse wraps the help texts
     for option, default in zip(
@@ -188,6 +190,8 @@ def test_help_is_short_and_shows_every_default() -> None:
             "64",
             "100",
             "5",
+            "4",
+            "1000",
         ),
         strict=True,
     ):
@@ -402,6 +406,17 @@ async def test_the_caps_come_from_their_options_and_variables() -> None:
         finally:
             for browser in two:
                 await browser.close()
+
+
+def test_a_bad_handshake_bound_is_refused_at_start_naming_its_option_or_variable() -> None:
+    env = dict(support_env(), KERNEL_EXT_MAX_HANDSHAKE_WAITING="-1")
+    line = assert_refused(
+        run_relay("--allow-anyone", "--max-handshakes", "0", env=env),
+        "2 problems",
+        "--max-handshakes: Input should be greater than or equal to 1 (got '0')",
+        "KERNEL_EXT_MAX_HANDSHAKE_WAITING (max_handshake_waiting): ",
+    )
+    assert "Traceback" not in line
 
 
 def test_a_bad_cap_is_refused_at_start_naming_its_option_or_variable() -> None:
