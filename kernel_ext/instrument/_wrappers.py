@@ -15,12 +15,17 @@ function is called, its wrapper
   around each step only, because a generator's frame runs in its consumer's context.
 
 Arguments, values sent in, values thrown in, yielded and returned values and exceptions
-pass through unchanged. What a sync function or a coroutine returns, and a generator's
-return value, is what the call is said to have returned (:meth:`ActiveCall.returned`).
+pass through unchanged — but for a call that was stopped (:func:`kernel_ext.stop_call`): a
+sync function or a coroutine then returns :meth:`ActiveCall.stopped_result` instead of its
+value or its exception (a coroutine's task is cancelled by the stop and the cancellation
+caught here); a generator's values pass unchanged (only its end reads as stopped). What a
+sync function or a coroutine returns, and a generator's return value, is what the call is
+said to have returned (:meth:`ActiveCall.returned`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -120,10 +125,14 @@ def make_wrapper(
         except BaseException as error:
             deactivate(tokens)
             active.finish(error)
+            if active.stopped and isinstance(error, Exception):
+                return active.stopped_result()
             raise
         deactivate(tokens)
         active.result = result
         active.finish(None)
+        if active.stopped:
+            return active.stopped_result()
         return result
 
     return wrapper
@@ -158,8 +167,22 @@ async def _run_async(
     active = begin(instance, args, kwargs)
     if active is None:
         return await wrapped(*args, **kwargs)
-    with active:
-        return active.returned(await wrapped(*args, **kwargs))
+    active.watch()
+    try:
+        with active:
+            result = active.returned(await wrapped(*args, **kwargs))
+    except asyncio.CancelledError:
+        if not active.stop_caught():
+            raise
+        return active.stopped_result()  # type: ignore[return-value]
+    except Exception:
+        if not active.stopped:
+            raise
+        return active.stopped_result()  # type: ignore[return-value]
+    active.settle()
+    if active.stopped:
+        return active.stopped_result()  # type: ignore[return-value]
+    return result
 
 
 def _run_generator(

@@ -73,6 +73,7 @@ __all__ = [
     "REFUSED_BAD_WORKER",
     "REFUSED_UNAUTHORIZED",
     "REPLAY_IDLE",
+    "STOPPED_KEY",
     "TERMINAL_KEYS",
     "TERMINAL_STATES",
     "TOOL_EVENT_STREAM",
@@ -130,6 +131,10 @@ KNOWN_KINDS: frozenset[str] = frozenset(
 BlockState = Literal["running", "done", "aborted"]
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "aborted"})
 TERMINAL_KEYS: Mapping[str, str] = {"done": "text", "aborted": "message"}
+STOPPED_KEY = "stopped"
+"""An ``aborted`` block's ``envelope.payload.stopped``: ``true`` when the user stopped the
+call (:func:`kernel_ext.stop_call`), a stop rather than a failure; absent otherwise. Readers
+treat only ``true`` as stopped (additive: ``v`` stays 1)."""
 """The string each terminal state carries in ``envelope.payload``: the final answer, the
 summary of why the stream ended without one."""
 DEFAULT_MAX_BLOCK_BYTES = 64 * 1024
@@ -226,7 +231,8 @@ class Envelope(_Wire):
     payload: dict[str, Any] = Field(
         default_factory=dict,
         description="the kind's content; a done block's text is the final answer, an "
-        "aborted block's message a summary",
+        "aborted block's message a summary (and its stopped, when true, says the user "
+        "stopped the call: a stop, not a failure)",
     )
 
     @model_validator(mode="after")

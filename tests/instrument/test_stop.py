@@ -1,0 +1,283 @@
+"""Stopping one running tool call by its callId (issue 35, the worker's side):
+:func:`kernel_ext.stop_call` on calls the instrumentor wraps — an async call's own execution
+is cancelled and the wrapped call returns the stopped result, the turn and the other calls
+go on; sync code sees ``stop_requested``; the pane ends with one ``aborted`` block that says
+*stopped*; the span records the cancellation; a stop that crosses the call's end gives one
+terminal and an answer that says which came first; bad input is refused and counted."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+from support.attribution_helpers import pane_reads
+
+import kernel_ext
+from kernel_ext import current_call_id, current_tool_call, publish, stop_call
+from kernel_ext.attribution.tap import Tap
+from kernel_ext.stop import STOPPED_MESSAGE, stop_counts, stopped_result
+from kernel_ext.testing import MemoryEmitter
+from kernel_ext.worker import wiring
+
+CONV = "conv-stop"
+TARGETS = [f"{__name__}:{name}" for name in ("slow", "quick", "spin", "outer", "self_stopping")]
+
+started: dict[str, asyncio.Event] = {}
+ids: dict[str, str] = {}
+
+
+async def slow(name: str, **kwargs: Any) -> str:
+    """An async tool that says something, then waits until it is stopped."""
+    call_id = current_call_id()
+    assert call_id is not None
+    ids[name] = call_id
+    publish(f"{name} is thinking", task_id=call_id)
+    started[name].set()
+    await asyncio.Event().wait()
+    return "never"
+
+
+async def quick(name: str, gate: asyncio.Event, **kwargs: Any) -> str:
+    """An async tool that answers once ``gate`` opens."""
+    call_id = current_call_id()
+    assert call_id is not None
+    ids[name] = call_id
+    publish(f"{name} is thinking", task_id=call_id)
+    await gate.wait()
+    return f"{name} answered"
+
+
+def spin(name: str, ready: threading.Event, **kwargs: Any) -> str:
+    """A sync tool that works in small steps and checks for a stop between them."""
+    call = current_tool_call()
+    assert call is not None
+    ids[name] = call.call_id
+    publish("step 1 of many", task_id=call.call_id)
+    ready.set()
+    for _ in range(60_000):
+        if call.stop_requested:
+            return "got through step 1"
+        threading.Event().wait(0.001)
+    return "never stopped"
+
+
+async def outer(**kwargs: Any) -> str:
+    """A tool whose call runs a nested one."""
+    call_id = current_call_id()
+    assert call_id is not None
+    ids["outer"] = call_id
+    return await slow("inner", tool_name="slow")
+
+
+def self_stopping(answer: str, **kwargs: Any) -> str:
+    """A sync tool that publishes, then is stopped just before it returns (the race)."""
+    call_id = current_call_id()
+    assert call_id is not None
+    ids["self"] = call_id
+    publish("working", task_id=call_id)
+    answers.append(stop_call(call_id))
+    return answer
+
+
+answers: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _always_disable() -> Iterator[None]:
+    yield
+    wiring.disable(timeout=2)
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+async def emitter(exporter: InMemorySpanExporter) -> AsyncIterator[MemoryEmitter]:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    memory = MemoryEmitter()
+    kernel_ext.enable(
+        emitter=memory, tracer_provider=provider, targets=TARGETS, tap=Tap(), handle_sigterm=False
+    )
+    started.clear()
+    ids.clear()
+    answers.clear()
+    try:
+        yield memory
+    finally:
+        await kernel_ext.adisable()
+        provider.shutdown()
+
+
+async def terminals(emitter: MemoryEmitter, call_id: str, count: int) -> list[dict[str, Any]]:
+    """The blocks of ``call_id`` once ``count`` of them were sent; exactly one terminal."""
+    await emitter.wait_for(
+        lambda records: sum(b["callId"] == call_id for b in emitter.blocks(CONV)) >= count
+    )
+    await emitter.flush(2)
+    mine = [b for b in emitter.blocks(CONV) if b["callId"] == call_id]
+    assert sum(b["state"] != "running" for b in mine) == 1, mine
+    assert mine[-1]["state"] != "running"
+    return mine
+
+
+async def test_an_async_call_is_stopped_and_the_turn_and_the_other_call_go_on(
+    emitter: MemoryEmitter, exporter: InMemorySpanExporter
+) -> None:
+    started["a"] = asyncio.Event()
+    gate = asyncio.Event()
+
+    async def turn() -> list[str]:
+        results = await asyncio.gather(
+            slow("a", tool_name="slow", conversation_id=CONV),
+            quick("b", gate, tool_name="quick", conversation_id=CONV),
+        )
+        await asyncio.sleep(0)  # the turn's own task was not left cancelled
+        return results
+
+    task = asyncio.create_task(turn())
+    await started["a"].wait()
+    assert stop_call(ids["a"], reason="wrong question") == "stopping"
+    assert stop_call(ids["a"]) in ("stopping", "already_ended")  # a second click: harmless
+    gate.set()
+    stopped, other = await asyncio.wait_for(task, 10)
+    assert stopped == stopped_result("a is thinking") or stopped == stopped_result()
+    assert stopped.startswith("The user stopped this tool call")
+    assert other == "b answered"
+    assert not task.cancelled()
+    assert task.cancelling() == 0
+
+    blocks = await terminals(emitter, ids["a"], 2)
+    assert (blocks[-1]["state"], blocks[-1]["envelope"]["payload"]) == (
+        "aborted",
+        {"message": STOPPED_MESSAGE, "stopped": True},
+    )
+    assert pane_reads(blocks, ids["a"]) == ("ended", "aborted", STOPPED_MESSAGE)
+    others = await terminals(emitter, ids["b"], 2)
+    # Its own stream, left open, ends as a returned call's does: not stopped.
+    assert others[-1]["envelope"]["payload"] == {
+        "message": "the tool call ended before its stream did"
+    }
+    assert stop_call(ids["a"]) == "already_ended"
+
+    [span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool slow"]
+    assert span.status.status_code is StatusCode.ERROR
+    assert span.status.description == STOPPED_MESSAGE
+    assert span.attributes is not None
+    assert span.attributes["error.type"] == "cancelled"
+    [other_span] = [s for s in exporter.get_finished_spans() if s.name == "execute_tool quick"]
+    assert other_span.status.status_code is not StatusCode.ERROR
+
+
+async def test_a_tool_awaited_in_the_turns_own_task_leaves_the_task_uncancelled(
+    emitter: MemoryEmitter,
+) -> None:
+    started["a"] = asyncio.Event()
+
+    async def turn() -> tuple[str, str]:
+        result = await slow("a", tool_name="slow", conversation_id=CONV)
+        await asyncio.sleep(0.01)  # would raise CancelledError if the task stayed cancelled
+        return result, "the turn went on"
+
+    task = asyncio.create_task(turn())
+    await started["a"].wait()
+    assert stop_call(ids["a"]) == "stopping"
+    result, after = await asyncio.wait_for(task, 10)
+    assert result.startswith("The user stopped this tool call")
+    assert after == "the turn went on"
+
+
+async def test_a_cancellation_that_is_not_the_stops_still_propagates(
+    emitter: MemoryEmitter,
+) -> None:
+    started["a"] = asyncio.Event()
+    task = asyncio.create_task(slow("a", tool_name="slow", conversation_id=CONV))
+    await started["a"].wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    blocks = await terminals(emitter, ids["a"], 2)
+    assert "stopped" not in blocks[-1]["envelope"]["payload"]
+    assert stop_call(ids["a"]) == "already_ended"
+
+
+async def test_a_sync_call_sees_stop_requested_and_its_words_reach_the_model(
+    emitter: MemoryEmitter,
+) -> None:
+    ready = threading.Event()
+    work = asyncio.create_task(
+        asyncio.to_thread(spin, "s", ready, tool_name="spin", conversation_id=CONV)
+    )
+    await asyncio.to_thread(ready.wait, 10)
+    assert stop_call(ids["s"]) == "stopping"
+    result = await asyncio.wait_for(work, 10)
+    assert result == stopped_result("got through step 1")
+    assert "got through step 1" in result
+    blocks = await terminals(emitter, ids["s"], 2)
+    assert blocks[-1]["envelope"]["payload"] == {"message": STOPPED_MESSAGE, "stopped": True}
+
+
+async def test_stopping_a_call_stops_the_call_it_is_waiting_on(emitter: MemoryEmitter) -> None:
+    started["inner"] = asyncio.Event()
+    task = asyncio.create_task(outer(tool_name="outer", conversation_id=CONV))
+    await started["inner"].wait()
+    assert stop_call(ids["outer"]) == "stopping"
+    result = await asyncio.wait_for(task, 10)
+    assert result.startswith("The user stopped this tool call")
+    inner = await terminals(emitter, ids["inner"], 2)
+    assert inner[-1]["state"] == "aborted"  # cancelled with the call that started it
+    assert stop_call(ids["inner"]) == "already_ended"
+
+
+async def test_a_stop_that_comes_first_wins_the_race_with_the_calls_end(
+    emitter: MemoryEmitter,
+) -> None:
+    result = self_stopping("the real answer", tool_name="self_stopping", conversation_id=CONV)
+    assert answers == ["stopping"]
+    assert result == stopped_result("the real answer")
+    blocks = await terminals(emitter, ids["self"], 2)
+    assert blocks[-1]["envelope"]["payload"] == {"message": STOPPED_MESSAGE, "stopped": True}
+
+
+async def test_a_stop_after_the_calls_end_changes_nothing(emitter: MemoryEmitter) -> None:
+    gate = asyncio.Event()
+    gate.set()
+    assert await quick("b", gate, tool_name="quick", conversation_id=CONV) == "b answered"
+    assert stop_call(ids["b"]) == "already_ended"
+    blocks = await terminals(emitter, ids["b"], 2)
+    assert blocks[-1]["envelope"]["payload"] == {
+        "message": "the tool call ended before its stream did"
+    }
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [None, 12, b"00000000000000a1", "0" * 15, "0" * 17, "A" * 16, "\ud800" * 16, "0" * 10_000_000],
+    ids=["none", "int", "bytes", "short", "long", "upper", "surrogates", "huge"],
+)
+def test_a_malformed_call_id_is_refused_and_counted(bad: object) -> None:
+    before = stop_counts().get("refused", 0)
+    assert stop_call(bad) == "refused"
+    assert stop_counts()["refused"] == before + 1
+
+
+def test_a_call_id_of_no_running_call_is_unknown_and_counted() -> None:
+    before = stop_counts().get("unknown", 0)
+    assert stop_call("00000000000000a1") == "unknown"
+    assert stop_counts()["unknown"] == before + 1
+
+
+def test_a_call_set_by_hand_is_not_on_the_convergence_path_and_cannot_be_stopped() -> None:
+    with kernel_ext.use_tool_call(kernel_ext.ToolCall("00000000000000b2", "hand")) as call:
+        assert stop_call("00000000000000b2") == "unknown"
+        assert call is not None
+        assert not call.stop_requested
