@@ -34,10 +34,10 @@ import asyncio
 import functools
 import logging
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import Token
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -90,6 +90,7 @@ __all__ = [
     "begin_described",
     "begin_scope",
     "default_describe",
+    "run_stoppable",
     "tool_call_scope",
     "tracer_of",
 ]
@@ -117,12 +118,16 @@ class ToolDescription:
     ``tool_name`` names the tool (the span is ``execute_tool <tool_name>``);
     ``conversation_id`` is the conversation (``gen_ai.conversation.id``), ``None`` to
     inherit the enclosing call's; ``llm_call_id`` is the model's tool-call id
-    (``gen_ai.tool.call.id``), if any.
+    (``gen_ai.tool.call.id``), if any. ``stopped_as`` shapes the result a stopped call
+    returns (:func:`kernel_ext.stop_call`) the way the runtime returns results: called with
+    the stopped result's text; ``None`` returns the text itself (not part of the
+    description's equality).
     """
 
     tool_name: str
     conversation_id: str | None = None
     llm_call_id: str | None = None
+    stopped_as: Callable[[str], Any] | None = field(default=None, compare=False)
 
 
 class Describe(Protocol):
@@ -198,6 +203,7 @@ class ActiveCall:
         "sink_of",
         "span",
         "stopped",
+        "stopped_as",
     )
 
     def __init__(
@@ -219,6 +225,7 @@ class ActiveCall:
         self.error: BaseException | None = None
         self.result: object = None
         self.stopped = False
+        self.stopped_as: Callable[[str], Any] | None = None
 
     def watch(self) -> None:
         """An async runtime, in the task that runs the call's code: a stop
@@ -255,14 +262,23 @@ class ActiveCall:
             return True
         return bool(uncancel() == 0)
 
-    def stopped_result(self) -> str:
-        """The tool result of a stopped call (:func:`kernel_ext.stop.stopped_result`): what
-        the call recorded so far, else what its code returned when it is text."""
+    def stopped_result(self) -> Any:
+        """The tool result of a stopped call (:func:`kernel_ext.stop.stopped_result`): with
+        what the call recorded so far, else what its code returned when it is text; shaped by
+        the description's ``stopped_as`` (its fault: the text itself, logged)."""
         call = self.call
         so_far = call.life.so_far if call is not None else None
         if so_far is None and isinstance(self.result, str):
             so_far = self.result
-        return stopped_result(so_far)
+        text = stopped_result(so_far)
+        shape = self.stopped_as
+        if shape is None:
+            return text
+        try:
+            return shape(text)
+        except Exception:
+            self.rare("stopped_as_error", "stopped_as hook failed; text returned", exc_info=True)
+            return text
 
     def activate(self) -> _Tokens:
         """Make the span current and the call active in this context; return the tokens."""
@@ -390,6 +406,31 @@ class ActiveCall:
                     self.rare("finish_error", "tool span could not be ended", exc_info=True)
 
 
+async def run_stoppable(active: ActiveCall, body: Callable[[], Awaitable[_T]]) -> _T | Any:
+    """Run ``await body()`` as the call ``active`` (inside ``with active:``; ``body`` records
+    what it returned), in the current task, stoppable: the runtimes with hooks (pydantic-ai,
+    the OpenAI Agents SDK) run their tool so. Returns what ``body`` returned, or the stopped
+    result when a stop won (:meth:`ActiveCall.stopped_result`); a cancellation that is not
+    the stop's, and an exception of a call not stopped, propagate. (The instrumentor's
+    coroutine wrapper is this, spelled out for its hot path: change both together.)"""
+    active.watch()
+    try:
+        with active:
+            result = await body()
+    except asyncio.CancelledError:
+        if not active.stop_caught():
+            raise
+        return active.stopped_result()
+    except Exception:
+        if not active.stopped:
+            raise
+        return active.stopped_result()
+    active.settle()
+    if active.stopped:
+        return active.stopped_result()
+    return result
+
+
 def _exception_attributes(error: Exception) -> dict[str, str] | None:
     """What replaces the SDK's own message and stack trace in the span's exception event
     when the error's message holds a lone surrogate (U+FFFD instead: span exporters encode
@@ -497,7 +538,10 @@ def begin(
             "the contextvar is not set",
             description.tool_name,
         )
-    return ActiveCall(span, opened, call, trace.set_span_in_context(span, current), rare, sink_of)
+    active = ActiveCall(span, opened, call, trace.set_span_in_context(span, current), rare, sink_of)
+    if description.stopped_as is not None:
+        active.stopped_as = description.stopped_as
+    return active
 
 
 def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:

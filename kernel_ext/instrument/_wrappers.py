@@ -167,6 +167,7 @@ async def _run_async(
     active = begin(instance, args, kwargs)
     if active is None:
         return await wrapped(*args, **kwargs)
+    # _call.run_stoppable, spelled out (one frame and one closure fewer per call).
     active.watch()
     try:
         with active:
@@ -174,14 +175,14 @@ async def _run_async(
     except asyncio.CancelledError:
         if not active.stop_caught():
             raise
-        return active.stopped_result()  # type: ignore[return-value]
+        return active.stopped_result()  # type: ignore[no-any-return]
     except Exception:
         if not active.stopped:
             raise
-        return active.stopped_result()  # type: ignore[return-value]
+        return active.stopped_result()  # type: ignore[no-any-return]
     active.settle()
     if active.stopped:
-        return active.stopped_result()  # type: ignore[return-value]
+        return active.stopped_result()  # type: ignore[no-any-return]
     return result
 
 

@@ -17,7 +17,10 @@ LangGraph's ``thread_id`` as conversation: :func:`thread_id`); the sink's
 
 Guarantees: the tool's code, and what it starts with a copy of its context, sees its own
 call, also for concurrent calls of one turn and sync tools in worker threads; exceptions
-propagate unchanged. The describe hook is :func:`describe_tool_run`; give your own to
+propagate unchanged. A call stopped by :func:`kernel_ext.stop_call` returns the stopped
+result — a ``ToolMessage`` with the model's ``tool_call_id`` when the tool was invoked
+with a tool call (as ``ToolNode`` does), else the text — so the graph goes on.
+The describe hook is :func:`describe_tool_run`; give your own to
 :func:`langchain_targets` to change what a call is said to be.
 
 Requires langchain-core ≥ 1.0 (LangGraph ≥ 1.0 for ``ToolNode``).
@@ -26,9 +29,11 @@ Design: docs/contracts.md, "LangChain / LangGraph hooks".
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
+from langchain_core.messages import ToolMessage
 from langchain_core.runnables.config import ensure_config
 
 from kernel_ext.instrument import Describe, ToolDescription, ToolTarget
@@ -74,11 +79,17 @@ def describe_tool_run(
     if not isinstance(config, Mapping):
         config = ensure_config()
     llm_call_id = kwargs.get("tool_call_id")
+    if not isinstance(llm_call_id, str) or not llm_call_id:
+        return ToolDescription(name, thread_id(config))
     return ToolDescription(
-        name,
-        thread_id(config),
-        llm_call_id if isinstance(llm_call_id, str) and llm_call_id else None,
+        name, thread_id(config), llm_call_id, functools.partial(_stopped_message, name, llm_call_id)
     )
+
+
+def _stopped_message(name: str, tool_call_id: str, text: str) -> ToolMessage:
+    """A stopped call's result as ``BaseTool.run``/``arun`` return one for a model's tool
+    call: a ``ToolMessage`` (what ``ToolNode`` requires)."""
+    return ToolMessage(text, tool_call_id=tool_call_id, name=name)
 
 
 def langchain_targets(describe: Describe | None = None) -> list[ToolTarget]:
