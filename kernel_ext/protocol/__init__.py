@@ -66,6 +66,7 @@ __all__ = [
     "KX_BLOCKS",
     "KX_CHAT_EVENT",
     "KX_HELLO",
+    "KX_STOP",
     "LEAVE_EVENT",
     "MAX_PAYLOAD_DEPTH",
     "NAMESPACE",
@@ -115,6 +116,9 @@ LEAVE_EVENT = "leave_conversation"
 KX_BLOCKS = "kx_blocks"
 KX_CHAT_EVENT = "kx_chat_event"
 KX_HELLO = "kx_hello"
+# Relay → worker, on the worker's own connection: stop one running call of this worker.
+# ``{"v": 1, "callId": "<16 hex>"}``, acknowledged ``{"answer": <kernel_ext.StopAnswer>}``.
+KX_STOP = "kx_stop"
 # A relay that answers ``kx_hello`` with this in ``frames`` takes blocks of several rooms in
 # one ``kx_blocks`` frame: {"v": 1, "rooms": [{"room", "blocks"}, ...]}.
 FRAME_ROOMS = "rooms"

@@ -8,6 +8,7 @@ terminal and an answer that says which came first; bad input is refused and coun
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -154,7 +155,6 @@ async def test_an_async_call_is_stopped_and_the_turn_and_the_other_call_go_on(
     assert stopped.startswith("The user stopped this tool call")
     assert other == "b answered"
     assert not task.cancelled()
-    assert task.cancelling() == 0
 
     blocks = await terminals(emitter, ids["a"], 2)
     assert (blocks[-1]["state"], blocks[-1]["envelope"]["payload"]) == (
@@ -185,7 +185,11 @@ async def test_a_tool_awaited_in_the_turns_own_task_leaves_the_task_uncancelled(
 
     async def turn() -> tuple[str, str]:
         result = await slow("a", tool_name="slow", conversation_id=CONV)
-        await asyncio.sleep(0.01)  # would raise CancelledError if the task stayed cancelled
+        this = asyncio.current_task()
+        assert this is not None
+        if sys.version_info >= (3, 11):  # the stop's cancellation undone (Task.uncancel)
+            assert this.cancelling() == 0
+        await asyncio.sleep(0.01)
         return result, "the turn went on"
 
     task = asyncio.create_task(turn())
