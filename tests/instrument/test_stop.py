@@ -21,14 +21,24 @@ from opentelemetry.trace import StatusCode
 from support.attribution_helpers import pane_reads
 
 import kernel_ext
-from kernel_ext import current_call_id, current_tool_call, publish, stop_call
+from kernel_ext import ToolDescription, current_call_id, current_tool_call, publish, stop_call
 from kernel_ext.attribution.tap import Tap
-from kernel_ext.stop import STOPPED_MESSAGE, stop_counts, stopped_result
+from kernel_ext.instrument import ToolRuntimeInstrumentor, ToolTarget, tool_call_scope
+from kernel_ext.stop import (
+    SO_FAR_MAX,
+    STOPPED_MESSAGE,
+    record_so_far,
+    stop_counts,
+    stopped_result,
+)
 from kernel_ext.testing import MemoryEmitter
 from kernel_ext.worker import wiring
 
 CONV = "conv-stop"
-TARGETS = [f"{__name__}:{name}" for name in ("slow", "quick", "spin", "outer", "self_stopping")]
+TARGETS = [
+    f"{__name__}:{name}"
+    for name in ("slow", "quick", "spin", "outer", "self_stopping", "steps", "shaped")
+]
 
 started: dict[str, asyncio.Event] = {}
 ids: dict[str, str] = {}
@@ -88,6 +98,21 @@ def self_stopping(answer: str, **kwargs: Any) -> str:
 
 
 answers: list[str] = []
+
+
+def steps(**kwargs: Any) -> Iterator[str]:
+    """A generator tool, stopped between two of its values."""
+    call_id = current_call_id()
+    assert call_id is not None
+    ids["steps"] = call_id
+    publish("stepping", task_id=call_id)
+    yield "one"
+    yield "two"
+
+
+async def shaped(name: str, **kwargs: Any) -> str:
+    """An async tool whose runtime shapes a stopped result (the describe hook's stopped_as)."""
+    return await slow(name, tool_name="slow")
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +186,7 @@ async def test_an_async_call_is_stopped_and_the_turn_and_the_other_call_go_on(
         "aborted",
         {"message": STOPPED_MESSAGE, "stopped": True},
     )
-    assert pane_reads(blocks, ids["a"]) == ("ended", "aborted", STOPPED_MESSAGE)
+    assert pane_reads(blocks, ids["a"]) == ("ended", "stopped", STOPPED_MESSAGE)
     others = await terminals(emitter, ids["b"], 2)
     # Its own stream, left open, ends as a returned call's does: not stopped.
     assert others[-1]["envelope"]["payload"] == {
@@ -261,6 +286,70 @@ async def test_a_stop_after_the_calls_end_changes_nothing(emitter: MemoryEmitter
     assert blocks[-1]["envelope"]["payload"] == {
         "message": "the tool call ended before its stream did"
     }
+
+
+async def test_a_generator_tools_values_pass_unchanged_and_its_pane_reads_stopped(
+    emitter: MemoryEmitter,
+) -> None:
+    values = steps(tool_name="steps", conversation_id=CONV)
+    assert next(values) == "one"
+    assert stop_call(ids["steps"]) == "stopping"
+    assert list(values) == ["two"]
+    blocks = await terminals(emitter, ids["steps"], 2)
+    assert blocks[-1]["envelope"]["payload"] == {"message": STOPPED_MESSAGE, "stopped": True}
+
+
+def test_a_tool_call_scope_is_stoppable_as_sync_code_is() -> None:
+    provider = TracerProvider()
+    with tool_call_scope(ToolDescription("scoped", CONV), tracer_provider=provider) as call:
+        assert call is not None
+        assert not call.stop_requested
+        assert stop_call(call.call_id) == "stopping"
+        assert call.stop_requested
+        assert current_tool_call() is call
+    assert stop_call(call.call_id) == "already_ended"
+    provider.shutdown()
+
+
+def test_the_stopped_result_carries_at_most_so_far_max_characters_of_what_was_said() -> None:
+    assert stopped_result() == stopped_result("  ") == stopped_result(7)
+    assert stopped_result().endswith("It had no result yet.")
+    long = "x" * (SO_FAR_MAX + 10)
+    text = stopped_result(long)
+    assert text.endswith("x" * SO_FAR_MAX + "…[truncated 10 chars]")
+    assert "\ud800" not in stopped_result("a \ud800 b")  # well-formed for the model's API
+
+
+def test_record_so_far_outside_a_call_is_a_no_op() -> None:
+    record_so_far("nothing to attach it to")  # no call: nothing happens, nothing raises
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["shaped", "hook-fails"])
+async def test_a_describe_hooks_stopped_as_shapes_the_stopped_result(fails: bool) -> None:
+    def shape(text: str) -> dict[str, str]:
+        if fails:
+            raise RuntimeError("cannot shape")
+        return {"role": "tool", "content": text}
+
+    def describe(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolDescription:
+        return ToolDescription("shaped", CONV, None, shape)
+
+    provider = TracerProvider()
+    instrumentor = ToolRuntimeInstrumentor()
+    instrumentor.instrument(
+        tracer_provider=provider, targets=[ToolTarget(f"{__name__}:shaped", describe)]
+    )
+    started["s"] = asyncio.Event()
+    try:
+        task = asyncio.create_task(shaped("s"))
+        await asyncio.wait_for(started["s"].wait(), 10)
+        assert stop_call(ids["s"]) == "stopping"
+        result = await asyncio.wait_for(task, 10)
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+    text = stopped_result()  # slow published, but recorded nothing so far
+    assert result == (text if fails else {"role": "tool", "content": text})
 
 
 @pytest.mark.parametrize(

@@ -273,3 +273,20 @@ async def test_openai_agents_model_gets_the_stopped_result_and_the_other_answer(
     }
     assert outputs == {"llm-a": stopped_result(SO_FAR), "llm-b": "b's answer"}
     assert await stopped_pane(emitter, colleagues.ids["a"]) == STOPPED
+
+
+async def test_a_langchain_tool_invoked_without_a_tool_call_returns_the_stopped_text(
+    emitter: MemoryEmitter,
+) -> None:
+    from langchain_core.tools import tool
+
+    colleagues = Colleagues()
+
+    @tool
+    async def ask_colleague(question: str) -> str:
+        """Ask a colleague."""
+        return await colleagues.ask(question)
+
+    run = asyncio.create_task(ask_colleague.ainvoke({"question": "a"}))
+    await colleagues.stop_a()
+    assert await asyncio.wait_for(run, 20) == stopped_result(SO_FAR)
