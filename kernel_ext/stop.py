@@ -95,9 +95,9 @@ _lock = threading.Lock()  # stops only: the runtime's path takes no lock
 _counts: dict[str, int] = {}
 
 
-def register(call_id: str, life: CallLife) -> None:
-    """The instrumented runtime: the call ``call_id`` has begun."""
-    _running[call_id] = life
+register = _running.__setitem__
+"""The instrumented runtime: ``register(call_id, life)``, the call has begun (the dict's own
+bound method: a C call on every wrapped call's path)."""
 
 
 def unregister(call_id: str) -> bool:
