@@ -19,7 +19,8 @@ registered here by its call id while it runs. ``stop_call(call_id)`` answers one
   content): nothing is looked up.
 
 A stop and the call's own end race through one atomic step, so exactly one wins: the answer
-says which, and the pane ends once (``done`` or the stopped ``aborted``). Every answer is
+says which, and the pane ends once (``done`` or the stopped ``aborted``). A process forked
+while calls run does not take them along: in the child a stop of one is ``unknown``. Every answer is
 counted (:func:`stop_counts`, and the OpenTelemetry counter ``kernel_ext.stops`` by
 ``answer``). Never raises; callable from any thread.
 
@@ -50,6 +51,7 @@ from kernel_ext.observability.count_names import (
 from kernel_ext.observability.count_names import (
     STOP_UNKNOWN as UNKNOWN,
 )
+from kernel_ext.worker import _fork
 
 if TYPE_CHECKING:
     import asyncio
@@ -94,6 +96,17 @@ _recent: dict[str, StopAnswer] = {}
 _lock = threading.Lock()  # stops only: the runtime's path takes no lock
 _counts: dict[str, int] = {}
 
+
+def _forget_in_child() -> None:
+    """In a forked child: the parent's running calls run on in the parent, not here; a stop
+    the child gets for one is ``unknown``. A fresh lock: the parent's may have been held."""
+    global _lock
+    _running.clear()
+    _recent.clear()
+    _lock = threading.Lock()
+
+
+_fork.call_in_child(_forget_in_child)
 
 register = _running.__setitem__
 """The instrumented runtime: ``register(call_id, life)``, the call has begun (the dict's own

@@ -8,6 +8,7 @@ terminal and an answer that says which came first; bad input is refused and coun
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -37,7 +38,7 @@ from kernel_ext.worker import wiring
 CONV = "conv-stop"
 TARGETS = [
     f"{__name__}:{name}"
-    for name in ("slow", "quick", "spin", "outer", "self_stopping", "steps", "shaped")
+    for name in ("slow", "quick", "spin", "outer", "self_stopping", "steps", "shaped", "racing")
 ]
 
 started: dict[str, asyncio.Event] = {}
@@ -98,6 +99,19 @@ def self_stopping(answer: str, **kwargs: Any) -> str:
 
 
 answers: list[str] = []
+
+
+def racing(gate: threading.Barrier, pause: float, **kwargs: Any) -> str:
+    """A sync tool that says something, then returns ``pause`` seconds after the stopper is
+    let go (varied so that across runs either side may come first; nothing waits on it)."""
+    call_id = current_call_id()
+    assert call_id is not None
+    ids["race"] = call_id
+    publish("racing", task_id=call_id)
+    gate.wait(10)
+    if pause:
+        threading.Event().wait(pause)
+    return "finished first"
 
 
 def steps(**kwargs: Any) -> Iterator[str]:
@@ -350,6 +364,57 @@ async def test_a_describe_hooks_stopped_as_shapes_the_stopped_result(fails: bool
         provider.shutdown()
     text = stopped_result()  # slow published, but recorded nothing so far
     assert result == (text if fails else {"role": "tool", "content": text})
+
+
+async def test_a_stop_crossing_the_calls_end_gives_one_terminal_and_an_answer_that_matches(
+    emitter: MemoryEmitter,
+) -> None:
+    """The stop from another thread and the call's own end, let go at once, many times: each
+    time exactly one terminal, stopped if and only if the answer was ``stopping``, and the
+    model's result says so too."""
+    outcomes: list[tuple[str, str, object]] = []
+    for run in range(60):
+        gate = threading.Barrier(2)
+        answer: list[str] = []
+
+        def stopper(gate: threading.Barrier = gate, answer: list[str] = answer) -> None:
+            gate.wait(10)
+            answer.append(stop_call(ids["race"]))
+
+        thread = threading.Thread(target=stopper)
+        thread.start()
+        pause = (run % 4) * 0.002
+        result = await asyncio.to_thread(
+            racing, gate, pause, tool_name="racing", conversation_id=CONV
+        )
+        thread.join(10)
+        outcomes.append((ids["race"], answer[0], result))
+    await emitter.wait_for(lambda records: len(records) >= 2 * len(outcomes))
+    await emitter.flush(2)
+    for call_id, answer, result in outcomes:
+        ends = [
+            b for b in emitter.blocks(CONV) if b["callId"] == call_id and b["state"] != "running"
+        ]
+        assert len(ends) == 1
+        stopped = ends[0]["envelope"]["payload"].get("stopped") is True
+        assert answer in ("stopping", "already_ended")
+        assert stopped == (answer == "stopping")
+        assert (result == stopped_result("finished first")) == stopped
+        assert (result == "finished first") == (not stopped)
+
+
+def test_a_forked_child_does_not_take_the_running_calls_along() -> None:
+    provider = TracerProvider()
+    with tool_call_scope(ToolDescription("forked", CONV), tracer_provider=provider) as call:
+        assert call is not None
+        pid = os.fork()
+        if pid == 0:  # the child: the call runs on in the parent, not here
+            os._exit(0 if stop_call(call.call_id) == "unknown" else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert not call.stop_requested  # the child's answer touched nothing here
+        assert stop_call(call.call_id) == "stopping"
+    provider.shutdown()
 
 
 @pytest.mark.parametrize(
