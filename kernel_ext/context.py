@@ -138,10 +138,16 @@ class ToolCall(_ToolCallFields):
 
     @property
     def stop_requested(self) -> bool:
-        """Whether the call was asked to stop (:func:`kernel_ext.stop_call` answered
-        ``"stopping"``): one attribute read, cheap enough for a sync tool's loop. Sync code
-        checks it and returns early; async code is cancelled at its next ``await`` anyway."""
-        return self.life.stop_requested
+        """Whether the call, or a call it runs in (:attr:`parent`, transitively), was asked to
+        stop (:func:`kernel_ext.stop_call` answered ``"stopping"``): an attribute read per
+        level, cheap enough for a sync tool's loop. Sync code checks it and returns early;
+        async code is cancelled at its next ``await`` anyway."""
+        call: ToolCall | None = self
+        while call is not None:
+            if call.life.stop_requested:
+                return True
+            call = call.parent
+        return False
 
     def __repr__(self) -> str:
         return (

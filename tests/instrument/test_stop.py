@@ -325,6 +325,21 @@ def test_a_tool_call_scope_is_stoppable_as_sync_code_is() -> None:
     provider.shutdown()
 
 
+def test_a_nested_call_sees_the_stop_of_the_call_it_runs_in() -> None:
+    provider = TracerProvider()
+    with (
+        tool_call_scope(ToolDescription("outer", CONV), tracer_provider=provider) as outer,
+        tool_call_scope(ToolDescription("inner", CONV), tracer_provider=provider) as inner,
+    ):
+        assert outer is not None
+        assert inner is not None
+        assert inner.parent == outer
+        assert stop_call(outer.call_id) == "stopping"
+        assert inner.stop_requested  # what the call started stops with it
+        assert not inner.life.stop_requested  # the inner call itself was not stopped
+    provider.shutdown()
+
+
 def test_the_stopped_result_carries_at_most_so_far_max_characters_of_what_was_said() -> None:
     assert stopped_result() == stopped_result("  ") == stopped_result(7)
     assert stopped_result().endswith("It had no result yet.")
