@@ -74,9 +74,9 @@ __all__ = [
 StopAnswer = Literal["stopping", "already_ended", "unknown", "refused"]
 """What :func:`stop_call` answers (module docstring)."""
 
-RECENT_ENDS: Final = 1024
-"""How many ended calls the process remembers, to answer ``already_ended`` to a stop that
-arrives just after the call's end."""
+RECENT_ENDS: Final = 512
+"""How many ended calls the process remembers at least (at most twice as many), to answer
+``already_ended`` to a stop that arrives just after the call's end."""
 
 SO_FAR_MAX: Final = 4000
 """The most characters of what a stopped call had said so far that its result carries
@@ -93,6 +93,7 @@ _rare = RareLog(_log)
 _running: dict[str, CallLife] = {}
 # call id -> the answer a later stop gets, of the last RECENT_ENDS ended (or stopping) calls.
 _recent: dict[str, StopAnswer] = {}
+_older: dict[str, StopAnswer] = {}  # the generation before _recent (unregister)
 _lock = threading.Lock()  # stops only: the runtime's path takes no lock
 _counts: dict[str, int] = {}
 
@@ -103,6 +104,7 @@ def _forget_in_child() -> None:
     global _lock
     _running.clear()
     _recent.clear()
+    _older.clear()
     _lock = threading.Lock()
 
 
@@ -115,14 +117,15 @@ bound method: a C call on every wrapped call's path)."""
 
 def unregister(call_id: str) -> bool:
     """The instrumented runtime: the call has ended. Returns whether a stop won first (the
-    call then ends stopped). The atomic ``dict.pop`` decides against a concurrent stop."""
-    _recent[call_id] = ALREADY_ENDED
+    call then ends stopped). The atomic ``dict.pop`` decides against a concurrent stop. The
+    ended call is remembered in two generations of :data:`RECENT_ENDS`: when the newer is
+    full it becomes the older and the older is dropped (constant work per call)."""
+    global _recent, _older
+    recent = _recent
+    recent[call_id] = ALREADY_ENDED
     stopped = _running.pop(call_id, None) is None
-    if len(_recent) > RECENT_ENDS:
-        try:
-            _recent.pop(next(iter(_recent)), None)
-        except RuntimeError:  # resized by another thread meanwhile: next time
-            return stopped
+    if len(recent) >= RECENT_ENDS:
+        _recent, _older = {}, recent
     return stopped
 
 
@@ -153,7 +156,7 @@ def _stop(call_id: object) -> StopAnswer:
     with _lock:
         life = _running.pop(call_id, None)
         if life is None:
-            return _recent.get(call_id, UNKNOWN)
+            return _recent.get(call_id) or _older.get(call_id, UNKNOWN)
         life.stop_requested = True
         _recent[call_id] = STOPPING
     task = life.task

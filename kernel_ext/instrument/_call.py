@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import Token
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Protocol, TypeVar
 
@@ -85,6 +85,7 @@ __all__ = [
     "ActiveCall",
     "Describe",
     "SinkOf",
+    "StoppedAs",
     "ToolDescription",
     "begin",
     "begin_described",
@@ -107,6 +108,11 @@ STOPPED_ERROR_TYPE = "cancelled"
 """The ``error.type`` of a stopped call's span (its status: ERROR, "stopped by the user")."""
 
 
+StoppedAs = Callable[..., Any]
+"""``stopped_as(instance, args, kwargs, text)``: a stopped call's result the way the wrapped
+runtime returns results (:class:`~kernel_ext.instrument.ToolTarget`), built from the call's
+own arguments and the stopped result's ``text``. Called only for a stopped call."""
+
 SinkOf = Callable[[], "CallSink | None"]
 """Where a call's end reports to, read when the call ends (a sink may be set meanwhile)."""
 
@@ -118,16 +124,12 @@ class ToolDescription:
     ``tool_name`` names the tool (the span is ``execute_tool <tool_name>``);
     ``conversation_id`` is the conversation (``gen_ai.conversation.id``), ``None`` to
     inherit the enclosing call's; ``llm_call_id`` is the model's tool-call id
-    (``gen_ai.tool.call.id``), if any. ``stopped_as`` shapes the result a stopped call
-    returns (:func:`kernel_ext.stop_call`) the way the runtime returns results: called with
-    the stopped result's text; ``None`` returns the text itself (not part of the
-    description's equality).
+    (``gen_ai.tool.call.id``), if any.
     """
 
     tool_name: str
     conversation_id: str | None = None
     llm_call_id: str | None = None
-    stopped_as: Callable[[str], Any] | None = field(default=None, compare=False)
 
 
 class Describe(Protocol):
@@ -203,7 +205,6 @@ class ActiveCall:
         "sink_of",
         "span",
         "stopped",
-        "stopped_as",
     )
 
     def __init__(
@@ -225,7 +226,6 @@ class ActiveCall:
         self.error: BaseException | None = None
         self.result: object = None
         self.stopped = False
-        self.stopped_as: Callable[[str], Any] | None = None
 
     def watch(self) -> None:
         """An async runtime, in the task that runs the call's code: a stop
@@ -262,20 +262,19 @@ class ActiveCall:
             return True
         return bool(uncancel() == 0)
 
-    def stopped_result(self) -> Any:
+    def stopped_result(self, shape: StoppedAs | None = None, *arguments: Any) -> Any:
         """The tool result of a stopped call (:func:`kernel_ext.stop.stopped_result`): with
         what the call recorded so far, else what its code returned when it is text; shaped by
-        the description's ``stopped_as`` (its fault: the text itself, logged)."""
+        ``shape(*arguments, text)`` when given (its fault: the text itself, logged)."""
         call = self.call
         so_far = call.life.so_far if call is not None else None
         if so_far is None and isinstance(self.result, str):
             so_far = self.result
         text = stopped_result(so_far)
-        shape = self.stopped_as
         if shape is None:
             return text
         try:
-            return shape(text)
+            return shape(*arguments, text)
         except Exception:
             self.rare("stopped_as_error", "stopped_as hook failed; text returned", exc_info=True)
             return text
@@ -538,10 +537,7 @@ def begin(
             "the contextvar is not set",
             description.tool_name,
         )
-    active = ActiveCall(span, opened, call, trace.set_span_in_context(span, current), rare, sink_of)
-    if description.stopped_as is not None:
-        active.stopped_as = description.stopped_as
-    return active
+    return ActiveCall(span, opened, call, trace.set_span_in_context(span, current), rare, sink_of)
 
 
 def _is_span_of(span: Span, description: ToolDescription, parent: ToolCall | None) -> bool:

@@ -29,7 +29,6 @@ Design: docs/contracts.md, "LangChain / LangGraph hooks".
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -38,7 +37,7 @@ from langchain_core.runnables.config import ensure_config
 
 from kernel_ext.instrument import Describe, ToolDescription, ToolTarget
 
-__all__ = ["TARGETS", "describe_tool_run", "langchain_targets", "thread_id"]
+__all__ = ["TARGETS", "describe_tool_run", "langchain_targets", "stopped_tool_result", "thread_id"]
 
 TARGETS = ("langchain_core.tools:BaseTool.run", "langchain_core.tools:BaseTool.arun")
 """The methods wrapped: every LangChain tool call, sync or async, runs through one of them."""
@@ -79,21 +78,30 @@ def describe_tool_run(
     if not isinstance(config, Mapping):
         config = ensure_config()
     llm_call_id = kwargs.get("tool_call_id")
-    if not isinstance(llm_call_id, str) or not llm_call_id:
-        return ToolDescription(name, thread_id(config))
     return ToolDescription(
-        name, thread_id(config), llm_call_id, functools.partial(_stopped_message, name, llm_call_id)
+        name,
+        thread_id(config),
+        llm_call_id if isinstance(llm_call_id, str) and llm_call_id else None,
     )
 
 
-def _stopped_message(name: str, tool_call_id: str, text: str) -> ToolMessage:
-    """A stopped call's result as ``BaseTool.run``/``arun`` return one for a model's tool
-    call: a ``ToolMessage`` (what ``ToolNode`` requires)."""
-    return ToolMessage(text, tool_call_id=tool_call_id, name=name)
+def stopped_tool_result(
+    instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], text: str
+) -> ToolMessage | str:
+    """A stopped call's result as ``BaseTool.run``/``arun`` return one (the targets'
+    ``stopped_as``): a ``ToolMessage`` with the model's ``tool_call_id`` and the tool's name
+    when the tool was invoked with a tool call (what ``ToolNode`` requires), else ``text``."""
+    tool_call_id = kwargs.get("tool_call_id")
+    if not isinstance(tool_call_id, str) or not tool_call_id:
+        return text
+    name = getattr(instance, "name", None)
+    return ToolMessage(
+        text, tool_call_id=tool_call_id, name=name if isinstance(name, str) else None
+    )
 
 
 def langchain_targets(describe: Describe | None = None) -> list[ToolTarget]:
     """The targets to instrument (:data:`TARGETS`), each with ``describe`` (default:
-    :func:`describe_tool_run`)."""
+    :func:`describe_tool_run`) and :func:`stopped_tool_result` for a stopped call."""
     hook = describe if describe is not None else describe_tool_run
-    return [ToolTarget(target, hook) for target in TARGETS]
+    return [ToolTarget(target, hook, stopped_tool_result) for target in TARGETS]

@@ -354,23 +354,21 @@ def test_record_so_far_outside_a_call_is_a_no_op() -> None:
 
 
 @pytest.mark.parametrize("fails", [False, True], ids=["shaped", "hook-fails"])
-async def test_a_describe_hooks_stopped_as_shapes_the_stopped_result(fails: bool) -> None:
-    def shape(text: str) -> dict[str, str]:
+async def test_a_targets_stopped_as_shapes_the_stopped_result(fails: bool) -> None:
+    def shape(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], text: str) -> Any:
         if fails:
             raise RuntimeError("cannot shape")
-        return {"role": "tool", "content": text}
-
-    def describe(instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ToolDescription:
-        return ToolDescription("shaped", CONV, None, shape)
+        return {"role": "tool", "for": args[0], "content": text}
 
     provider = TracerProvider()
     instrumentor = ToolRuntimeInstrumentor()
     instrumentor.instrument(
-        tracer_provider=provider, targets=[ToolTarget(f"{__name__}:shaped", describe)]
+        tracer_provider=provider,
+        targets=[ToolTarget(f"{__name__}:shaped", stopped_as=shape)],
     )
     started["s"] = asyncio.Event()
     try:
-        task = asyncio.create_task(shaped("s"))
+        task = asyncio.create_task(shaped("s", tool_name="shaped", conversation_id=CONV))
         await asyncio.wait_for(started["s"].wait(), 10)
         assert stop_call(ids["s"]) == "stopping"
         result = await asyncio.wait_for(task, 10)
@@ -378,7 +376,7 @@ async def test_a_describe_hooks_stopped_as_shapes_the_stopped_result(fails: bool
         instrumentor.uninstrument()
         provider.shutdown()
     text = stopped_result()  # slow published, but recorded nothing so far
-    assert result == (text if fails else {"role": "tool", "content": text})
+    assert result == (text if fails else {"role": "tool", "for": "s", "content": text})
 
 
 async def test_a_stop_crossing_the_calls_end_gives_one_terminal_and_an_answer_that_matches(
