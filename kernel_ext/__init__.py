@@ -3,7 +3,9 @@
 The root holds what kernel integrators and tool authors use:
 
 * tool authors: :func:`publish` (and :func:`publish_chat_event`), :func:`current_call_id`,
-  :func:`current_tool_call`, :func:`use_tool_call` and :class:`ToolCall`;
+  :func:`current_tool_call`, :func:`use_tool_call` and :class:`ToolCall`
+  (``ToolCall.stop_requested``);
+* whoever stops one running call: :func:`stop_call` and its :data:`StopAnswer`;
 * integrators: :func:`enable`, :func:`disable` / ``await`` :func:`adisable`, :func:`enabled`
   (what is running),
   :class:`ToolDescription` (the describe hook's answer), :func:`set_tool_call` /
@@ -13,7 +15,8 @@ The root holds what kernel integrators and tool authors use:
 The root's modules are the public face: :mod:`kernel_ext.context` (the contextvar),
 :mod:`kernel_ext.errors`, :mod:`kernel_ext.settings` (every ``KERNEL_EXT_*`` variable),
 ``__main__`` (``python -m kernel_ext`` is the ``kernel-ext`` command), ``_version`` and
-``_redis_routing`` (where a room's frames go on Redis). Everything else lives in a
+``_redis_routing`` (where a room's frames go on Redis), :mod:`kernel_ext.stop` (stopping
+one running call). Everything else lives in a
 sub-package named for what it is, each listing its modules:
 
 * :mod:`kernel_ext.protocol` — the wire (blocks, envelopes, encode/decode; ``.schema``);
@@ -58,6 +61,7 @@ from kernel_ext.errors import (
 
 if TYPE_CHECKING:
     from kernel_ext.instrument import ToolDescription
+    from kernel_ext.stop import StopAnswer, stop_call
     from kernel_ext.stream import publish, publish_chat_event
     from kernel_ext.worker.wiring import adisable, disable, enable, enabled
 
@@ -67,6 +71,7 @@ __all__ = [
     "ConfigError",
     "DecodeError",
     "KernelExtError",
+    "StopAnswer",
     "ToolCall",
     "ToolDescription",
     "__version__",
@@ -80,6 +85,7 @@ __all__ = [
     "publish_chat_event",
     "reset_tool_call",
     "set_tool_call",
+    "stop_call",
     "use_tool_call",
 ]
 
@@ -92,6 +98,8 @@ _LAZY = {
     "adisable": "kernel_ext.worker.wiring",
     "enabled": "kernel_ext.worker.wiring",
     "ToolDescription": "kernel_ext.instrument",
+    "stop_call": "kernel_ext.stop",
+    "StopAnswer": "kernel_ext.stop",
 }
 
 __getattr__ = module_getattr(__name__, _LAZY)

@@ -29,9 +29,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
-from typing import NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from kernel_ext.worker import _fork
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "CallLife",
@@ -47,21 +50,28 @@ __all__ = [
 
 
 class CallLife:
-    """Whether a tool call has ended: one mutable flag shared by every copy of the context
-    that holds the call (set once, never cleared).
+    """Whether a tool call has ended, and whether it was asked to stop: flags shared by
+    every copy of the context that holds the call (each set once, never cleared).
 
-    ``ended`` is a class default until :meth:`end` sets it on the instance: a new life is
-    then built without a Python ``__init__`` (one per wrapped tool call, on its hot path).
+    ``ended`` and ``stop_requested`` are class defaults until set on the instance: a new
+    life is then built without a Python ``__init__`` (one per wrapped tool call, on its hot
+    path). ``stop_requested`` is set by :func:`kernel_ext.stop_call` when its stop won the
+    race with the call's own end; ``task`` is the asyncio task an async call's runtime runs
+    it in (:func:`kernel_ext.stop_call` cancels it), ``None`` for sync code.
     """
 
     ended: bool = False
+    stop_requested: bool = False
+    task: asyncio.Task[Any] | None = None
+    cancelling: bool = False  # the stop has cancelled ``task``
+    so_far: str | None = None  # what the call has said so far (kernel_ext.stop.record_so_far)
 
     def end(self) -> None:
         """Mark the call ended."""
         self.ended = True
 
     def __repr__(self) -> str:
-        return f"CallLife(ended={self.ended})"
+        return f"CallLife(ended={self.ended}, stop_requested={self.stop_requested})"
 
     # A call's life is not part of its value: two records of one call compare equal.
     def __eq__(self, other: object) -> bool:
@@ -125,6 +135,19 @@ class ToolCall(_ToolCallFields):
     def ended(self) -> bool:
         """Whether the call has ended (its runtime returned or raised, or its span ended)."""
         return self.life.ended
+
+    @property
+    def stop_requested(self) -> bool:
+        """Whether the call, or a call it runs in (:attr:`parent`, transitively), was asked to
+        stop (:func:`kernel_ext.stop_call` answered ``"stopping"``): an attribute read per
+        level, cheap enough for a sync tool's loop. Sync code checks it and returns early;
+        async code is cancelled at its next ``await`` anyway."""
+        call: ToolCall | None = self
+        while call is not None:
+            if call.life.stop_requested:
+                return True
+            call = call.parent
+        return False
 
     def __repr__(self) -> str:
         return (

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, Union
 from kernel_ext.errors import DecodeError
 from kernel_ext.observability import otel_metrics
 from kernel_ext.protocol import BlockState, Envelope, decode_envelope
+from kernel_ext.stop import SO_FAR_MAX
 
 try:
     from a2a.types import Message, StreamResponse, Task, TaskState, TaskStatus
@@ -231,6 +232,8 @@ class A2AStreamAdapter:
         self._tasks: dict[str, _TaskStream] = {}
         self._local_terminal = False
         self._reply: ColleagueReply | None = None
+        self._said: list[str] = []
+        self._said_chars = 0
         self.stats = AdapterStats()
 
     # -- state -------------------------------------------------------------------------
@@ -250,6 +253,15 @@ class A2AStreamAdapter:
         return tuple(
             tid for tid, task in self._tasks.items() if not (task.terminal or task.interrupted)
         )
+
+    @property
+    def said_so_far(self) -> str:
+        """What the colleague has said so far: its running updates' texts — plain text, and
+        an envelope's ``payload.text`` (thinking, text) — in order, one a line (collected up to
+        :data:`kernel_ext.stop.SO_FAR_MAX` characters), then the text of the artifacts of
+        its open tasks. What a stopped ``ask_colleague`` returns with."""
+        artifacts = [self._tasks[tid].artifact_text() for tid in self.open_task_ids]
+        return "\n".join([*self._said, *(text for text in artifacts if text)])
 
     @property
     def reply(self) -> ColleagueReply | None:
@@ -445,6 +457,11 @@ class A2AStreamAdapter:
     def _emit(
         self, item: Item, task_id: str | None, state: BlockState, *, provisional: bool = False
     ) -> None:
+        if state == "running" and self._said_chars < SO_FAR_MAX:
+            said = item.payload.get("text") if isinstance(item, Envelope) else item
+            if isinstance(said, str):
+                self._said.append(said)
+                self._said_chars += len(said)
         # The keyword only when set: a publisher written before it still works otherwise.
         extra: dict[str, Any] = {"provisional": True} if provisional else {}
         try:

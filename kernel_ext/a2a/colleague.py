@@ -15,8 +15,10 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 from kernel_ext.a2a.adapter import A2AStreamAdapter, ColleagueReply, Publisher
+from kernel_ext.context import current_tool_call
 from kernel_ext.errors import ColleagueError, ConfigError
 from kernel_ext.protocol import well_formed
+from kernel_ext.stop import STOPPED_MESSAGE, record_so_far
 
 try:
     import httpx
@@ -179,7 +181,10 @@ async def stream_colleague(
     nothing raises out of it except :class:`~kernel_ext.errors.ConfigError` for bad
     arguments (before any network) and ``asyncio.CancelledError`` when the calling task
     is cancelled, which is re-raised after one ``aborted`` block ("the call was
-    cancelled") was published.
+    cancelled") was published. When the cancellation is a stop of the running call
+    (:func:`kernel_ext.stop_call`), the colleague's open tasks are cancelled first (A2A
+    ``tasks/cancel``, bounded, best effort), what the colleague said so far is recorded for
+    the stopped result the model gets, and the block reads stopped.
     """
     _check_timeout("timeout", timeout)
     _check_timeout("connect_timeout", connect_timeout)
@@ -205,7 +210,17 @@ async def stream_colleague(
                 timeout,
             )
         except asyncio.CancelledError:
-            adapter.close("the call was cancelled", "error")
+            call = current_tool_call()
+            if call is None or not call.stop_requested:
+                adapter.close("the call was cancelled", "error")
+                raise
+            # Stopped by the user (kernel_ext.stop_call): the model gets what the colleague
+            # said so far, the pane one stopped terminal, the colleague tasks/cancel.
+            record_so_far(adapter.said_so_far)
+            unfinished = adapter.open_task_ids
+            adapter.close(STOPPED_MESSAGE, "canceled")
+            if clients and unfinished:
+                await _cancel_remote(clients[0], unfinished)
             raise
         except asyncio.TimeoutError:
             unfinished = adapter.open_task_ids

@@ -49,14 +49,25 @@ from kernel_ext.protocol import (
     KX_BLOCKS,
     KX_CHAT_EVENT,
     KX_HELLO,
+    KX_STOP,
     REFUSED_BAD_WORKER,
     REFUSED_UNAUTHORIZED,
     wire_text,
 )
 from kernel_ext.settings import check_secret
+from kernel_ext.stop import stop_call
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 
 __all__ = ["LoopbackEmitter"]
+
+
+def _on_stop(data: Any = None) -> dict[str, str]:
+    """``kx_stop`` from the relay: stop one running call of this worker by its callId
+    (``{"v": 1, "callId": …}``); the acknowledgement is ``{"answer": …}``, what
+    :func:`kernel_ext.stop_call` answered (anything malformed: ``refused``). Never raises."""
+    call_id = data.get("callId") if isinstance(data, Mapping) and data.get("v") == 1 else None
+    return {"answer": stop_call(call_id, reason="asked by the relay (kx_stop)")}
+
 
 _LIVED = 1.0
 """Seconds a connection must last for the next attempt to start over from the first delay."""
@@ -291,6 +302,7 @@ class LoopbackEmitter(Emitter):
         client.on("connect", self._on_connect, namespace=self.namespace)
         client.on("disconnect", self._on_disconnect, namespace=self.namespace)
         client.on("connect_error", self._on_connect_error, namespace=self.namespace)
+        client.on(KX_STOP, _on_stop, namespace=self.namespace)
         self._client = client
         self._start_watcher(self._connect_loop)
 

@@ -34,7 +34,7 @@ import asyncio
 import functools
 import logging
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import Token
 from dataclasses import dataclass
@@ -43,6 +43,7 @@ from typing import Any, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_MESSAGE,
     EXCEPTION_STACKTRACE,
@@ -78,16 +79,19 @@ from kernel_ext.context import (
 )
 from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.protocol import well_formed
+from kernel_ext.stop import STOPPED_MESSAGE, register, stopped_result, unregister
 
 __all__ = [
     "ActiveCall",
     "Describe",
     "SinkOf",
+    "StoppedAs",
     "ToolDescription",
     "begin",
     "begin_described",
     "begin_scope",
     "default_describe",
+    "run_stoppable",
     "tool_call_scope",
     "tracer_of",
 ]
@@ -100,7 +104,14 @@ _rare = RareLog(log)
 _tuple_new = tuple.__new__
 # Read once: an attribute of an Enum class goes through EnumType's __getattr__ hook.
 _INTERNAL = SpanKind.INTERNAL
+STOPPED_ERROR_TYPE = "cancelled"
+"""The ``error.type`` of a stopped call's span (its status: ERROR, "stopped by the user")."""
 
+
+StoppedAs = Callable[..., Any]
+"""``stopped_as(instance, args, kwargs, text)``: a stopped call's result the way the wrapped
+runtime returns results (:class:`~kernel_ext.instrument.ToolTarget`), built from the call's
+own arguments and the stopped result's ``text``. Called only for a stopped call."""
 
 SinkOf = Callable[[], "CallSink | None"]
 """Where a call's end reports to, read when the call ends (a sink may be set meanwhile)."""
@@ -193,6 +204,7 @@ class ActiveCall:
         "result",
         "sink_of",
         "span",
+        "stopped",
     )
 
     def __init__(
@@ -213,6 +225,59 @@ class ActiveCall:
         self._tokens: _Tokens | None = None
         self.error: BaseException | None = None
         self.result: object = None
+        self.stopped = False
+
+    def watch(self) -> None:
+        """An async runtime, in the task that runs the call's code: a stop
+        (:func:`kernel_ext.stop_call`) cancels this task (the runtime then catches the
+        cancellation with :meth:`stop_caught`)."""
+        call = self.call
+        if call is not None:
+            call.life.task = asyncio.current_task()
+
+    def stop_caught(self) -> bool:
+        """In ``except asyncio.CancelledError`` after the call's block: whether the
+        cancellation was the stop's (then the runtime returns :meth:`stopped_result`; the
+        task's cancellation is undone, unless something else cancelled it too), else it
+        must propagate."""
+        call = self.call
+        if call is None or not self.stopped or not call.life.cancelling:
+            return False
+        return self._uncancel(call)
+
+    def settle(self) -> None:
+        """After the call's block returned: undo the stop's cancellation of the task when the
+        tool's code swallowed it."""
+        call = self.call
+        if call is not None and call.life.cancelling:
+            self._uncancel(call)
+
+    @staticmethod
+    def _uncancel(call: ToolCall) -> bool:
+        life = call.life
+        life.cancelling = False
+        task = life.task
+        uncancel = getattr(task, "uncancel", None)  # Python 3.11+
+        if uncancel is None:
+            return True
+        return bool(uncancel() == 0)
+
+    def stopped_result(self, shape: StoppedAs | None = None, *arguments: Any) -> Any:
+        """The tool result of a stopped call (:func:`kernel_ext.stop.stopped_result`): with
+        what the call recorded so far, else what its code returned when it is text; shaped by
+        ``shape(*arguments, text)`` when given (its fault: the text itself, logged)."""
+        call = self.call
+        so_far = call.life.so_far if call is not None else None
+        if so_far is None and isinstance(self.result, str):
+            so_far = self.result
+        text = stopped_result(so_far)
+        if shape is None:
+            return text
+        try:
+            return shape(*arguments, text)
+        except Exception:
+            self.rare("stopped_as_error", "stopped_as hook failed; text returned", exc_info=True)
+            return text
 
     def activate(self) -> _Tokens:
         """Make the span current and the call active in this context; return the tokens."""
@@ -281,10 +346,17 @@ class ActiveCall:
             error = self.error
         span = self.span
         call = self.call
+        # The one step that decides against a concurrent stop (kernel_ext.stop).
+        if call is not None and unregister(call.call_id):
+            self.stopped = True
+            error = None
         sink = self.sink_of()
         try:
             if span.is_recording():
-                if error is not None and self.opened and isinstance(error, Exception):
+                if self.stopped:
+                    span.set_attribute(ERROR_TYPE, STOPPED_ERROR_TYPE)
+                    span.set_status(Status(StatusCode.ERROR, STOPPED_MESSAGE))
+                elif error is not None and self.opened and isinstance(error, Exception):
                     span.record_exception(error, _exception_attributes(error))
                     span.set_status(Status(StatusCode.ERROR, _error_text(error)))
                 if sink is not None and call is not None:
@@ -315,7 +387,12 @@ class ActiveCall:
                         returned = (
                             None if error is not None else getattr(sink, "tool_call_returned", None)
                         )
-                        if returned is not None:
+                        stopped = getattr(sink, "tool_call_stopped", None) if self.stopped else None
+                        if stopped is not None:
+                            stopped(ended)
+                        elif self.stopped:
+                            sink.tool_call_ended(ended, STOPPED_MESSAGE)
+                        elif returned is not None:
                             returned(ended, self.result)
                         else:
                             sink.tool_call_ended(ended, _error_text(error))
@@ -326,6 +403,31 @@ class ActiveCall:
                     span.end()
                 except Exception:
                     self.rare("finish_error", "tool span could not be ended", exc_info=True)
+
+
+async def run_stoppable(active: ActiveCall, body: Callable[[], Awaitable[_T]]) -> _T | Any:
+    """Run ``await body()`` as the call ``active`` (inside ``with active:``; ``body`` records
+    what it returned), in the current task, stoppable: the runtimes with hooks (pydantic-ai,
+    the OpenAI Agents SDK) run their tool so. Returns what ``body`` returned, or the stopped
+    result when a stop won (:meth:`ActiveCall.stopped_result`); a cancellation that is not
+    the stop's, and an exception of a call not stopped, propagate. (The instrumentor's
+    coroutine wrapper is this, spelled out for its hot path: change both together.)"""
+    active.watch()
+    try:
+        with active:
+            result = await body()
+    except asyncio.CancelledError:
+        if not active.stop_caught():
+            raise
+        return active.stopped_result()
+    except Exception:
+        if not active.stopped:
+            raise
+        return active.stopped_result()
+    active.settle()
+    if active.stopped:
+        return active.stopped_result()
+    return result
 
 
 def _exception_attributes(error: Exception) -> dict[str, str] | None:
@@ -427,6 +529,7 @@ def begin(
                 sampled_trace_id(span_context),
             ),
         )
+        register(call.call_id, call.life)  # stoppable by its call id (kernel_ext.stop)
     else:
         rare(
             "no_span_id",

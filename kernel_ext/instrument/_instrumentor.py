@@ -17,7 +17,7 @@ from opentelemetry.trace import TracerProvider
 
 from kernel_ext.attribution.tap import CallSink
 from kernel_ext.errors import ConfigError
-from kernel_ext.instrument._call import Describe, default_describe, log, tracer_of
+from kernel_ext.instrument._call import Describe, StoppedAs, default_describe, log, tracer_of
 from kernel_ext.instrument._wrappers import Wrapping, kind_of, make_wrapper
 from kernel_ext.settings import env_name, load_settings
 from kernel_ext.worker import _fork
@@ -29,10 +29,15 @@ __all__ = ["ToolRuntimeInstrumentor", "ToolTarget"]
 class ToolTarget:
     """One method to wrap: ``target`` is ``"package.module:Class.method"`` (or
     ``"package.module:function"``); ``describe`` its hook (default: the ``describe`` given
-    to ``instrument()``, else :func:`default_describe`)."""
+    to ``instrument()``, else :func:`default_describe`); ``stopped_as`` shapes the result a
+    stopped call returns (:func:`kernel_ext.stop_call`) the way the runtime returns results:
+    ``stopped_as(instance, args, kwargs, text)`` with the call's own arguments and the stopped
+    result's text, called only for a stopped call (``None``: the text itself; a hook that
+    raises: the text, logged)."""
 
     target: str
     describe: Describe | None = None
+    stopped_as: StoppedAs | None = None
 
 
 class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc, unused-ignore]
@@ -145,7 +150,12 @@ class ToolRuntimeInstrumentor(BaseInstrumentor):  # type: ignore[misc, unused-ig
                     original = vars(owner).get(attribute, getattr(owner, attribute))
                     wrapping = Wrapping(spec.target, owner, attribute, original)
                     wrapper = make_wrapper(
-                        wrapping, kind_of(original), hook, tracer, self._current_sink
+                        wrapping,
+                        kind_of(original),
+                        hook,
+                        tracer,
+                        self._current_sink,
+                        spec.stopped_as,
                     )
                     wrapping.wrapper = wrapt.wrap_function_wrapper(module, path, wrapper)
                     done.append(wrapping)

@@ -15,12 +15,18 @@ function is called, its wrapper
   around each step only, because a generator's frame runs in its consumer's context.
 
 Arguments, values sent in, values thrown in, yielded and returned values and exceptions
-pass through unchanged. What a sync function or a coroutine returns, and a generator's
-return value, is what the call is said to have returned (:meth:`ActiveCall.returned`).
+pass through unchanged — but for a call that was stopped (:func:`kernel_ext.stop_call`): a
+sync function or a coroutine then returns :meth:`ActiveCall.stopped_result` (shaped by the
+target's ``stopped_as``) instead of its value or its exception (a coroutine's task is
+cancelled by the stop and the cancellation caught here); a generator's values pass
+unchanged (only its end reads as stopped). What a sync function or a coroutine returns, and
+a generator's return value, is what the call is said to have returned
+(:meth:`ActiveCall.returned`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -32,7 +38,14 @@ from opentelemetry.instrumentation.utils import is_instrumentation_enabled
 from opentelemetry.trace import Tracer
 
 from kernel_ext._shared.compat import SUPPRESS_KEYS
-from kernel_ext.instrument._call import ActiveCall, Describe, SinkOf, begin_described, log
+from kernel_ext.instrument._call import (
+    ActiveCall,
+    Describe,
+    SinkOf,
+    StoppedAs,
+    begin_described,
+    log,
+)
 from kernel_ext.observability._rare_log import RareLog
 
 __all__ = ["Wrapper", "Wrapping", "kind_of", "make_wrapper"]
@@ -78,15 +91,17 @@ def make_wrapper(
     describe: Describe,
     tracer: Tracer,
     sink_of: SinkOf,
+    stopped_as: StoppedAs | None = None,
 ) -> Wrapper:
-    """The wrapt wrapper for one target of function ``kind`` (module docstring). Its
-    faults are logged rarely, counted per wrapping."""
+    """The wrapt wrapper for one target of function ``kind`` (module docstring); a stopped
+    call's result shaped by ``stopped_as``, if given. Its faults are logged rarely, counted
+    per wrapping."""
     rare = RareLog(log)
     # The other kinds begin later (the first step, the first await), in the context of then;
     # a sync call is run by the wrapper itself (one frame less per call).
     runner = _RUNS.get(kind)
     run = (
-        functools.partial(runner, _Begin(tracer, describe, rare, sink_of))
+        functools.partial(runner, _Begin(tracer, describe, rare, sink_of, stopped_as))
         if runner is not None
         else None
     )
@@ -120,10 +135,14 @@ def make_wrapper(
         except BaseException as error:
             deactivate(tokens)
             active.finish(error)
+            if active.stopped and isinstance(error, Exception):
+                return active.stopped_result(stopped_as, instance, args, kwargs)
             raise
         deactivate(tokens)
         active.result = result
         active.finish(None)
+        if active.stopped:
+            return active.stopped_result(stopped_as, instance, args, kwargs)
         return result
 
     return wrapper
@@ -132,13 +151,21 @@ def make_wrapper(
 class _Begin:
     """:func:`begin_described` with one wrapping's hook, tracer, log and sink."""
 
-    __slots__ = ("describe", "rare", "sink_of", "tracer")
+    __slots__ = ("describe", "rare", "sink_of", "stopped_as", "tracer")
 
-    def __init__(self, tracer: Tracer, describe: Describe, rare: RareLog, sink_of: SinkOf) -> None:
+    def __init__(
+        self,
+        tracer: Tracer,
+        describe: Describe,
+        rare: RareLog,
+        sink_of: SinkOf,
+        stopped_as: StoppedAs | None = None,
+    ) -> None:
         self.tracer = tracer
         self.describe = describe
         self.rare = rare
         self.sink_of = sink_of
+        self.stopped_as = stopped_as
 
     def __call__(
         self, instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -154,12 +181,27 @@ async def _run_async(
     instance: Any,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-) -> _T:
+) -> Any:  # what the call returned, or a stopped call's result
     active = begin(instance, args, kwargs)
     if active is None:
         return await wrapped(*args, **kwargs)
-    with active:
-        return active.returned(await wrapped(*args, **kwargs))
+    # _call.run_stoppable, spelled out (one frame and one closure fewer per call).
+    active.watch()
+    try:
+        with active:
+            result = active.returned(await wrapped(*args, **kwargs))
+    except asyncio.CancelledError:
+        if not active.stop_caught():
+            raise
+        return active.stopped_result(begin.stopped_as, instance, args, kwargs)
+    except Exception:
+        if not active.stopped:
+            raise
+        return active.stopped_result(begin.stopped_as, instance, args, kwargs)
+    active.settle()
+    if active.stopped:
+        return active.stopped_result(begin.stopped_as, instance, args, kwargs)
+    return result
 
 
 def _run_generator(

@@ -17,7 +17,10 @@ LangGraph's ``thread_id`` as conversation: :func:`thread_id`); the sink's
 
 Guarantees: the tool's code, and what it starts with a copy of its context, sees its own
 call, also for concurrent calls of one turn and sync tools in worker threads; exceptions
-propagate unchanged. The describe hook is :func:`describe_tool_run`; give your own to
+propagate unchanged. A call stopped by :func:`kernel_ext.stop_call` returns the stopped
+result — a ``ToolMessage`` with the model's ``tool_call_id`` when the tool was invoked
+with a tool call (as ``ToolNode`` does), else the text — so the graph goes on.
+The describe hook is :func:`describe_tool_run`; give your own to
 :func:`langchain_targets` to change what a call is said to be.
 
 Requires langchain-core ≥ 1.0 (LangGraph ≥ 1.0 for ``ToolNode``).
@@ -29,11 +32,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from langchain_core.messages import ToolMessage
 from langchain_core.runnables.config import ensure_config
 
 from kernel_ext.instrument import Describe, ToolDescription, ToolTarget
 
-__all__ = ["TARGETS", "describe_tool_run", "langchain_targets", "thread_id"]
+__all__ = ["TARGETS", "describe_tool_run", "langchain_targets", "stopped_tool_result", "thread_id"]
 
 TARGETS = ("langchain_core.tools:BaseTool.run", "langchain_core.tools:BaseTool.arun")
 """The methods wrapped: every LangChain tool call, sync or async, runs through one of them."""
@@ -81,8 +85,23 @@ def describe_tool_run(
     )
 
 
+def stopped_tool_result(
+    instance: Any, args: tuple[Any, ...], kwargs: dict[str, Any], text: str
+) -> ToolMessage | str:
+    """A stopped call's result as ``BaseTool.run``/``arun`` return one (the targets'
+    ``stopped_as``): a ``ToolMessage`` with the model's ``tool_call_id`` and the tool's name
+    when the tool was invoked with a tool call (what ``ToolNode`` requires), else ``text``."""
+    tool_call_id = kwargs.get("tool_call_id")
+    if not isinstance(tool_call_id, str) or not tool_call_id:
+        return text
+    name = getattr(instance, "name", None)
+    return ToolMessage(
+        text, tool_call_id=tool_call_id, name=name if isinstance(name, str) else None
+    )
+
+
 def langchain_targets(describe: Describe | None = None) -> list[ToolTarget]:
     """The targets to instrument (:data:`TARGETS`), each with ``describe`` (default:
-    :func:`describe_tool_run`)."""
+    :func:`describe_tool_run`) and :func:`stopped_tool_result` for a stopped call."""
     hook = describe if describe is not None else describe_tool_run
-    return [ToolTarget(target, hook) for target in TARGETS]
+    return [ToolTarget(target, hook, stopped_tool_result) for target in TARGETS]

@@ -18,6 +18,10 @@ kernel tool that calls a tool of an MCP server uses it in place of ``session.cal
   ``MCPError``, any other exception or a cancellation → ``aborted`` with what happened;
 * a report after the terminal is not published (counted in :attr:`McpToolStream.stats`).
 
+A calling tool call stopped by :func:`kernel_ext.stop_call` cancels the request it awaits:
+the MCP SDK then sends the server ``notifications/cancelled`` for it (its courtesy cancel on
+abandon), and the stream's terminal reads stopped (``aborted``, ``payload.stopped``).
+
 It returns the ``CallToolResult`` unchanged and raises what ``call_tool`` raises, after the
 terminal was published. The blocks belong to the calling tool's call, although the SDK runs
 progress callbacks elsewhere. Only the SDK's public API is used.

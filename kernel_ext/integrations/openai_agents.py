@@ -18,8 +18,10 @@ given: ``None`` leaves the call alone; a hook that raises or returns something o
 Guarantees: concurrent calls of one turn, and sync tools in worker threads, each see their
 own call. The tool behaves as without kernel_ext (its exception still becomes the SDK's
 model-visible error text); the call ends failed with that exception, cancelled on a
-timeout (its streams ``aborted``), or with what it returned. A copy of an attributed tool
-stays attributed. MCP server tools and hosted tools are not attributed.
+timeout (its streams ``aborted``), or with what it returned. A call stopped by
+:func:`kernel_ext.stop_call` returns the stopped result (a string that says the user stopped
+the call, with what it had said so far) to the SDK as the tool's output: the run goes on.
+A copy of an attributed tool stays attributed. MCP server tools and hosted tools are not attributed.
 
 Requires openai-agents ≥ 0.24 (Python ≥ 3.10).
 Design: docs/contracts.md, "OpenAI Agents SDK hooks".
@@ -42,7 +44,7 @@ from opentelemetry.trace import TracerProvider
 
 from kernel_ext.attribution.tap import CallSink
 from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
-from kernel_ext.instrument._call import begin_described, tracer_of
+from kernel_ext.instrument._call import begin_described, run_stoppable, tracer_of
 from kernel_ext.observability._rare_log import RareLog
 
 __all__ = ["AgentsDescribe", "attributed_tool", "attributed_tools", "describe_tool_call"]
@@ -123,13 +125,16 @@ class _AttributedInvoker(_Proxy):
         try:
             if active is None:
                 return await self.__wrapped__(context, arguments)
-            with active:
+
+            async def body() -> Any:
                 result = await self.__wrapped__(context, arguments)
                 if failures:  # the SDK's invoker turned the tool's exception into `result`
                     active.failed(failures[-1])
                 else:
                     active.returned(result)
                 return result
+
+            return await run_stoppable(active, body)
         finally:
             _FAILURES.reset(token)
 

@@ -21,6 +21,11 @@ For each tool call it
   returned with what the tool returned (a ``ToolReturn``'s ``return_value``), the ``done``
   text of the streams the hub opened for the call's nested tool calls.
 
+A call stopped by :func:`kernel_ext.stop_call` returns the stopped result (a string that
+says the user stopped the call, with what it had said so far) as the tool's return value,
+so the model gets a normal tool result and the run goes on; the other calls of the turn
+are untouched.
+
 Concurrent tool calls of one model turn run as separate asyncio tasks, and sync tools run
 in worker threads with a copy of the context: each sees its own call. Exceptions from the
 tool propagate unchanged.
@@ -45,7 +50,7 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 
 from kernel_ext.attribution.tap import CallSink
 from kernel_ext.instrument import ToolDescription, ToolRuntimeInstrumentor
-from kernel_ext.instrument._call import begin_scope
+from kernel_ext.instrument._call import begin_scope, run_stoppable
 
 __all__ = ["KernelExtCapability"]
 
@@ -88,9 +93,12 @@ class KernelExtCapability(AbstractCapability[Any]):
         active = begin_scope(description, self.tracer_provider, sink)
         if active is None:
             return await handler(args)
-        with active:
+
+        async def body() -> Any:
             result = await handler(args)
             # What the tool returned: a ToolReturn's return value (its `content` goes to
             # the model as a separate message).
             active.returned(result.return_value if isinstance(result, ToolReturn) else result)
             return result
+
+        return await run_stoppable(active, body)

@@ -12,6 +12,8 @@ the bridge's events): the same objects.
 
 from __future__ import annotations
 
+from typing import Final
+
 __all__ = [
     "ACCEPTED",
     "ACKS",
@@ -113,6 +115,10 @@ __all__ = [
     "ROOM_LIMIT",
     "RUN_ENDED_OPEN",
     "RUN_LIMIT",
+    "STOP_ALREADY_ENDED",
+    "STOP_REFUSED",
+    "STOP_STOPPING",
+    "STOP_UNKNOWN",
     "STREAM_LIMIT",
     "SUPPRESSED_LOG_RECORDS",
     "SURROGATES_REPLACED",
@@ -268,6 +274,17 @@ REDIS_JOIN_UNSUBSCRIBED = "redis_join_unsubscribed"
 REDIS_LOG_UNREAD = "redis_log_unread"
 REDIS_LOG_BLOCKS = "redis_log_blocks"
 REDIS_UNREACHABLE = "redis_unreachable"
+
+# -- Stop requests in the worker: ``kernel_ext.stop_counts()``, ``kernel_ext.stops`` ``answer``
+# (the answers of :func:`kernel_ext.stop_call`, which are these very strings).
+STOP_STOPPING: Final = "stopping"
+"""The stop won: the call is being stopped."""
+STOP_ALREADY_ENDED: Final = "already_ended"
+"""The call had ended (returned, failed, or stopped) before the stop arrived."""
+STOP_UNKNOWN: Final = "unknown"
+"""No such call in this process (or one not on the convergence path: not stoppable)."""
+STOP_REFUSED: Final = "refused"
+"""The request was malformed (a call id that is not 16 lower-case hex digits)."""
 
 # -- Relay frames: ``kernel_ext.relay.frames`` ``outcome`` --------------------------------
 ACCEPTED = "accepted"

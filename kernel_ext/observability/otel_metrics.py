@@ -8,6 +8,8 @@ Instruments (names are stable; they are what operators chart):
   ``disconnected``, ``invalid``, ``too_large``, ``queue_full`` …).
 * ``kernel_ext.resolutions`` (counter): callId resolutions by ``path``
   (``context`` | ``near_match`` | ``ambiguous`` | ``none``).
+* ``kernel_ext.stops`` (counter): stop requests by ``answer`` (``stopping`` |
+  ``already_ended`` | ``unknown`` | ``refused``: :func:`kernel_ext.stop_call`).
 * ``kernel_ext.tap.evictions`` (counter): live calls evicted from a full tap.
 * ``kernel_ext.relay.frames`` (counter): frames seen by the relay by ``outcome``.
 * ``kernel_ext.sender.events`` (counter): what a sender went through, by ``sender``
@@ -23,7 +25,15 @@ from __future__ import annotations
 
 from opentelemetry import metrics
 
-__all__ = ["METER_NAME", "blocks", "evictions", "relay_frames", "resolutions", "sender_events"]
+__all__ = [
+    "METER_NAME",
+    "blocks",
+    "evictions",
+    "relay_frames",
+    "resolutions",
+    "sender_events",
+    "stops",
+]
 
 METER_NAME = "kernel_ext"
 
@@ -36,6 +46,11 @@ blocks = _meter.create_counter(
 )
 resolutions = _meter.create_counter(
     "kernel_ext.resolutions", unit="{resolution}", description="callId resolutions by path"
+)
+stops = _meter.create_counter(
+    "kernel_ext.stops",
+    unit="{request}",
+    description="stop requests for one tool call, by answer (kernel_ext.stop_call)",
 )
 evictions = _meter.create_counter(
     "kernel_ext.tap.evictions",

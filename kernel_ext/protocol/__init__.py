@@ -66,6 +66,7 @@ __all__ = [
     "KX_BLOCKS",
     "KX_CHAT_EVENT",
     "KX_HELLO",
+    "KX_STOP",
     "LEAVE_EVENT",
     "MAX_CONVERSATION_ID_CHARS",
     "MAX_PAYLOAD_DEPTH",
@@ -74,6 +75,7 @@ __all__ = [
     "REFUSED_BAD_WORKER",
     "REFUSED_UNAUTHORIZED",
     "REPLAY_IDLE",
+    "STOPPED_KEY",
     "STOP_ANSWERS",
     "STOP_EVENT",
     "STOP_UNDER_WAY",
@@ -133,6 +135,9 @@ MAX_CONVERSATION_ID_CHARS = 512
 KX_BLOCKS = "kx_blocks"
 KX_CHAT_EVENT = "kx_chat_event"
 KX_HELLO = "kx_hello"
+# Relay → worker, on the worker's own connection: stop one running call of this worker.
+# ``{"v": 1, "callId": "<16 hex>"}``, acknowledged ``{"answer": <kernel_ext.StopAnswer>}``.
+KX_STOP = "kx_stop"
 # A relay that answers ``kx_hello`` with this in ``frames`` takes blocks of several rooms in
 # one ``kx_blocks`` frame: {"v": 1, "rooms": [{"room", "blocks"}, ...]}.
 FRAME_ROOMS = "rooms"
@@ -149,6 +154,10 @@ KNOWN_KINDS: frozenset[str] = frozenset(
 BlockState = Literal["running", "done", "aborted"]
 TERMINAL_STATES: frozenset[str] = frozenset({"done", "aborted"})
 TERMINAL_KEYS: Mapping[str, str] = {"done": "text", "aborted": "message"}
+STOPPED_KEY = "stopped"
+"""An ``aborted`` block's ``envelope.payload.stopped``: ``true`` when the user stopped the
+call (:func:`kernel_ext.stop_call`), a stop rather than a failure; absent otherwise. Readers
+treat only ``true`` as stopped (additive: ``v`` stays 1)."""
 """The string each terminal state carries in ``envelope.payload``: the final answer, the
 summary of why the stream ended without one."""
 DEFAULT_MAX_BLOCK_BYTES = 64 * 1024
@@ -245,7 +254,8 @@ class Envelope(_Wire):
     payload: dict[str, Any] = Field(
         default_factory=dict,
         description="the kind's content; a done block's text is the final answer, an "
-        "aborted block's message a summary",
+        "aborted block's message a summary (and its stopped, when true, says the user "
+        "stopped the call: a stop, not a failure)",
     )
 
     @model_validator(mode="after")

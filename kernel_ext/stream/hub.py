@@ -32,12 +32,14 @@ from kernel_ext.protocol import (
     text_block_fast_limit,
     trace_id_hex,
 )
+from kernel_ext.stop import STOPPED_MESSAGE
 from kernel_ext.stream.block_counts import Counts
 from kernel_ext.stream.outgoing import (
     CHAT_EVENT_STATE,
     Outgoing,
     Progress,
     QueueItem,
+    Stopped,
     ToolCallItem,
     take,
 )
@@ -358,7 +360,17 @@ class StreamHub:
         ``"the tool call finished"``. Never raises, whatever ``result`` is."""
         self._end_call(call.call_id, None, result)
 
-    def _end_call(self, call_id: str, error: str | None, result: object) -> None:
+    def tool_call_stopped(self, call: LiveCall) -> None:
+        """The user stopped the call (:func:`kernel_ext.stop_call`; the optional member of
+        :class:`~kernel_ext.attribution.tap.CallSink`): every open stream of the call —
+        provisional terminal or not — ends with one ``aborted`` block whose payload is
+        ``{message: "stopped by the user", stopped: true}``. What the call's code publishes
+        as a terminal once it was asked to stop reads so too. Never raises."""
+        self._end_call(call.call_id, STOPPED_MESSAGE, None, stopped=True)
+
+    def _end_call(
+        self, call_id: str, error: str | None, result: object, stopped: bool = False
+    ) -> None:
         """The call's end (the rule: :meth:`tool_call_ended`)."""
         try:
             if call_id not in self._calls:
@@ -376,8 +388,11 @@ class StreamHub:
                     for task_id, stream in stats.open.items()
                 ]
             text: str | None = None
+            item: Any
             for task_id, room, provisional, ours in streams:
-                if provisional is not None:
+                if stopped:
+                    state, item = "aborted", Stopped(STOPPED_MESSAGE)
+                elif provisional is not None:
                     state, item = provisional
                 elif error is not None:
                     state, item = "aborted", error or _DEFAULT_ABORT_MESSAGE
@@ -615,6 +630,8 @@ class StreamHub:
         the call's traceId (``trace_id`` when the hub holds none for the call)."""
         if task_id is None:
             task_id = call_id
+        if life is not None and life.stop_requested:  # the stop came first: it reads stopped
+            state, item = "aborted", Stopped(STOPPED_MESSAGE)
         if task_id is None:
             self._counts.add(count_names.NO_TASK_ID)
             _rare(

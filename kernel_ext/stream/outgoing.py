@@ -32,6 +32,7 @@ from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.protocol import (
     CHAT_EVENT,
     PROTOCOL_VERSION,
+    STOPPED_KEY,
     Block,
     Envelope,
     decode_envelope,
@@ -50,6 +51,7 @@ __all__ = [
     "OutgoingChatEvent",
     "Progress",
     "QueueItem",
+    "Stopped",
     "ToolCallItem",
     "build",
     "take",
@@ -69,12 +71,12 @@ QueueItem = tuple[str, "str | None", str, str, float, Any, int, "str | None"]
 at, item, seq, trace_id)`` — ``state`` is ``running | done | aborted | chat_event``; ``at``
 the hub's clock (monotonic seconds) when it was queued, the block's ``ts`` once taken
 (:func:`wall_ms`); ``item`` a str, an Envelope, an envelope mapping, a
-:class:`ToolCallItem`, a :class:`Progress` or a chat event; ``seq`` the stream's seq for a
-caller-made envelope (0 for the peer's own); ``trace_id`` the block's ``traceId`` or
-``None`` (the call's: the same for every item of a ``call_id``, so fixed per stream). A
-plain tuple, always unpacked by these names (a named tuple would cost the publishing path
-more). ``at`` rather than the wall clock in ns: the hub reads its clock anyway, and a second
-clock read per block is not free."""
+:class:`ToolCallItem`, a :class:`Progress`, a :class:`Stopped` or a chat event; ``seq`` the
+stream's seq for a caller-made envelope (0 for the peer's own); ``trace_id`` the block's
+``traceId`` or ``None`` (the call's: the same for every item of a ``call_id``, so fixed per
+stream). A plain tuple, always unpacked by these names (a named tuple would cost the
+publishing path more). ``at`` rather than the wall clock in ns: the hub reads its clock
+anyway, and a second clock read per block is not free."""
 
 
 def wall_ms(at: float, wall_offset: float) -> int:
@@ -89,6 +91,13 @@ class ToolCallItem(NamedTuple):
 
     tool_name: str
     call_id: str
+
+
+class Stopped(NamedTuple):
+    """The terminal of a stream whose call the user stopped: an ``aborted`` text envelope
+    whose payload is ``{message, stopped: true}`` (docs/protocol.md)."""
+
+    message: str
 
 
 class Progress(NamedTuple):
@@ -395,6 +404,9 @@ def _wire(
             "status": "running",
             "payload": {"toolName": item.tool_name, "name": item.tool_name, "callId": item.call_id},
         }
+    elif isinstance(item, Stopped):
+        envelope = text_block(call_id, task_id, state, ts, seq, item.message)["envelope"]
+        envelope["payload"][STOPPED_KEY] = True
     elif isinstance(item, Progress):
         envelope = {
             "v": PROTOCOL_VERSION,

@@ -59,6 +59,7 @@ from kernel_ext.viewing.view import (
     Item,
     PaneStatus,
     PaneStore,
+    final_word,
     labels_for,
     missing_text,
     trace_url,
@@ -234,7 +235,7 @@ class TailPrinter:
     def _render(self, applied: Applied) -> list[str]:
         labels = self.labels
         if applied.outcome == "orphan" and applied.final is not None:
-            word = labels["aborted"] if applied.final.source == "aborted" else labels["final"]
+            word = final_word(labels, applied.final.source)
             return self._lines(
                 self._tag(None),
                 f"{labels['unattributed']} · {word}{self.colon}{applied.final.text}",
@@ -295,7 +296,7 @@ class TailPrinter:
         if status != printed.status and status == "no_details":
             lines += self._lines(tag, labels["noDetails"])
         if final is not None and final != printed.final:
-            word = labels["aborted"] if final.source == "aborted" else labels["final"]
+            word = final_word(labels, final.source)
             lines += self._lines(tag, f"{word}{self.colon}{final.text}")
         if status != printed.status and status == "ended":
             lines += self._lines(tag, f"── {labels['ended']} ──")

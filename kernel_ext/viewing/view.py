@@ -42,6 +42,8 @@ __all__ = [
     "PaneStatus",
     "PaneStore",
     "Task",
+    "Terminal",
+    "final_word",
     "labels_for",
     "missing_text",
     "trace_url",
@@ -60,6 +62,8 @@ _MAX_COUNT = 2**53 - 1  # counts and cursors every JSON reader holds exactly
 PaneMode = Literal["live", "replay"]
 
 PaneStatus = Literal["calling", "streaming", "ended", "no_details"]
+Terminal = Literal["done", "aborted", "stopped"]
+"""How a stream ended: ``done``, ``aborted`` (failed) or ``stopped`` (the user stopped it)."""
 Outcome = Literal[
     "item",
     "terminal",
@@ -96,6 +100,7 @@ LABELS: dict[str, dict[str, str]] = {
         "toolStart": "开始",
         "final": "最终回复",
         "aborted": "已中止",
+        "stopped": "已停止",
         "task": "任务",
         "unknownKind": "未知类型",
         "unattributed": "未关联调用",
@@ -122,6 +127,7 @@ LABELS: dict[str, dict[str, str]] = {
         "toolStart": "started",
         "final": "Final answer",
         "aborted": "Aborted",
+        "stopped": "Stopped",
         "task": "Task",
         "unknownKind": "Unknown kind",
         "unattributed": "Unattributed call",
@@ -147,6 +153,17 @@ texts as ``LABELS`` in ``web/renderer.js``."""
 def labels_for(locale: str = "zh") -> dict[str, str]:
     """The label set for ``locale`` (``"zh"`` or ``"en"``); an unknown locale gets ``"zh"``."""
     return dict(LABELS.get(locale, LABELS["zh"]))
+
+
+def final_word(labels: Mapping[str, str], source: str) -> str:
+    """The label a final answer is shown under, by its ``source``: ``aborted`` (failed) and
+    ``stopped`` (stopped by the user) each their own, anything else "final answer". Same as
+    ``finalLabel`` in ``web/renderer.js``."""
+    if source == "aborted":
+        return labels["aborted"]
+    if source == "stopped":
+        return labels["stopped"]
+    return labels["final"]
 
 
 def missing_text(labels: Mapping[str, str], count: int) -> str:
@@ -199,9 +216,11 @@ class Item:
 
 @dataclass(frozen=True, slots=True)
 class Final:
-    """A final answer: ``source`` is ``done``, ``aborted`` or ``toolReturn``."""
+    """A final answer: ``source`` is ``done``, ``aborted`` (failed), ``stopped`` (an
+    ``aborted`` terminal whose ``payload.stopped`` is true: the user stopped the call) or
+    ``toolReturn``."""
 
-    source: Literal["done", "aborted", "toolReturn"]
+    source: Literal["done", "aborted", "stopped", "toolReturn"]
     text: str
     task_id: str | None
 
@@ -217,7 +236,7 @@ class Task:
     task_id: str
     items: list[Item] = field(default_factory=list)
     seqs: list[int] = field(default_factory=list)
-    outcome: Literal["done", "aborted"] | None = None
+    outcome: Terminal | None = None
     final_text: str | None = None
     terminal_seq: int | None = None
     missing: int = 0
@@ -470,6 +489,15 @@ def _terminal_text(parsed: _Parsed) -> str:
     return _str_or_none(parsed.payload.get(key)) or ""
 
 
+def _outcome(parsed: _Parsed) -> Terminal:
+    """How a terminal ended: ``done``; ``stopped`` for an ``aborted`` block whose
+    ``payload.stopped`` is ``true`` (nothing else counts); else ``aborted``. Same as
+    ``outcomeOf`` in ``web/renderer.js``."""
+    if parsed.state == "done":
+        return "done"
+    return "stopped" if parsed.payload.get("stopped") is True else "aborted"
+
+
 def _tool_of(content: Mapping[str, Any]) -> str | None:
     tool_call = _as_mapping(content.get("toolCall"))
     if tool_call is None:
@@ -601,8 +629,7 @@ class PaneStore:
                 return self._drop("unattributed", None, parsed.task_id)
             if parsed.task_id in self._orphans:
                 return self._drop("afterEnd", None, parsed.task_id)
-            source: Literal["done", "aborted"] = "done" if parsed.state == "done" else "aborted"
-            final = Final(source, _terminal_text(parsed), parsed.task_id)
+            final = Final(_outcome(parsed), _terminal_text(parsed), parsed.task_id)
             self._orphans[parsed.task_id] = final
             self._orphan_seqs[parsed.task_id] = parsed.seq
             return Applied("orphan", None, parsed.task_id, final=final)
@@ -616,7 +643,7 @@ class PaneStore:
         if terminal:
             if pane.trace_id is None:
                 pane.trace_id = parsed.trace_id
-            task.outcome = "done" if parsed.state == "done" else "aborted"
+            task.outcome = _outcome(parsed)
             task.final_text = _terminal_text(parsed)
             task.terminal_seq = parsed.seq
             pane.last_final = Final(task.outcome, task.final_text, task.task_id)

@@ -61,6 +61,7 @@ export const LABELS = Object.freeze({
     toolStart: "开始",
     final: "最终回复",
     aborted: "已中止",
+    stopped: "已停止",
     task: "任务",
     unknownKind: "未知类型",
     unattributed: "未关联调用",
@@ -87,6 +88,7 @@ export const LABELS = Object.freeze({
     toolStart: "started",
     final: "Final answer",
     aborted: "Aborted",
+    stopped: "Stopped",
     task: "Task",
     unknownKind: "Unknown kind",
     unattributed: "Unattributed call",
@@ -259,6 +261,20 @@ function terminalText(parsed) {
   return strOrNull(get(parsed.payload, parsed.state === "done" ? "text" : "message")) || "";
 }
 
+/** How a terminal ended: "done", "stopped" (aborted, payload.stopped true: the user stopped
+ * the call) or "aborted" (failed). Same as view._outcome. */
+function outcomeOf(parsed) {
+  if (parsed.state === "done") return "done";
+  return get(parsed.payload, "stopped") === true ? "stopped" : "aborted";
+}
+
+/** The words of a final answer's label, by where it is from. */
+function finalLabel(labels, from) {
+  if (from === "aborted") return labels.aborted;
+  if (from === "stopped") return labels.stopped;
+  return labels.final;
+}
+
 function toolOf(content) {
   const toolCall = get(content, "toolCall");
   if (!isObject(toolCall)) return null;
@@ -287,7 +303,7 @@ export class Task {
   constructor(taskId) {
     this.taskId = taskId;
     this.items = [];
-    this.outcome = null; // "done" | "aborted" once the terminal arrived
+    this.outcome = null; // "done" | "aborted" | "stopped" once the terminal arrived
     this.final = null;
     this.terminalSeq = null;
     this.missing = 0; // blocks the relay could no longer send (replay.missing of the acks)
@@ -493,7 +509,7 @@ export class PaneStore {
       if (!terminal) return this._drop("unattributed", { taskId });
       if (this._orphans.has(taskId)) return this._drop("afterEnd", { taskId });
       const text = terminalText(parsed);
-      const orphan = Object.freeze({ taskId, outcome: parsed.state, text, seq: parsed.seq });
+      const orphan = Object.freeze({ taskId, outcome: outcomeOf(parsed), text, seq: parsed.seq });
       this._orphans.set(taskId, orphan);
       const final = { from: orphan.outcome, taskId, text: orphan.text };
       return this._result("orphan", { taskId, final });
@@ -509,7 +525,7 @@ export class PaneStore {
     }
     if (terminal) {
       pane.takeTraceId(parsed.traceId);
-      task.outcome = parsed.state;
+      task.outcome = outcomeOf(parsed);
       task.final = terminalText(parsed);
       task.terminalSeq = parsed.seq;
       pane.lastFinal = Object.freeze({ from: task.outcome, taskId, text: task.final });
@@ -777,6 +793,7 @@ const STYLE = `
 .kx-pane[data-status="streaming"] .kx-status { color: #0969da; }
 .kx-final { margin: 8px 0; padding: 8px 10px; border-left: 3px solid #1a7f37; background: #f0fff4; }
 .kx-final[data-from="aborted"] { border-left-color: #cf222e; background: #fff5f5; }
+.kx-final[data-from="stopped"] { border-left-color: #8c959f; background: #f6f8fa; }
 .kx-final-label { font-size: 12px; color: #57606a; }
 .kx-final-text, .kx-text, .kx-thinking-body p, .kx-other-text { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; }
 .kx-stream { max-height: 24em; overflow: auto; margin-top: 6px; }
@@ -986,7 +1003,7 @@ class PaneView {
     this.finalNode.hidden = final === null;
     if (final !== null) {
       this.finalNode.dataset.from = final.from;
-      this.finalLabel.textContent = final.from === "aborted" ? labels.aborted : labels.final;
+      this.finalLabel.textContent = finalLabel(labels, final.from);
       this.finalText.textContent = final.text;
     }
     const follow = atBottom(this.streamNode);
@@ -1086,7 +1103,12 @@ class PaneView {
       this.taskViews.set(task.taskId, view);
     }
     view.head.hidden = !showHead;
-    const outcome = task.outcome === "aborted" ? this.labels.aborted : task.ended ? this.labels.ended : "";
+    const outcome =
+      task.outcome === "aborted" || task.outcome === "stopped"
+        ? finalLabel(this.labels, task.outcome)
+        : task.ended
+          ? this.labels.ended
+          : "";
     view.head.textContent = `${this.labels.task} ${task.taskId}${outcome ? ` · ${outcome}` : ""}`;
     view.node.dataset.ended = String(task.ended);
     const gapAfter = task.missing > 0 ? task.gapAfter : null;
@@ -1236,7 +1258,7 @@ export function mountRoom(container, store, options = {}) {
       const node = el(doc, "div", "kx-orphan");
       node.dataset.taskId = orphan.taskId;
       node.dataset.from = orphan.outcome;
-      const label = `${labels.unattributed} · ${orphan.outcome === "aborted" ? labels.aborted : labels.final}`;
+      const label = `${labels.unattributed} · ${finalLabel(labels, orphan.outcome)}`;
       node.append(el(doc, "div", "kx-final-label", label), el(doc, "div", "kx-final-text", orphan.text));
       orphansNode.appendChild(node);
     }

@@ -22,7 +22,7 @@ export interface Envelope {
   status: string;
   /**
    * the kind's content; a done block's text is the final answer, an aborted block's message a
-   * summary
+   * summary (and its stopped, when true, says the user stopped the call: a stop, not a failure)
    */
   payload?: { [key: string]: unknown };
   [key: string]: unknown;

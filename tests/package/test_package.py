@@ -41,6 +41,7 @@ def imported_after(statement: str) -> list[str]:
         "import kernel_ext.context",
         "from kernel_ext import current_call_id, use_tool_call, ToolCall, KernelExtError",
         "from kernel_ext import publish",
+        "from kernel_ext import stop_call, StopAnswer",
     ],
 )
 def test_importing_what_tool_authors_use_loads_no_transport_or_sdk(statement: str) -> None:
@@ -60,6 +61,8 @@ def test_the_root_exports_what_integrators_and_tool_authors_use() -> None:
         "reset_tool_call",
         "ToolCall",
         "ToolDescription",
+        "stop_call",
+        "StopAnswer",
         "enable",
         "enabled",
         "disable",

@@ -158,6 +158,26 @@ def test_printer_interleaves_calls_with_a_tag_per_line_and_english_labels() -> N
     ]
 
 
+@pytest.mark.parametrize(
+    ("locale", "stopped", "failed"),
+    [
+        ("zh", "已停止：stopped by the user", "已中止：it broke"),
+        ("en", "Stopped: stopped by the user", "Aborted: it broke"),
+    ],
+)
+def test_printer_shows_a_stopped_call_apart_from_a_failed_one(
+    locale: str, stopped: str, failed: str
+) -> None:
+    out = io.StringIO()
+    printer = TailPrinter(out, locale=locale)
+    payload = {"message": "stopped by the user", "stopped": True}
+    printer.block(block(1, "text", payload, state="aborted"))
+    printer.block(block(1, "text", {"message": "it broke"}, state="aborted", call_id=CALL2))
+    lines = lines_of(out)
+    assert f"[00f067aa] {stopped}" in lines
+    assert f"[a1b2c3d4] {failed}" in lines
+
+
 def test_printer_says_no_details_after_timeout_then_the_tool_return() -> None:
     now = 0.0
     out = io.StringIO()

@@ -16,12 +16,16 @@ or as a subprocess.
   never answers (the test kills the process mid-call);
 * ``unpaired()``: one progress report whose message holds a lone surrogate, then a result
   that holds one (only an in-memory transport carries them: JSON text cannot).
+* ``await_cancel(record)``: one progress report, then waits; when the client's
+  ``notifications/cancelled`` for the request arrives, writes ``cancelled: <reason>`` to the
+  file ``record`` (the server's own record that it was told) and ends.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
@@ -76,6 +80,39 @@ async def pid(ctx: Context) -> str:
 async def unpaired(ctx: Context) -> str:
     await ctx.report_progress(1, 2, "before \ud800 after")
     return "x\udc00"
+
+
+@server.tool()
+async def await_cancel(record: str, ctx: Context) -> str:
+    # The server's dispatcher applies notifications/cancelled by interrupting this handler;
+    # the notification itself is observed by the middleware below, which writes the record.
+    await ctx.report_progress(1, None, "started; waits to be cancelled")
+    await anyio.sleep_forever()
+    return "unreachable"
+
+
+_records: dict[object, str] = {}
+
+
+async def _observe_cancels(ctx: Any, call_next: Any) -> Any:
+    """Server middleware: remember where each ``await_cancel`` request records, and write
+    ``cancelled: <reason>`` there when the client's ``notifications/cancelled`` for it
+    arrives."""
+    params = ctx.params if isinstance(ctx.params, dict) else {}
+    if ctx.method == "tools/call" and params.get("name") == "await_cancel":
+        record = (params.get("arguments") or {}).get("record")
+        if isinstance(record, str):
+            _records[ctx.request_id] = record
+    elif ctx.method == "notifications/cancelled":
+        record = _records.pop(params.get("requestId"), None)
+        if record is not None:
+            await anyio.Path(record).write_text(
+                f"cancelled: {params.get('reason')}", encoding="utf-8"
+            )
+    return await call_next(ctx)
+
+
+server._lowlevel_server.middleware.append(_observe_cancels)
 
 
 if __name__ == "__main__":

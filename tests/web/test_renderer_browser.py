@@ -159,6 +159,22 @@ def test_aborted_call_pins_its_message_marked_aborted(page: Any) -> None:
     assert pane(page).locator(".kx-end").is_visible()
 
 
+def test_stopped_call_pins_its_message_marked_stopped_not_aborted(page: Any) -> None:
+    feed(
+        page,
+        snapshot(),
+        block(1, "thinking", {"text": "t"}),
+        block(2, "text", {"message": "stopped by the user", "stopped": True}, state="aborted"),
+    )
+    final = pane(page).locator(".kx-final")
+    assert final.get_attribute("data-from") == "stopped"
+    assert final.locator(".kx-final-label").inner_text() == "已停止"
+    assert final.locator(".kx-final-text").inner_text() == "stopped by the user"
+    colour = final.evaluate("node => getComputedStyle(node).borderLeftColor")
+    assert colour == "rgb(140, 149, 159)"  # grey: not the red of a failure
+    assert pane(page).locator(".kx-end").is_visible()
+
+
 def test_output_area_is_monospace_and_follows_its_tail(page: Any) -> None:
     feed(page, snapshot(), block(1, "tool_call", {"name": "run"}))
     feed(
