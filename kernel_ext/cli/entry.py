@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The commands are imported here, where a stop signal already ends them in one line.
     from kernel_ext import demo
     from kernel_ext.cli import relay as relay_command
-    from kernel_ext.viewing import stop, tail
+    from kernel_ext.viewing import ask_stop, tail
 
     parser = Parser(prog=PROG, description="Live, attributed tool-call detail streams.")
     parser.add_argument("--version", action="version", version=f"kernel-ext {_version()}")
@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
         "or already ended, 1 refused, 2 a bad command line or no relay at --url, 3 unknown "
         "call, 4 no worker reachable, 5 no usable answer.",
     )
-    stop.add_arguments(halt)
-    halt.set_defaults(func=stop.run)
+    ask_stop.add_arguments(halt)
+    halt.set_defaults(func=ask_stop.run)
     show = sub.add_parser(
         "demo",
         help="the whole path on this machine, in a browser",

@@ -15,7 +15,7 @@ from support.cli_helpers import CLI, cli_env
 from support.stop_helpers import CALL, CONV, NO_ACK, stand_in_relay
 
 from kernel_ext.protocol import STOP_ANSWERS
-from kernel_ext.viewing.stop import EXIT_CODES
+from kernel_ext.viewing.ask_stop import EXIT_CODES
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(120)]
 
