@@ -50,6 +50,7 @@ __all__ = [
     "room_channel",
     "room_log",
     "routed_room",
+    "stop_channel",
 ]
 
 _log = logging.getLogger("kernel_ext.redis")
@@ -81,6 +82,13 @@ def room_channel(channel: str, namespace: str, room: str) -> str:
 def room_log(channel: str, namespace: str, room: str) -> str:
     """The key of ``room``'s log of blocks in ``namespace`` (a Redis stream)."""
     return f"{channel}#kx-log#{len(namespace)}:{namespace}{room}"
+
+
+def stop_channel(channel: str, worker: str) -> str:
+    """The channel on which web processes ask the write-only worker ``worker`` (its worker
+    id) to stop one of its calls, and to which that worker subscribes
+    (:mod:`kernel_ext.emit.redis_stops`)."""
+    return f"{channel}#kx-stop#{worker}"
 
 
 def routed_room(message: Mapping[str, Any]) -> str | None:

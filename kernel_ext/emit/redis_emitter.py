@@ -32,6 +32,7 @@ from kernel_ext.emit.base import (
     remembers_arguments,
 )
 from kernel_ext.emit.owed_terminals import OwedTerminals
+from kernel_ext.emit.redis_stops import StopListener
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.observability.count_names import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
@@ -169,6 +170,7 @@ class RedisEmitter(Emitter):
         self._ping_client: Any = None
         self._first_ping = asyncio.Event()
         self._retry_at = 0.0
+        self._stops: StopListener | None = None
 
     @property
     def outages(self) -> int:
@@ -195,6 +197,8 @@ class RedisEmitter(Emitter):
     async def _open(self) -> None:
         from redis import asyncio as aioredis
 
+        from kernel_ext._redis_routing import stop_channel
+
         self._manager = _manager_class()(
             self.url,
             channel=self.channel,
@@ -205,6 +209,10 @@ class RedisEmitter(Emitter):
         self._manager.routing = self.routing
         if self.heartbeat_interval is not None:
             self._manager.emit_tags = {WORKER_TAG: self.worker_id}
+            self._stops = StopListener(
+                self.url, stop_channel(self.channel, self.worker_id), self._options
+            )
+            self._stops.start()
         if not compat.publish_result_supported():
             logger.warning(
                 "redis emitter: this python-socketio does not report a publish's receivers; "
@@ -220,6 +228,9 @@ class RedisEmitter(Emitter):
 
     async def _close(self) -> None:
         await self._stop_watcher()
+        if self._stops is not None:
+            await self._stops.aclose()
+            self._stops = None
         for client in (self._ping_client, getattr(self._manager, "redis", None)):
             if client is not None:
                 close = getattr(client, "aclose", None) or client.close  # redis < 5.0.1

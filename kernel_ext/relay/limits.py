@@ -56,6 +56,7 @@ __all__ = [
     "DEFAULT_MAX_BROWSER_ROOMS",
     "DEFAULT_MAX_PER_IDENTITY",
     "Admission",
+    "TokenBuckets",
     "identity_key",
 ]
 
@@ -106,13 +107,55 @@ def identity_key(identity: Any) -> Hashable | None:
 
 
 class _Bucket:
-    """One browser's join bucket: the joins it may make now, as of ``at``."""
+    """One connection's bucket: the requests it may make now, as of ``at``."""
 
     __slots__ = ("at", "tokens")
 
     def __init__(self, tokens: float, at: float) -> None:
         self.tokens = tokens
         self.at = at
+
+
+class TokenBuckets:
+    """A token bucket per connection: ``burst`` requests at once, ``rate`` more per second
+    (a new connection starts with a full bucket). The one rate limit of the relay's
+    browsers: their joins (:class:`Admission`) and their stop requests
+    (:class:`~kernel_ext.relay.stops.Stops`).
+
+    Raises:
+        ConfigError: a rate that is not a positive number, a burst not a positive int.
+    """
+
+    def __init__(
+        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        check_positive_numbers(rate=rate)
+        check_positive_ints(burst=burst)
+        self.rate = float(rate)
+        self.burst = burst
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+
+    def take(self, sid: str) -> int | None:
+        """Take one request from the bucket of ``sid``: ``None`` when there was one, else
+        the milliseconds until there is (at least 1)."""
+        rate = self.rate
+        now = self._clock()
+        burst = self.burst
+        bucket = self._buckets.get(sid)
+        if bucket is None:
+            bucket = self._buckets[sid] = _Bucket(float(burst), now)
+        tokens = min(float(burst), bucket.tokens + max(0.0, now - bucket.at) * rate)
+        bucket.at = now
+        if tokens < 1.0:
+            bucket.tokens = tokens
+            return max(1, math.ceil((1.0 - tokens) / rate * 1000))
+        bucket.tokens = tokens - 1.0
+        return None
+
+    def forget(self, sid: str) -> None:
+        """Drop the bucket of ``sid`` (it disconnected)."""
+        self._buckets.pop(sid, None)
 
 
 class Admission:
@@ -165,7 +208,9 @@ class Admission:
         self._per_identity: dict[Hashable, int] = {}
         self._rooms: dict[str, set[str]] = {}
         self._held = 0  # conversations held, summed over the browsers
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets = (
+            TokenBuckets(self.join_rate, self.join_burst, clock) if self.join_rate else None
+        )
 
     def connect(self, sid: str, identity: Any) -> None:
         """Admit the browser ``sid`` of ``identity`` (authenticated), or refuse it.
@@ -208,7 +253,8 @@ class Admission:
             except Exception:  # an equality that raises against a key added since
                 pass
         self._held -= len(self._rooms.pop(sid, ()))
-        self._buckets.pop(sid, None)
+        if self._buckets is not None:
+            self._buckets.forget(sid)
 
     def join(self, sid: str, room: str) -> dict[str, Any] | None:
         """Take a slot for ``room`` and a join from the bucket of the browser ``sid``:
@@ -248,23 +294,10 @@ class Admission:
     def _take(self, sid: str) -> int | None:
         """Take one join from the bucket of ``sid``: ``None`` when there was one, else the
         milliseconds until there is (at least 1)."""
-        rate = self.join_rate
-        if rate is None:
-            return None
-        now = self._clock()
-        burst = self.join_burst
-        bucket = self._buckets.get(sid)
-        if bucket is None:
-            if sid not in self._key_of:
-                return None  # not a browser this relay admitted: nothing to hold for it
-            bucket = self._buckets[sid] = _Bucket(float(burst), now)
-        tokens = min(float(burst), bucket.tokens + max(0.0, now - bucket.at) * rate)
-        bucket.at = now
-        if tokens < 1.0:
-            bucket.tokens = tokens
-            return max(1, math.ceil((1.0 - tokens) / rate * 1000))
-        bucket.tokens = tokens - 1.0
-        return None
+        buckets = self._buckets
+        if buckets is None or sid not in self._key_of:
+            return None  # no rate, or not a browser this relay admitted: nothing to hold
+        return buckets.take(sid)
 
     def _refuse(self, sid: str, reason: str, cap: int, message: str) -> None:
         # Imported here: kernel-ext reads this module's defaults for its options without

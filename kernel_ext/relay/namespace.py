@@ -122,6 +122,13 @@ from kernel_ext.relay.replay import (
     ReplayMemory,
     read_cursors,
 )
+from kernel_ext.relay.stops import (
+    DEFAULT_STOP_BURST,
+    DEFAULT_STOP_RATE,
+    DEFAULT_STOP_TIMEOUT,
+    StopAuth,
+    Stops,
+)
 from kernel_ext.relay.terminal_memory import TerminalMemory
 from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, ConnectionGrace, track_workers
 
@@ -220,6 +227,8 @@ class ChatRelay(GuardedNamespace):
             streams with ``aborted`` (``None`` disables; see "Gone workers" below).
         max_workers: workers with open streams tracked at once.
         max_worker_streams: open streams tracked per worker.
+        authorize_stop, stop_rate, stop_burst, stop_timeout: a browser's stop requests
+            (:class:`~kernel_ext.relay.stops.Stops`).
 
     Gone workers (the rules: :mod:`kernel_ext.relay.workers`): a worker is the connect
     auth's ``worker`` id, else the connection's sid. When the last connection of a worker
@@ -274,6 +283,10 @@ class ChatRelay(GuardedNamespace):
         max_browser_rooms: int | None = DEFAULT_MAX_BROWSER_ROOMS,
         join_rate: float | None = DEFAULT_JOIN_RATE,
         join_burst: int | None = None,
+        authorize_stop: StopAuth | None = None,
+        stop_rate: float | None = DEFAULT_STOP_RATE,
+        stop_burst: int = DEFAULT_STOP_BURST,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
     ) -> None:
         self._secret = InternalSecret(secret)
         self.limits = Admission(
@@ -372,6 +385,25 @@ class ChatRelay(GuardedNamespace):
                 streams, connected=self._connected, emit=self._emit_ended, count=self._count
             )
         )
+
+        self.stops = Stops(
+            browsers=self._browsers,
+            in_room=self._in_room,
+            loopback=streams,
+            connection=lambda w: next(
+                (sid for sid, conn in self._internal.items() if conn.worker == w), None
+            ),
+            ask=self.call,
+            calls=lambda room, call: self.replay.call_state(room, call) if self.replay else None,
+            manager=lambda: self.server.manager,
+            count=self._count,
+            reject=self._reject,
+            authorize_stop=authorize_stop,
+            stop_rate=stop_rate,
+            stop_burst=stop_burst,
+            stop_timeout=stop_timeout,
+        )
+        """A browser's stop requests (:class:`~kernel_ext.relay.stops.Stops`)."""
 
     def _count_later(self, outcome: str, n: int = 1) -> None:
         self._count(outcome, n)  # the counter exists once the namespace is made
@@ -501,6 +533,7 @@ class ChatRelay(GuardedNamespace):
         self.limits.disconnect(sid)
         self._browsers.pop(sid, None)
         self.back_pressure.forget(sid)
+        self.stops.forget(sid)
         if self.catch_up is not None:
             self.catch_up.forget(sid)
         conn = self._internal.pop(sid, None)
@@ -580,6 +613,10 @@ class ChatRelay(GuardedNamespace):
             if "have" in data or "limited" in replay
             else {"ok": True}
         )
+
+    async def on_stop_call(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """A browser asks to stop one call of a room it joined: :class:`Stops`."""
+        return await self.stops.handle(sid, data)
 
     def _in_room(self, sid: str, room: str) -> bool:
         """Whether ``sid`` is in ``room`` here: a look at that room's members.

@@ -62,7 +62,12 @@ from kernel_ext.observability.count_names import (
 from kernel_ext.protocol import TERMINAL_STATES, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.relay._log import logger, rare
 from kernel_ext.relay._send import send_local
-from kernel_ext.relay.workers import DEFAULT_WORKER_GRACE, is_worker_id, track_workers
+from kernel_ext.relay.workers import (
+    DEFAULT_WORKER_GRACE,
+    OpenStreams,
+    is_worker_id,
+    track_workers,
+)
 from kernel_ext.settings import check_redis_url, redacted_url
 
 __all__ = ["REDIS_STATES", "RelayRedisManager"]
@@ -256,6 +261,11 @@ class RelayRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ign
                 self._bump(REDIS_REPUBLISHED)
 
     # -- gone workers on the write-only path ----------------------------------------------
+
+    @property
+    def open_streams(self) -> OpenStreams | None:
+        """The write-only workers' open streams (``None`` with ``worker_grace=None``)."""
+        return self._workers
 
     def worker_sizes(self) -> dict[str, int]:
         """What the gone-worker watch holds now: ``redis_workers_tracked`` (workers with
