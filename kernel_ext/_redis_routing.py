@@ -47,10 +47,12 @@ __all__ = [
     "RoutedPublish",
     "log_entry",
     "marker_channel",
+    "relay_stop_channel",
     "room_channel",
     "room_log",
     "routed_room",
     "stop_channel",
+    "stop_reply_channel",
 ]
 
 _log = logging.getLogger("kernel_ext.redis")
@@ -89,6 +91,19 @@ def stop_channel(channel: str, worker: str) -> str:
     id) to stop one of its calls, and to which that worker subscribes
     (:mod:`kernel_ext.emit.redis_stops`)."""
     return f"{channel}#kx-stop#{worker}"
+
+
+def relay_stop_channel(channel: str) -> str:
+    """The channel on which a web process asks the others to stop a call of a worker
+    connected to one of them (loopback), and to which every web process subscribes
+    (:mod:`kernel_ext.relay.redis_stops`)."""
+    return f"{channel}#kx-stop-relay"
+
+
+def stop_reply_channel(channel: str, host_id: str) -> str:
+    """The channel on which the web process ``host_id`` (its manager's ``host_id``) hears
+    the answers to the stops it forwarded."""
+    return f"{channel}#kx-stop-reply#{host_id}"
 
 
 def routed_room(message: Mapping[str, Any]) -> str | None:

@@ -32,7 +32,7 @@ from kernel_ext.emit.base import (
     remembers_arguments,
 )
 from kernel_ext.emit.owed_terminals import OwedTerminals
-from kernel_ext.emit.redis_stops import StopListener
+from kernel_ext.emit.redis_stops import Subscription, listen_for_stops
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.observability.count_names import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
@@ -170,7 +170,7 @@ class RedisEmitter(Emitter):
         self._ping_client: Any = None
         self._first_ping = asyncio.Event()
         self._retry_at = 0.0
-        self._stops: StopListener | None = None
+        self._stops: Subscription | None = None
 
     @property
     def outages(self) -> int:
@@ -209,10 +209,8 @@ class RedisEmitter(Emitter):
         self._manager.routing = self.routing
         if self.heartbeat_interval is not None:
             self._manager.emit_tags = {WORKER_TAG: self.worker_id}
-            self._stops = StopListener(
-                self.url, stop_channel(self.channel, self.worker_id), self._options
-            )
-            self._stops.start()
+            channel = stop_channel(self.channel, self.worker_id)
+            self._stops = listen_for_stops(self.url, channel, self._options)
         if not compat.publish_result_supported():
             logger.warning(
                 "redis emitter: this python-socketio does not report a publish's receivers; "

@@ -481,6 +481,7 @@ class ChatRelay(GuardedNamespace):
             conn = _Internal(worker)
             conn.task = asyncio.get_running_loop().create_task(self._emit_queued(sid, conn))
             self._internal[sid] = conn
+            self.stops.serve()
             self._count(INTERNAL_CONNECTS)
             if self._grace is not None:
                 self._grace.arrived(worker)
@@ -986,6 +987,7 @@ class ChatRelay(GuardedNamespace):
         if self._grace is not None:
             await self._grace.aclose()
         await self.back_pressure.aclose()
+        await self.stops.aclose()
         manager = getattr(self.server, "manager", None)
         if isinstance(manager, RelayRedisManager):
             await manager.stop_watching()

@@ -33,9 +33,10 @@
     (``stop_publish_failed``).
 * **Otherwise**, from this process's catch-up memory of that room
   (:meth:`~kernel_ext.relay.replay.ReplayMemory.call_state`): the call's streams all ended
-  — ``already_ended``; one is running but its owner is no worker this process can reach (a
-  loopback worker connected to another web process behind Redis) — ``unreachable``;
-  nothing — ``unknown``.
+  — ``already_ended``; one is running but no worker of this process owns it — behind Redis,
+  forwarded to the web process whose loopback worker does
+  (:mod:`kernel_ext.relay.redis_stops`: that worker's answer, or ``unreachable``), without
+  Redis ``unreachable``; nothing — ``unknown``.
 * Every answer is counted ``stops_<answer>``; nothing raises (an unexpected error is logged
   and answered ``unreachable``); nothing but the one call of that room is asked to stop.
 
@@ -48,7 +49,9 @@ import asyncio
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import socketio
 
 from kernel_ext._shared.compat import connect_redis
 from kernel_ext.errors import check_positive_numbers
@@ -68,12 +71,16 @@ from kernel_ext.relay.auth import allow_all, call_hook
 from kernel_ext.relay.limits import TokenBuckets
 from kernel_ext.relay.workers import OpenStreams
 
+if TYPE_CHECKING:
+    from kernel_ext.relay.redis_stops import StopForwarding
+
 __all__ = [
     "DEFAULT_STOP_BURST",
     "DEFAULT_STOP_RATE",
     "DEFAULT_STOP_TIMEOUT",
     "StopAuth",
     "Stops",
+    "read_request",
 ]
 
 DEFAULT_STOP_RATE = 2.0
@@ -157,6 +164,31 @@ class Stops:
         self._count = count
         self._reject = reject
         self._authorize: StopAuth = authorize_stop or allow_all
+        self._forwarding: StopForwarding | None = None
+
+    def serve(self) -> None:
+        """Behind Redis, answer the other web processes' stops for this process's workers
+        (:mod:`kernel_ext.relay.redis_stops`): called when a worker connects."""
+        self._forwarder()
+
+    def _forwarder(self) -> StopForwarding | None:
+        """The forwarding among web processes (started), ``None`` without Redis."""
+        if self._forwarding is None:
+            manager = self._manager()
+            if not isinstance(manager, socketio.AsyncRedisManager):
+                return None
+            from kernel_ext.relay.redis_stops import StopForwarding
+
+            self._forwarding = StopForwarding(
+                manager, self._answer_locally, self._count, self.stop_timeout
+            )
+            self._forwarding.start()
+        return self._forwarding
+
+    async def aclose(self) -> None:
+        """Stop forwarding (when the server stops). Idempotent."""
+        if self._forwarding is not None:
+            await self._forwarding.aclose()
 
     def forget(self, sid: str) -> None:
         """The connection ``sid`` is gone: drop its bucket."""
@@ -182,7 +214,7 @@ class Stops:
             wait = self.buckets.take(sid)
             if wait is not None:
                 return self._refuse(sid, STOP_RATE, f"too many stop requests; retry in {wait} ms")
-        request = _read(data)
+        request = read_request(data)
         if request is None:
             return self._refuse(
                 sid,
@@ -210,11 +242,17 @@ class Stops:
         if state == "ended":
             return {"answer": ALREADY_ENDED}
         if state == "running":
-            return {
-                "answer": UNREACHABLE,
-                "reason": "the call's worker is not connected to this web process",
-            }
+            forwarding = self._forwarder()
+            if forwarding is not None:
+                return await forwarding.forward(room, call_id)
+            return {"answer": UNREACHABLE, "reason": "the call's worker is not connected"}
         return {"answer": UNKNOWN}
+
+    async def _answer_locally(self, room: str, call_id: str) -> dict[str, Any] | None:
+        """A stop another web process forwarded: this process's owning worker's answer,
+        ``None`` when no worker of this process owns the call."""
+        owner = _owner(self._loopback, room, call_id)
+        return None if owner is None else await self._ask_worker(owner, call_id)
 
     def _refuse(self, sid: str, reason: str, text: str) -> dict[str, Any]:
         self._reject(sid, reason, STOP_EVENT)
@@ -266,7 +304,7 @@ class Stops:
         return {"answer": STOPPING}
 
 
-def _read(data: Any) -> tuple[str, str] | None:
+def read_request(data: Any) -> tuple[str, str] | None:
     """A stop request's (room, callId), or ``None`` when it is malformed."""
     if not isinstance(data, Mapping):
         return None

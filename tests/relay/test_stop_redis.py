@@ -2,11 +2,12 @@
 2b): a write-only worker (``RedisEmitter``, a real call running under the wrapped runtime)
 is asked over its stop channel, whichever web process the browser is on; Redis's receiver
 count decides ``stopping`` or ``unreachable``; an outage is ``unreachable``, counted; a
-loopback worker connected to another web process is ``unreachable`` (the documented rule)."""
+loopback worker connected to another web process is asked through that one."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 from support.network import RedisServer
@@ -15,7 +16,7 @@ from support.relay_helpers import Browser, RelayProcess, barrier, emitter_for, r
 from support.stop_calls import ask_stop, is_stopped, running_call, stop, stopped_terminals
 from support.timing import CALL_TIMEOUT, wait_until
 
-from kernel_ext._redis_routing import stop_channel
+from kernel_ext._redis_routing import relay_stop_channel, stop_channel
 from kernel_ext.attribution.tap import Tap
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.stream import StreamHub
@@ -123,12 +124,13 @@ async def test_a_worker_not_listening_or_redis_down_is_unreachable_and_counted(
         finally:
             await browser.close()
             redis_server.start()
+            await relay.aclose()
         stats = relay.stats()
         assert stats["stop_publish_failed"] == 1
         assert stats["stops_unreachable"] == 2
 
 
-async def test_a_loopback_worker_on_another_web_process_is_unreachable_from_this_one(
+async def test_a_browser_on_another_web_process_stops_a_loopback_workers_call(
     redis_server: RedisServer,
 ) -> None:
     hub = new_hub()
@@ -145,18 +147,48 @@ async def test_a_loopback_worker_on_another_web_process_is_unreachable_from_this
         emitter = emitter_for(webs[0].port, hub)  # connected to web1 only
         async with emitter:
             await wait_until(lambda: emitter.healthy)
-            async with running_call(hub, ROOM) as call:
+            await wait_until(forwarding_listeners(redis_server.url, 1), 20.0, "web1 listens")
+            async with running_call(hub, ROOM) as call, running_call(hub, ROOM) as other:
                 for b in made:
-                    await b.wait_for(lambda x: any(y["callId"] == call.call_id for y in x))
-                ack = await ask_stop(made[1], stop(ROOM, call.call_id))
+                    await b.wait_for(
+                        lambda x: {y["callId"] for y in x} >= {call.call_id, other.call_id}
+                    )
+                ack = await ask_stop(made[1], stop(ROOM, call.call_id))  # from web2
+                assert ack == {"answer": "stopping"}
+                result = await asyncio.wait_for(call.task, CALL_TIMEOUT)
+                assert result.startswith("The user stopped this tool call")
+                for b in made:
+                    await b.wait_for(lambda x: bool(stopped_terminals(x, call.call_id)))
+                assert not other.task.done()
+                assert await emitter.flush(10)
+                # The worker is gone from web1 (its grace runs): no one can answer for it.
+                await emitter.stop()
+                ack = await ask_stop(made[1], stop(ROOM, other.call_id))
                 assert ack["answer"] == "unreachable"
-                assert "another web process" in ack["reason"] or "not connected" in ack["reason"]
-                assert not call.task.done()
-                # From the web process it is connected to, the same request stops it.
-                assert await ask_stop(made[0], stop(ROOM, call.call_id)) == {"answer": "stopping"}
-                await asyncio.wait_for(call.task, CALL_TIMEOUT)
+                assert not other.task.done()
+        for b, web in zip(made, webs, strict=True):
+            await barrier(b, web.port)
+            ends = stopped_terminals(b.blocks, call.call_id)
+            assert len(ends) == 1, ends
+            assert is_stopped(ends[0])
     finally:
         for b in made:
             await b.close()
         for web in webs:
             web.stop()
+
+
+def forwarding_listeners(redis_url: str, n: int) -> Callable[[], Awaitable[bool]]:
+    """Whether at least ``n`` web processes listen for forwarded stops."""
+
+    async def listening() -> bool:
+        from redis import asyncio as aioredis
+
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            result = await client.pubsub_numsub(relay_stop_channel("socketio"))
+            return bool(result) and int(result[0][1]) >= n
+        finally:
+            await client.aclose()
+
+    return listening
