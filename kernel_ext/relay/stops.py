@@ -51,8 +51,6 @@ import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import socketio
-
 from kernel_ext._shared.compat import connect_redis
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.observability.count_names import (
@@ -174,6 +172,8 @@ class Stops:
     def _forwarder(self) -> StopForwarding | None:
         """The forwarding among web processes (started), ``None`` without Redis."""
         if self._forwarding is None:
+            import socketio  # the relay runs on it; imported here: kernel-ext reads this module
+
             manager = self._manager()
             if not isinstance(manager, socketio.AsyncRedisManager):
                 return None

@@ -16,6 +16,7 @@ from support.relay_helpers import (
     NS,
     SECRET,
     Browser,
+    RelayProcess,
     barrier,
     block,
     connected,
@@ -334,3 +335,30 @@ def test_every_answer_the_relay_gives_is_a_protocol_answer() -> None:
         stops.REFUSED,
         stops.UNREACHABLE,
     } == set(STOP_ANSWERS)
+
+
+@pytest.mark.parametrize("how", ["option", "variable"])
+async def test_kernel_ext_relay_takes_the_stop_rate_from_its_option_or_variable(how: str) -> None:
+    env = support_env()
+    flags = ["--allow-anyone"]
+    if how == "option":
+        flags += ["--stop-rate", "1000000"]
+    else:
+        env["KERNEL_EXT_STOP_RATE"] = "1000000"
+    relay = RelayProcess(hooks=flags)
+    relay.start(env)
+    browser = Browser()
+    try:
+        await relay.wait_ready()
+        await browser.connect(relay.port)
+        assert await browser.join(ROOM) == {"ok": True}
+        # A million a second: the bucket is full again by the next request (at the default
+        # rate, 2 a second, the one past the burst would be refused).
+        answers = [
+            (await ask_stop(browser, stop(ROOM, NOBODY)))["answer"]
+            for _ in range(4 * DEFAULT_STOP_BURST)
+        ]
+        assert answers == ["unknown"] * (4 * DEFAULT_STOP_BURST)
+    finally:
+        await browser.close()
+        relay.stop()
