@@ -26,7 +26,14 @@ from support.relay_helpers import (
     support_env,
     worker,
 )
-from support.stop_calls import ask_stop, is_stopped, running_call, stop, stopped_terminals
+from support.stop_calls import (
+    ask_stop,
+    gated_call,
+    is_stopped,
+    running_call,
+    stop,
+    stopped_terminals,
+)
 from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext.attribution.tap import Tap
@@ -284,6 +291,48 @@ async def test_a_worker_that_reconnects_is_asked_on_its_new_connection() -> None
                 assert len(stopped_terminals(browser.blocks, call.call_id)) == 1
         finally:
             await browser.close()
+
+
+async def test_a_stop_crossing_the_calls_end_gives_one_terminal_and_an_answer_that_says_which() -> (
+    None
+):
+    hub = new_hub()
+    seen: dict[str, int] = {}
+    async with relay_server(stop_burst=100) as (port, _):
+        emitter = emitter_for(port, hub, ack_timeout=30.0)
+        async with emitter:
+            await wait_until(lambda: emitter.healthy)
+            browser = await joined(port, ROOM)
+            try:
+                for i in range(12):
+                    gate = asyncio.Event()
+                    async with gated_call(hub, ROOM, gate) as call:
+                        await browser.wait_for(
+                            lambda b, c=call: any(x["callId"] == c.call_id for x in b)
+                        )
+                        asking = asyncio.ensure_future(ask_stop(browser, stop(ROOM, call.call_id)))
+                        # The call's end at varied moments of the request's way (which
+                        # one wins is not asserted: either must give one terminal).
+                        await asyncio.sleep(0.001 * i)
+                        gate.set()
+                        ack = await asking
+                        result = await asyncio.wait_for(call.task, CALL_TIMEOUT)
+                        await browser.wait_for(
+                            lambda b, c=call: bool(stopped_terminals(b, c.call_id))
+                        )
+                        assert await emitter.flush(10)
+                        await barrier(browser, port)
+                        ends = stopped_terminals(browser.blocks, call.call_id)
+                        assert len(ends) == 1, ends
+                        answer = ack["answer"]
+                        seen[answer] = seen.get(answer, 0) + 1
+                        # The answer says which came first; the pane's one terminal agrees.
+                        assert answer in ("stopping", "already_ended"), ack
+                        assert is_stopped(ends[0]) == (answer == "stopping"), (answer, ends)
+                        assert (result == "done") == (answer == "already_ended"), result
+            finally:
+                await browser.close()
+    assert sum(seen.values()) == 12, seen
 
 
 async def test_kernel_ext_stop_against_the_real_relay() -> None:

@@ -84,3 +84,33 @@ def is_stopped(block: dict[str, Any]) -> bool:
     """Whether ``block`` is an ``aborted`` block that says the user stopped the call."""
     payload = block["envelope"].get("payload") or {}
     return block["state"] == "aborted" and payload.get(STOPPED_KEY) is True
+
+
+@contextlib.asynccontextmanager
+async def gated_call(hub: StreamHub, room: str, gate: asyncio.Event) -> AsyncIterator[RunningCall]:
+    """A call of conversation ``room`` that answers ``"done"`` once ``gate`` opens (unless it
+    is stopped first); its first running block went to ``hub``."""
+    provider = TracerProvider()
+    live = asyncio.Event()
+
+    async def tool() -> str:
+        call = current_tool_call()
+        assert call is not None
+        hub.publish("working on it", task_id=call.call_id)
+        live.set()
+        await gate.wait()
+        return "done"
+
+    active = begin_scope(ToolDescription("gated", room), provider, hub)
+    assert active is not None
+    assert active.call is not None
+    task = asyncio.create_task(run_stoppable(active, tool))
+    await asyncio.wait_for(live.wait(), CALL_TIMEOUT)
+    try:
+        yield RunningCall(active.call.call_id, task)
+    finally:
+        if not task.done():
+            task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        provider.shutdown()
