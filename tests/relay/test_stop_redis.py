@@ -192,3 +192,39 @@ def forwarding_listeners(redis_url: str, n: int) -> Callable[[], Awaitable[bool]
             await client.aclose()
 
     return listening
+
+
+async def test_a_write_only_worker_listens_for_stops_again_after_a_redis_outage(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    hub = new_hub()
+    web = RelayProcess(redis_url=redis_server.url)
+    browser: Browser | None = None
+    try:
+        web.start()
+        await web.wait_ready()
+        browser = await browser_on(web.port, "browser")
+        await wait_subscribed(redis_server.url, 1)
+        async with RedisEmitter(redis_server.url, hub=hub, retry_interval=0.1) as emitter:
+            await wait_listening(redis_server.url, emitter)
+            redis_server.stop()
+            redis_server.start()  # same port, nothing subscribed any more
+            await wait_subscribed(redis_server.url, 1)  # the web process is back
+            await wait_listening(redis_server.url, emitter)  # and the worker's stop channel
+            await wait_until(lambda: emitter.healthy)
+            async with running_call(hub, ROOM) as call:
+                await browser.wait_for(lambda x: any(y["callId"] == call.call_id for y in x))
+                ack = await ask_stop(browser, stop(ROOM, call.call_id))
+                assert ack == {"answer": "stopping"}
+                await asyncio.wait_for(call.task, CALL_TIMEOUT)
+                await browser.wait_for(lambda x: bool(stopped_terminals(x, call.call_id)))
+        warnings = [
+            r
+            for r in caplog.records
+            if "not listening for stops on Redis" in r.getMessage() and r.levelname == "WARNING"
+        ]
+        assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    finally:
+        if browser is not None:
+            await browser.close()
+        web.stop()
