@@ -15,8 +15,8 @@ The root holds what kernel integrators and tool authors use:
 The root's modules are the public face: :mod:`kernel_ext.context` (the contextvar),
 :mod:`kernel_ext.errors`, :mod:`kernel_ext.settings` (every ``KERNEL_EXT_*`` variable),
 ``__main__`` (``python -m kernel_ext`` is the ``kernel-ext`` command), ``_version`` and
-``_redis_routing`` (where a room's frames go on Redis), :mod:`kernel_ext.stop` (stopping
-one running call). Everything else lives in a
+``_redis_routing`` (where a room's frames go on Redis), ``_redis_stops`` (a stop request
+on Redis), :mod:`kernel_ext.stop` (stopping one running call). Everything else lives in a
 sub-package named for what it is, each listing its modules:
 
 * :mod:`kernel_ext.protocol` — the wire (blocks, envelopes, encode/decode; ``.schema``);

@@ -89,14 +89,14 @@ def room_log(channel: str, namespace: str, room: str) -> str:
 def stop_channel(channel: str, worker: str) -> str:
     """The channel on which web processes ask the write-only worker ``worker`` (its worker
     id) to stop one of its calls, and to which that worker subscribes
-    (:mod:`kernel_ext.emit.redis_stops`)."""
+    (:mod:`kernel_ext._redis_stops`)."""
     return f"{channel}#kx-stop#{worker}"
 
 
 def relay_stop_channel(channel: str) -> str:
     """The channel on which a web process asks the others to stop a call of a worker
     connected to one of them (loopback), and to which every web process subscribes
-    (:mod:`kernel_ext.relay.redis_stops`)."""
+    (:mod:`kernel_ext._redis_stops`)."""
     return f"{channel}#kx-stop-relay"
 
 

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel_ext._shared import compat
 from kernel_ext.emit.base import (
@@ -32,12 +32,14 @@ from kernel_ext.emit.base import (
     remembers_arguments,
 )
 from kernel_ext.emit.owed_terminals import OwedTerminals
-from kernel_ext.emit.redis_stops import Subscription, listen_for_stops
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.observability.count_names import HEARTBEATS, OUTAGES, TERMINAL_RESENDS
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.settings import check_redis_url, redacted_url
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
+
+if TYPE_CHECKING:
+    from kernel_ext._redis_stops import Subscription
 
 __all__ = ["RedisEmitter"]
 
@@ -198,6 +200,7 @@ class RedisEmitter(Emitter):
         from redis import asyncio as aioredis
 
         from kernel_ext._redis_routing import stop_channel
+        from kernel_ext._redis_stops import listen_for_stops
 
         self._manager = _manager_class()(
             self.url,

@@ -23,6 +23,8 @@ worker side: ``stream``, ``emit``, ``worker``):
 ``backpressure``       what each browser may hold (packets, bytes), paced acknowledgements,
                        the catch-up bytes in flight in all
 ``catch_up``           a join's catch-up: sent as the browser reads, within its budget
+``stops``              a browser's ``stop_call``: who may stop what, its rate, the routing
+                       to the worker that owns the call
 ``namespace``          :class:`ChatRelay`: connections, joins, ``kx_blocks``/``kx_chat_event``
 ``app``                :func:`mount_relay`, :func:`create_app`, :class:`RelayApp`
 =====================  ===================================================================

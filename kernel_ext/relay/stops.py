@@ -27,7 +27,7 @@
   - a write-only worker on Redis (:class:`~kernel_ext.emit.RedisEmitter`, known from its
     tagged blocks): the request is published on that worker's stop channel
     (:func:`kernel_ext._redis_routing.stop_channel`), to which it subscribes
-    (:mod:`kernel_ext.emit.redis_stops`); Redis's receiver count 0: ``unreachable``, at
+    (:mod:`kernel_ext._redis_stops`); Redis's receiver count 0: ``unreachable``, at
     least 1: ``stopping`` (the worker's own answer does not come back: the terminal does);
     the publish failed or Redis did not answer within ``stop_timeout``: ``unreachable``
     (``stop_publish_failed``).
@@ -35,7 +35,7 @@
   (:meth:`~kernel_ext.relay.replay.ReplayMemory.call_state`): the call's streams all ended
   — ``already_ended``; one is running but no worker of this process owns it — behind Redis,
   forwarded to the web process whose loopback worker does
-  (:mod:`kernel_ext.relay.redis_stops`: that worker's answer, or ``unreachable``), without
+  (:mod:`kernel_ext._redis_stops`: that worker's answer, or ``unreachable``), without
   Redis ``unreachable``; nothing — ``unknown``.
 * Every answer is counted ``stops_<answer>``; nothing raises (an unexpected error is logged
   and answered ``unreachable``); nothing but the one call of that room is asked to stop.
@@ -70,7 +70,7 @@ from kernel_ext.relay.limits import TokenBuckets
 from kernel_ext.relay.workers import OpenStreams
 
 if TYPE_CHECKING:
-    from kernel_ext.relay.redis_stops import StopForwarding
+    from kernel_ext._redis_stops import StopForwarding
 
 __all__ = [
     "DEFAULT_STOP_BURST",
@@ -166,18 +166,16 @@ class Stops:
 
     def serve(self) -> None:
         """Behind Redis, answer the other web processes' stops for this process's workers
-        (:mod:`kernel_ext.relay.redis_stops`): called when a worker connects."""
+        (:mod:`kernel_ext._redis_stops`): called when a worker connects."""
         self._forwarder()
 
     def _forwarder(self) -> StopForwarding | None:
         """The forwarding among web processes (started), ``None`` without Redis."""
         if self._forwarding is None:
-            import socketio  # the relay runs on it; imported here: kernel-ext reads this module
-
             manager = self._manager()
-            if not isinstance(manager, socketio.AsyncRedisManager):
-                return None
-            from kernel_ext.relay.redis_stops import StopForwarding
+            if not isinstance(getattr(manager, "redis_url", None), str):
+                return None  # not a Redis manager (python-socketio's and kernel_ext's have it)
+            from kernel_ext._redis_stops import StopForwarding
 
             self._forwarding = StopForwarding(
                 manager, self._answer_locally, self._count, self.stop_timeout
