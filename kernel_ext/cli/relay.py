@@ -420,9 +420,9 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
     secret = settings.secret_value()
     assert secret is not None
     openness = _openness(args.authenticate, args.authorize_join)
+    from kernel_ext.redis.manager import RelayRedisManager  # typing the manager only
     from kernel_ext.relay.app import create_app  # Socket.IO: loaded when it serves
     from kernel_ext.relay.auth import allow_all
-    from kernel_ext.relay.redis_manager import RelayRedisManager  # typing the manager only
 
     with sock:
         port = sock.getsockname()[1]

@@ -26,11 +26,13 @@ again takes a join from the bucket, not another slot.
 Identity: what the ``authenticate`` hook returned. ``True`` — what every browser of a relay
 without the hook is, and what a hook that only says yes returns — is nobody in particular:
 such browsers have no per-identity cap (``max_browsers`` bounds them). Any other identity
-is keyed by :func:`identity_key`. ``None`` for a cap means no cap.
+is keyed by :func:`identity_key`. ``None`` for a cap means no cap. A browser refused by a
+cap has its connection closed once the refusal is queued to it (:func:`close_refused`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -39,6 +41,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from kernel_ext._shared import compat as _compat
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
 from kernel_ext.observability.count_names import (
     BROWSER_IDENTITIES,
@@ -56,6 +59,7 @@ __all__ = [
     "DEFAULT_MAX_BROWSER_ROOMS",
     "DEFAULT_MAX_PER_IDENTITY",
     "Admission",
+    "close_refused",
     "identity_key",
 ]
 
@@ -273,3 +277,25 @@ class Admission:
 
         self._reject(sid, reason, "a browser connection")
         raise ConnectionRefusedError(f"{message} (at most {cap})", {"reason": reason, "limit": cap})
+
+
+def close_refused(server: Any, namespace: str, sid: str) -> asyncio.Task[None] | None:
+    """Close the Engine.IO connection of a browser refused by a cap once its refusal is
+    queued to it, unless another namespace of the application holds the connection: a
+    refused browser would otherwise keep its connection open, and a client that opens
+    more and more of them would make this process hold each one's buffers. The task that
+    closes it (keep it until it is done), or ``None``."""
+    manager = server.manager
+    eio_sid = manager.eio_sid_from_sid(sid, namespace)
+    if eio_sid is None:
+        return None
+
+    async def close() -> None:
+        # Runs after the refusal's CONNECT_ERROR was queued (python-socketio queues it
+        # with no await that waits, right after the connect handler raised).
+        for other in list(manager.get_namespaces()):
+            if other != namespace and manager.sid_from_eio_sid(eio_sid, other):
+                return
+        await _compat.end_connection(server.eio, eio_sid)
+
+    return asyncio.get_running_loop().create_task(close())

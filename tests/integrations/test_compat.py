@@ -19,6 +19,7 @@ from support.network import RedisServer, need_module
 from support.timing import wait_until
 
 from kernel_ext._shared import compat
+from kernel_ext.redis.publish_result import PublishResult
 
 
 def test_sdk_spans_keep_the_fields_the_processor_reads() -> None:
@@ -60,7 +61,7 @@ def test_python_socketio_redis_publish_returns_what_redis_returned() -> None:
 async def test_the_publish_result_is_the_receiver_count_of_a_real_redis(
     redis_server: RedisServer,
 ) -> None:
-    class Manager(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    class Manager(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
         pass
 
     manager = Manager(redis_server.url, write_only=True)
@@ -90,7 +91,7 @@ async def test_emit_tags_reach_the_channel_inside_the_emit_message(
 ) -> None:
     from redis import asyncio as aioredis
 
-    class Manager(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    class Manager(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
         pass
 
     subscriber = aioredis.Redis.from_url(redis_server.url)
@@ -124,7 +125,7 @@ def test_python_socketio_redis_client_can_be_pipelined() -> None:
     assert compat.ACTIVE["redis_publish_pipeline"] == "private"
 
 
-class _Reporting(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+class _Reporting(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
     """python-socketio's manager with kernel_ext's publish reporting, as the senders use it."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
