@@ -18,6 +18,11 @@ Each is probed and documented here, so a release that renames one shows up in on
   connection's outgoing packets (made by its server's ``create_queue``, read as the socket's
   ``queue``) counted in packets and bytes (:class:`MeteredQueue`), and let go of when the
   connection closes (:func:`release_closed`, :func:`close_connection`); its ``send_packet``;
+* :func:`message_packet`, :func:`encode_event`: python-engineio's ``Packet`` of a
+  ``MESSAGE`` and python-socketio's ``EVENT`` packet as its server's ``packet_class`` encodes
+  it (what ``AsyncManager.emit`` queues to each connection);
+* :func:`close_failing_socket`: python-engineio's ``AsyncSocket`` whose handler raised,
+  closed and dropped from its server's ``sockets``, as the handler would have;
 * :func:`namespace_handler`: python-socketio's server's registry of namespace handlers
   (whether a relay is still the one its server dispatches to).
 
@@ -34,7 +39,8 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, cast
 
 __all__ = [
@@ -45,9 +51,12 @@ __all__ = [
     "MeteredQueue",
     "catch_up_packet",
     "close_connection",
+    "close_failing_socket",
     "connect_redis",
     "connection_queue",
+    "encode_event",
     "end_connection",
+    "message_packet",
     "meter_queues",
     "namespace_handler",
     "publish_pipeline_supported",
@@ -486,3 +495,42 @@ def namespace_handler(server: Any, namespace: str) -> Any:
     handler, or no server)."""
     handlers = getattr(server, "namespace_handlers", None) or {}
     return handlers.get(namespace)
+
+
+def message_packet(text: str | bytes) -> Any:
+    """python-engineio's ``MESSAGE`` packet of ``text`` (an encoded Socket.IO packet, or one
+    of its binary attachments), as ``AsyncManager.emit`` queues it."""
+    from engineio.packet import MESSAGE, Packet
+
+    return Packet(MESSAGE, text)
+
+
+def encode_event(server: Any, namespace: str, data: list[Any]) -> str | list[Any]:
+    """python-socketio's ``EVENT`` packet of ``data`` (``[event, *args]``) in ``namespace``,
+    encoded by ``server``'s packet class: a str, or a list (the text, then binary
+    attachments)."""
+    from socketio.packet import EVENT
+
+    encoded: str | list[Any] = server.packet_class(EVENT, namespace=namespace, data=data).encode()
+    return encoded
+
+
+async def close_failing_socket(frames: Sequence[FrameType]) -> None:
+    """Close python-engineio's socket whose handler raised (as that handler would have,
+    had it caught the error), found as ``self`` in one of ``frames`` (the traceback's): its
+    connection's disconnect runs now, not at its ping timeout."""
+    import contextlib
+
+    from engineio.async_socket import AsyncSocket
+
+    for frame in frames:
+        socket = frame.f_locals.get("self")
+        if isinstance(socket, AsyncSocket):
+            with contextlib.suppress(Exception):
+                await socket.queue.put(None)  # the writer task, if any, ends
+                await socket.close(
+                    wait=False, abort=True, reason=socket.server.reason.TRANSPORT_ERROR
+                )
+            if socket.server.sockets.get(socket.sid) is socket:
+                del socket.server.sockets[socket.sid]
+            return

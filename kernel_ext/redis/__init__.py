@@ -5,6 +5,7 @@ relay's lower floors: ``kernel_ext.relay._log``, ``._send``, ``.workers``; the r
 namespace never imports this package, the app picks the manager):
 
 ==================  ======================================================================
+``ping``            whether a Redis answers, asked once before a process depends on it
 ``publish_result``  :class:`~kernel_ext.redis.publish_result.PublishResult`: what each
                     publish reached (Redis's receiver count), a task's publishes as one
                     pipeline
