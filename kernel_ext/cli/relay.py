@@ -250,7 +250,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_gc_threshold,
         default=DEFAULT_GC_THRESHOLD,
         metavar="N",
-        help="GC gen-2 threshold, heap frozen; 0: off (default: %(default)s)",
+        help="GC gen-2 threshold, heap frozen; 0: as is (default: %(default)s)",
     )
     parser.add_argument(
         "--no-page",
