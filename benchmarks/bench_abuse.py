@@ -2,11 +2,12 @@
 the other conversations, on 127.0.0.1 — each probe twice, side by side in one run: with the
 relay's bounds (its defaults) and with the bounds relaxed through the relay's options to
 their old unbounded behaviour ("bounds off": no per-browser queue bound, no catch-up budget,
-no bound in flight, no admission caps, no handshake turnstile; the named options are in
-:data:`BOUNDS_OFF`).
+no bound in flight, no admission caps, no handshake turnstile, CPython's garbage collector
+as is; the named options are in :data:`BOUNDS_OFF`).
 
-One relay process per mode (``create_app`` served by uvicorn, as ``kernel-ext relay`` does;
-an ``authenticate`` hook whose identity is the browser's ``token``), filled by a worker
+One relay process per mode (``create_app`` served as ``kernel-ext relay`` serves it, by the
+command's own :func:`kernel_ext.cli.relay.serve`, its garbage-collector tuning included; an
+``authenticate`` hook whose identity is the browser's ``token``), filled by a worker
 with a held pane of ``PANE_BYTES`` (four live streams of 16 KB blocks). A bystander — a
 browser of another conversation with its own token — and the worker that sends it
 ``LIVE_RATE`` live blocks a second run in a process of their own, so that the attackers'
@@ -36,8 +37,9 @@ waited for a core), which tells a relay that holds its loop from a
 machine that is short of cores. Bounded: about 60–90 s in all.
 
 Diagnosis (not used by ``tox -e bench``): ``ABUSE_RELAY_OPTIONS='{"catch_up_inflight_bytes":
-1048576}'`` passes relay options, ``ABUSE_SLOW_CALLBACKS=1`` turns on asyncio's debug mode in
-the relay and prints what held its loop over 30 ms.
+1048576}'`` passes relay options, ``ABUSE_GC_THRESHOLD=N`` sets the relay's
+``--gc-threshold``, ``ABUSE_SLOW_CALLBACKS=1`` turns on asyncio's debug mode in the relay and
+prints what held its loop over 30 ms.
 Run ``python benchmarks/run.py --only abuse``.
 """
 
@@ -106,16 +108,24 @@ def token_identity(auth: Any, environ: Any) -> Any:
 
 
 def role_relay(port: int, mode: str) -> None:
-    """The relay under test, in a process of its own (``--role relay``); every quarter of a
-    second it prints ``LAG <ms>``: the most its event loop was late over that quarter (a
-    10 ms sleep's overshoot), so that a slow bystander can be told from a held loop."""
-    import uvicorn
-
+    """The relay under test, in a process of its own (``--role relay``), started as
+    ``kernel-ext relay`` starts it (:func:`kernel_ext.cli.relay.serve`: its logging, uvicorn,
+    its garbage-collector tuning at ``--gc-threshold``'s default; none with the bounds off,
+    as before it); every quarter of a second it prints ``LAG <ms> <ms>``: the most its event
+    loop was late over that quarter (a 10 ms sleep's overshoot) and the CPU its thread used
+    in that turn, so that a slow bystander can be told from a held loop."""
+    from kernel_ext.cli._common import listen
+    from kernel_ext.cli.relay import DEFAULT_GC_THRESHOLD, serve
     from kernel_ext.relay import allow_all, create_app
+    from kernel_ext.relay._log import log_as_command
 
     options = dict(BOUNDS_OFF) if mode == "off" else {}
     options.update(json.loads(os.environ.get("ABUSE_RELAY_OPTIONS", "{}")))  # experiments
+    gc_threshold = 0 if mode == "off" else DEFAULT_GC_THRESHOLD
+    gc_threshold = int(os.environ.get("ABUSE_GC_THRESHOLD", gc_threshold))  # experiments
+    log_as_command("relay", "warning")
     ready = create_app(SECRET, authenticate=token_identity, authorize_join=allow_all, **options)
+    tasks: list[asyncio.Task[None]] = []
 
     async def lag() -> None:
         worst = [0.0, 0.0]
@@ -131,18 +141,14 @@ def role_relay(port: int, mode: str) -> None:
                 print(f"LAG {worst[0]:.1f} {worst[1]:.1f}", flush=True)
                 worst, since = [0.0, 0.0], time.monotonic()
 
-    async def serve() -> None:
-        config = uvicorn.Config(
-            ready.app, host="127.0.0.1", port=port, log_level="warning", lifespan="on"
-        )
-        watch = asyncio.get_running_loop().create_task(lag())
+    async def announce() -> None:
+        tasks.append(asyncio.get_running_loop().create_task(lag()))
         if os.environ.get("ABUSE_SLOW_CALLBACKS"):  # a diagnosis: name what holds the loop
             asyncio.get_running_loop().set_debug(True)
             asyncio.get_running_loop().slow_callback_duration = 0.03
-        await uvicorn.Server(config).serve()
-        watch.cancel()
 
-    asyncio.run(serve())
+    with listen("127.0.0.1", port) as sock:
+        serve(ready.app, sock, "warning", announce, gc_threshold)
 
 
 async def _client(port: int, auth: Any) -> Any:

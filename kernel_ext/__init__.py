@@ -15,9 +15,8 @@ The root holds what kernel integrators and tool authors use:
 The root's modules are the public face: :mod:`kernel_ext.context` (the contextvar),
 :mod:`kernel_ext.errors`, :mod:`kernel_ext.settings` (every ``KERNEL_EXT_*`` variable),
 ``__main__`` (``python -m kernel_ext`` is the ``kernel-ext`` command), ``_version`` and
-``_redis_routing`` (where a room's frames go on Redis), ``_redis_stops`` (a stop request
-on Redis), :mod:`kernel_ext.stop` (stopping one running call). Everything else lives in a
-sub-package named for what it is, each listing its modules:
+:mod:`kernel_ext.stop` (stopping one running call). Everything else lives in a sub-package
+named for what it is, each listing its modules:
 
 * :mod:`kernel_ext.protocol` — the wire (blocks, envelopes, encode/decode; ``.schema``);
 * :mod:`kernel_ext.worker` — the worker process's life (``enable``, fork, shutdown, the
@@ -26,6 +25,8 @@ sub-package named for what it is, each listing its modules:
   :mod:`kernel_ext.instrument` — the worker side: the hub, the senders, which call a block
   belongs to, the tool wrappers;
 * :mod:`kernel_ext.relay` — the relay (web process) side;
+* :mod:`kernel_ext.redis` — everything that speaks Redis (the worker's sender, the relay's
+  client manager, room routing);
 * :mod:`kernel_ext.observability` — what kernel_ext counts and logs;
 * :mod:`kernel_ext.cli` — the ``kernel-ext`` command;
 * :mod:`kernel_ext.integrations`, :mod:`kernel_ext.a2a`, :mod:`kernel_ext.viewing`,

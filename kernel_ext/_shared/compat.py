@@ -7,8 +7,9 @@ Each is probed and documented here, so a release that renames one shows up in on
 * :data:`SPAN_CONTEXT_INDEXED`: ``SpanContext`` read as the tuple it is
   (:func:`sampled_trace_id` too);
 * :data:`SUPPRESS_KEYS`: the context keys ``suppress_instrumentation()`` sets;
-* :class:`PublishResult` (probed on first use): the subscriber count python-socketio's
-  ``AsyncRedisManager._publish`` returns;
+* :func:`publish_result_supported` (probed on first use): the subscriber count
+  python-socketio's ``AsyncRedisManager._publish`` returns (read by
+  :class:`kernel_ext.redis.publish_result.PublishResult`);
 * :func:`publish_pipeline_supported` (probed on first use): a frame's ``PUBLISH`` commands
   as one pipeline on python-socketio's Redis client;
 * :func:`spliced_packet_class`: python-socketio's ``Packet`` class (``socketio.packet``)
@@ -16,7 +17,14 @@ Each is probed and documented here, so a release that renames one shows up in on
 * :func:`meter_queues` (probed when a relay is mounted): python-engineio's queue of each
   connection's outgoing packets (made by its server's ``create_queue``, read as the socket's
   ``queue``) counted in packets and bytes (:class:`MeteredQueue`), and let go of when the
-  connection closes (:func:`release_closed`, :func:`close_connection`); its ``send_packet``.
+  connection closes (:func:`release_closed`, :func:`close_connection`); its ``send_packet``;
+* :func:`message_packet`, :func:`encode_event`: python-engineio's ``Packet`` of a
+  ``MESSAGE`` and python-socketio's ``EVENT`` packet as its server's ``packet_class`` encodes
+  it (what ``AsyncManager.emit`` queues to each connection);
+* :func:`close_failing_socket`: python-engineio's ``AsyncSocket`` whose handler raised,
+  closed and dropped from its server's ``sockets``, as the handler would have;
+* :func:`namespace_handler`: python-socketio's server's registry of namespace handlers
+  (whether a relay is still the one its server dispatches to).
 
 When a probe fails, the code that uses it takes the public path (slower) or reports less,
 and says so: the active path is in :data:`ACTIVE` and logged at DEBUG on the
@@ -28,12 +36,11 @@ Design (why each is read): docs/contracts.md, "Other libraries' private names".
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
-from contextvars import ContextVar
+from collections.abc import Callable, Sequence
+from types import FrameType
 from typing import Any, cast
 
 __all__ = [
@@ -42,13 +49,16 @@ __all__ = [
     "SPAN_CONTEXT_INDEXED",
     "SUPPRESS_KEYS",
     "MeteredQueue",
-    "PublishResult",
     "catch_up_packet",
     "close_connection",
+    "close_failing_socket",
     "connect_redis",
     "connection_queue",
+    "encode_event",
     "end_connection",
+    "message_packet",
     "meter_queues",
+    "namespace_handler",
     "publish_pipeline_supported",
     "publish_result_supported",
     "queued",
@@ -133,8 +143,9 @@ def _probe_suppress_keys() -> tuple[str, str] | None:
 @functools.cache
 def publish_result_supported() -> bool:
     """Whether python-socketio's ``AsyncRedisManager._publish(data)`` is the coroutine
-    method whose return value :class:`PublishResult` reports (probed on first use: only the
-    Redis paths import python-socketio's managers)."""
+    method whose return value :class:`~kernel_ext.redis.publish_result.PublishResult`
+    reports (probed on first use: only the Redis paths import python-socketio's
+    managers)."""
     try:
         import socketio
 
@@ -151,9 +162,10 @@ def publish_result_supported() -> bool:
 
 @functools.cache
 def publish_pipeline_supported() -> bool:
-    """Whether python-socketio's ``AsyncRedisManager`` keeps its client as :class:`PublishResult`
-    pipelines it (``redis``, ``connected``, ``_redis_connect``, ``channel``, ``json``:
-    checked on a write-only manager, which connects nothing until used)."""
+    """Whether python-socketio's ``AsyncRedisManager`` keeps its client as
+    :class:`~kernel_ext.redis.publish_result.PublishResult` pipelines it (``redis``,
+    ``connected``, ``_redis_connect``, ``channel``, ``json``: checked on a write-only
+    manager, which connects nothing until used)."""
     try:
         import socketio
 
@@ -179,172 +191,6 @@ def connect_redis(manager: Any) -> None:
     which :func:`publish_pipeline_supported` probes)."""
     if not manager.connected:
         manager._redis_connect()
-
-
-class _Collected:
-    """The pub/sub messages one task publishes on one manager inside
-    :meth:`PublishResult.pipelined`, and (after) what Redis said of each."""
-
-    __slots__ = ("manager", "messages", "receivers", "task")
-
-    def __init__(self, manager: Any) -> None:
-        self.manager = manager
-        # The task itself, not the tasks it starts (they copy the context variable).
-        self.task = asyncio.current_task()
-        self.messages: list[Any] = []
-        self.receivers: list[int | None] = []
-
-
-_COLLECTING: ContextVar[_Collected | None] = ContextVar("kernel_ext_redis_pipeline", default=None)
-
-
-class PublishResult:
-    """A mixin for python-socketio's ``AsyncRedisManager`` (listed first among the bases):
-    after each publish, :attr:`last_receivers` is Redis's receiver count, or ``None`` when
-    the publish failed (python-socketio only logs that). Where the probe failed
-    (:func:`publish_result_supported` is false), it stays ``None``: callers treat every
-    publish as unconfirmed. :meth:`_published` is called with each message and its count.
-
-    :attr:`emit_tags`, when set, are added to every ``emit`` message it publishes (the
-    pub/sub message ``_publish`` receives); python-socketio's managers ignore keys they do
-    not know.
-
-    :meth:`pipelined` collects the current task's publishes and sends them in one round
-    trip."""
-
-    last_receivers: int | None = None
-    emit_tags: Mapping[str, Any] | None = None
-
-    async def _publish(self, data: Any) -> Any:
-        tags = self.emit_tags
-        if tags and isinstance(data, dict) and data.get("method") == "emit":
-            data.update(tags)
-        collected = _COLLECTING.get()
-        if (
-            collected is not None
-            and collected.manager is self
-            and collected.task is asyncio.current_task()
-        ):
-            collected.messages.append(data)
-            return None
-        result = await self._publish_one(data)
-        self._published(data, self.last_receivers)
-        return result
-
-    async def _publish_one(self, data: Any) -> Any:
-        """python-socketio's publish (its two attempts), its receiver count kept; a message
-        with commands of its own (:meth:`_route`) goes as a pipeline, with two attempts
-        too."""
-        await self._before_publish()
-        if self._route(data) is not None:
-            for attempt in (1, 2):
-                receivers = await self._pipeline([data], quiet=attempt == 1)
-                if receivers[0] is not None:
-                    break
-            self.last_receivers = receivers[0]
-            return receivers[0]
-        result = await super()._publish(data)  # type: ignore[misc, unused-ignore]
-        supported = publish_result_supported()
-        self.last_receivers = result if supported and isinstance(result, int) else None
-        return result
-
-    # Hooks of a routing manager (kernel_ext._redis_routing.RoutedPublish): what a message
-    # is published as. Here: python-socketio's one channel.
-
-    async def _before_publish(self) -> None:
-        """Called before each publish (or pipeline of them)."""
-
-    def _route(self, message: Any) -> Any:
-        """``None`` when ``message`` is published as python-socketio publishes it."""
-        return None
-
-    def _queue(self, pipe: Any, message: Any, dumps: Any, after: dict[str, Any]) -> int:
-        """Queue ``message``'s commands on ``pipe``; how many replies they give (the first
-        is the publish's). ``after``: commands to queue once after every message, by key
-        (``(name, *args)``; their replies are not read)."""
-        pipe.publish(self.channel, dumps(message))  # type: ignore[attr-defined, unused-ignore]
-        return 1
-
-    def _receivers(self, replies: list[Any]) -> int | None:
-        """A message's receiver count from the replies of its commands (:meth:`_queue`)."""
-        count = replies[0]
-        return count if isinstance(count, int) and not isinstance(count, bool) else None
-
-    def _published(self, data: Any, receivers: int | None) -> None:
-        """Called after each message went to Redis (``receivers`` ``None``: it failed)."""
-
-    @contextlib.asynccontextmanager
-    async def pipelined(self) -> AsyncIterator[list[int | None]]:
-        """Within the block, what this task publishes on this manager (``emit`` builds the
-        messages, python-socketio's format) is collected; at its end (also when the block
-        raised, not when it was cancelled) it is sent in order as one pipeline of
-        ``PUBLISH`` commands, one round trip, and the yielded list filled with each
-        message's receiver count (``None``: failed). Other tasks publish as usual
-        meanwhile. Where :func:`publish_pipeline_supported` is false, the messages are
-        published one after the other. A pipeline that fails is not sent again (part of it
-        may have arrived): every message in it counts as failed, and the next publish
-        connects anew."""
-        collected = _Collected(self)
-        token = _COLLECTING.set(collected)
-        cancelled = False
-        try:
-            yield collected.receivers
-        except asyncio.CancelledError:
-            cancelled = True
-            raise
-        finally:
-            _COLLECTING.reset(token)
-            if not cancelled:
-                await self._send_collected(collected)
-
-    async def _send_collected(self, collected: _Collected) -> None:
-        messages = collected.messages
-        if not messages:
-            return
-        await self._before_publish()
-        if len(messages) == 1 or not publish_pipeline_supported():
-            for message in messages:
-                await self._publish_one(message)
-                collected.receivers.append(self.last_receivers)
-                self._published(message, self.last_receivers)
-            return
-        receivers = await self._pipeline(messages)
-        collected.receivers.extend(receivers)
-        self.last_receivers = receivers[-1]
-        for message, count in zip(messages, receivers, strict=True):
-            self._published(message, count)
-
-    async def _pipeline(self, messages: list[Any], *, quiet: bool = False) -> list[int | None]:
-        """Send ``messages`` (:meth:`_queue`'s commands each) as one pipeline; each one's
-        receiver count, all ``None`` when it failed (logged at ERROR unless ``quiet``; the
-        next publish connects anew)."""
-        manager: Any = self
-        try:
-            connect_redis(manager)
-            pipe = manager.redis.pipeline(transaction=False)
-            dumps = manager.json.dumps
-            after: dict[str, Any] = {}
-            sizes = [self._queue(pipe, message, dumps, after) for message in messages]
-            for name, *args in after.values():
-                pipe.execute_command(name, *args)
-            results = await pipe.execute(raise_on_error=False)  # a reply may be an error
-            if len(results) != sum(sizes) + len(after):
-                raise RuntimeError(f"{len(results)} replies to {sum(sizes)} commands")
-            receivers: list[int | None] = []
-            at = 0
-            for size in sizes:
-                receivers.append(self._receivers(results[at : at + size]))
-                at += size
-            return receivers
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            manager.connected = False  # the next publish connects anew
-            if not quiet:
-                _log.error(
-                    "kernel_ext: cannot publish %d messages to redis: %s", len(messages), exc
-                )
-            return [None] * len(messages)
 
 
 SDK_SPAN_FIELDS: bool = _probe_span_fields()
@@ -641,3 +487,50 @@ async def send_packet(eio: Any, eio_sid: str, packet: Any) -> None:
     """Queue an Engine.IO ``packet`` (already encoded) to the connection ``eio_sid``
     (python-engineio's ``send_packet``; a connection gone meanwhile is skipped)."""
     await eio.send_packet(eio_sid, packet)
+
+
+def namespace_handler(server: Any, namespace: str) -> Any:
+    """The handler python-socketio's ``server`` dispatches ``namespace``'s events to (its
+    ``namespace_handlers`` registry, which it offers no getter for), or ``None`` (no such
+    handler, or no server)."""
+    handlers = getattr(server, "namespace_handlers", None) or {}
+    return handlers.get(namespace)
+
+
+def message_packet(text: str | bytes) -> Any:
+    """python-engineio's ``MESSAGE`` packet of ``text`` (an encoded Socket.IO packet, or one
+    of its binary attachments), as ``AsyncManager.emit`` queues it."""
+    from engineio.packet import MESSAGE, Packet
+
+    return Packet(MESSAGE, text)
+
+
+def encode_event(server: Any, namespace: str, data: list[Any]) -> str | list[Any]:
+    """python-socketio's ``EVENT`` packet of ``data`` (``[event, *args]``) in ``namespace``,
+    encoded by ``server``'s packet class: a str, or a list (the text, then binary
+    attachments)."""
+    from socketio.packet import EVENT
+
+    encoded: str | list[Any] = server.packet_class(EVENT, namespace=namespace, data=data).encode()
+    return encoded
+
+
+async def close_failing_socket(frames: Sequence[FrameType]) -> None:
+    """Close python-engineio's socket whose handler raised (as that handler would have,
+    had it caught the error), found as ``self`` in one of ``frames`` (the traceback's): its
+    connection's disconnect runs now, not at its ping timeout."""
+    import contextlib
+
+    from engineio.async_socket import AsyncSocket
+
+    for frame in frames:
+        socket = frame.f_locals.get("self")
+        if isinstance(socket, AsyncSocket):
+            with contextlib.suppress(Exception):
+                await socket.queue.put(None)  # the writer task, if any, ends
+                await socket.close(
+                    wait=False, abort=True, reason=socket.server.reason.TRANSPORT_ERROR
+                )
+            if socket.server.sockets.get(socket.sid) is socket:
+                del socket.server.sockets[socket.sid]
+            return

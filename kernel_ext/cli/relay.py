@@ -30,6 +30,11 @@ with uvicorn; the secret, the Redis URL and channel and the namespace come from
   English. Everything else it writes there is a log record of ``--log-level`` or above (its
   own, uvicorn's, the libraries'), each as ``<prog>: <level>: <message>`` (a traceback on the
   lines after).
+* It owns its process, so once serving it tunes CPython's garbage collector
+  (:func:`tune_gc`, ``--gc-threshold``): what start-up made is frozen, and full collections
+  come after ``--gc-threshold`` collections of the middle generation instead of 10, so that
+  thousands of connections held open do not stall the event loop for each full collection.
+  ``--gc-threshold 0`` leaves the collector as CPython sets it.
 * SIGINT, SIGTERM and SIGHUP stop it gracefully, in one line, with exit status 130, 143 or
   129 (:class:`kernel_ext.cli._common.StopSignals`); one at start-up too.
 """
@@ -39,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import ipaddress
 import socket
 import sys
@@ -66,9 +72,9 @@ from kernel_ext.relay.limits import (
     DEFAULT_MAX_BROWSER_ROOMS,
     DEFAULT_MAX_BROWSERS,
     DEFAULT_MAX_PER_IDENTITY,
+    DEFAULT_STOP_RATE,
 )
 from kernel_ext.relay.replay import DEFAULT_CONVERSATION_BYTES, DEFAULT_TOTAL_BYTES
-from kernel_ext.relay.stops import DEFAULT_STOP_RATE
 from kernel_ext.relay.turnstile import DEFAULT_MAX_HANDSHAKE_WAITING, DEFAULT_MAX_HANDSHAKES
 from kernel_ext.settings import (
     MAKE_SECRET,
@@ -81,7 +87,16 @@ from kernel_ext.settings import (
     redacted_url,
 )
 
-__all__ = ["DESCRIPTION", "add_arguments", "is_loopback_host", "main", "run"]
+__all__ = [
+    "DEFAULT_GC_THRESHOLD",
+    "DESCRIPTION",
+    "add_arguments",
+    "is_loopback_host",
+    "main",
+    "run",
+    "serve",
+    "tune_gc",
+]
 
 _SECRET = env_name("secret")
 _REDIS_URL = env_name("redis_url")
@@ -93,6 +108,9 @@ PAGE_PREFIX = "/kernel_ext"
 PAGE = "example.html"
 PAGE_LANG = "(English labels: &lang=en)"
 """How the start-up line says to get the example page in English (Chinese by default)."""
+DEFAULT_GC_THRESHOLD = 1000
+"""``--gc-threshold``: CPython's generation-2 threshold in the relay's process (CPython's is
+10); docs/operations.md, "Abuse", has the measurements behind it."""
 _REDIS_CHANNEL_DEFAULT = Settings.model_fields["redis_channel"].default
 # The options that override settings fields, as a refusal names them.
 _OPTIONS = {
@@ -177,6 +195,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--namespace",
         default=None,
+        metavar="NS",
         help=f"Socket.IO namespace (default: {NAMESPACE}, or ${_NAMESPACE} if set)",
     )
     parser.add_argument(
@@ -212,7 +231,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-catch-up",
         action="store_true",
-        help="keep nothing for late joiners, reloads, reconnects (default: catch them up)",
+        help="keep nothing for late joiners (default: catch them up)",
     )
     parser.add_argument(
         "--catch-up-memory",
@@ -229,6 +248,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=metavar,
             help=f"{what} (default: {default})",
         )
+    parser.add_argument(
+        "--gc-threshold",
+        type=_gc_threshold,
+        default=DEFAULT_GC_THRESHOLD,
+        metavar="N",
+        help="GC gen-2 threshold, heap frozen; 0: as is (default: %(default)s)",
+    )
     parser.add_argument(
         "--no-page",
         action="store_true",
@@ -251,6 +277,40 @@ def _catch_up_mib(value: str) -> int:
     if number < _CONVERSATION_MIB:
         raise argparse.ArgumentTypeError(f"{rule}, got {value!r}")
     return number
+
+
+def _gc_threshold(value: str) -> int:
+    """``--gc-threshold``: a whole number, 0 (CPython's collector as is) or more."""
+    rule = "must be a whole number, 0 (CPython's garbage collector as is) or more"
+    try:
+        number = int(value, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{rule}, got {value!r}") from None
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"{rule}, got {value!r}")
+    return number
+
+
+def tune_gc(threshold: int) -> None:
+    """Tune CPython's garbage collector for a relay that owns its process, once it serves.
+
+    With ``threshold`` over 0: collect, freeze what is left (the modules, the app: never
+    traversed again) and make ``threshold`` the generation-2 threshold, so that a full
+    collection comes after that many collections of generation 1 (CPython: 10) — rarer full
+    collections, cyclic garbage that survives two generations kept longer. With 0 the
+    collector is left as it is. Either way it logs, at INFO, what the process now has:
+    ``garbage collector: N objects frozen, thresholds A/B/C``. The library's
+    :func:`~kernel_ext.relay.create_app` never touches the process-wide collector."""
+    if threshold:
+        gc.collect()
+        gc.freeze()
+        young, middle, _ = gc.get_threshold()
+        gc.set_threshold(young, middle, threshold)
+    logger.info(
+        "garbage collector: %d objects frozen, thresholds %s",
+        gc.get_freeze_count(),
+        "/".join(str(value) for value in gc.get_threshold()),
+    )
 
 
 def _openness(authenticate: str | None, authorize_join: str | None) -> str:
@@ -310,17 +370,24 @@ def _startup_line(
     return f"{prog}: serving {url}, namespace {namespace}, auth: {_auth_mode(args)}, {where}{page}"
 
 
-def _serve(
-    app: Any, sock: socket.socket, log_level: str, announce: Callable[[], Awaitable[None]]
+def serve(
+    app: Any,
+    sock: socket.socket,
+    log_level: str,
+    announce: Callable[[], Awaitable[None]],
+    gc_threshold: int = DEFAULT_GC_THRESHOLD,
 ) -> int:
-    """Serve ``app`` on the listening ``sock`` until a stop signal; the exit code."""
+    """Serve ``app`` on the listening ``sock`` until a stop signal, as ``kernel-ext relay``
+    does: uvicorn with lifespan events, its records through the logging already set up;
+    once it serves, :func:`tune_gc` with ``gc_threshold``, then ``announce`` (awaited on the
+    event loop). The exit code."""
     import uvicorn
 
     class Server(uvicorn.Server):
         """uvicorn's server, but a stop signal is the command's (it asks uvicorn for its
         graceful shutdown and is never raised again after it), and the start-up line is
-        printed once it serves — unless a stop signal comes first, even while the line
-        waits for the first attempt to reach Redis."""
+        printed once it serves (after :func:`tune_gc`) — unless a stop signal comes first,
+        even while the line waits for the first attempt to reach Redis."""
 
         announcing: asyncio.Future[None] | None = None
 
@@ -337,6 +404,7 @@ def _serve(
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             if self.started and not self.should_exit:
+                tune_gc(gc_threshold)
                 self.announcing = asyncio.ensure_future(announce())
                 await asyncio.wait({self.announcing})  # cancelled by a stop: no line
                 if not self.announcing.cancelled():
@@ -423,9 +491,9 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
     secret = settings.secret_value()
     assert secret is not None
     openness = _openness(args.authenticate, args.authorize_join)
+    from kernel_ext.redis.manager import RelayRedisManager  # typing the manager only
     from kernel_ext.relay.app import create_app  # Socket.IO: loaded when it serves
     from kernel_ext.relay.auth import allow_all
-    from kernel_ext.relay.redis_manager import RelayRedisManager  # typing the manager only
 
     with sock:
         port = sock.getsockname()[1]
@@ -468,7 +536,7 @@ def run(args: argparse.Namespace, prog: str | None = None) -> int:
             sys.stderr.write(line + "\n")
             sys.stderr.flush()
 
-        return _serve(ready.app, sock, args.log_level, announce)
+        return serve(ready.app, sock, args.log_level, announce, args.gc_threshold)
 
 
 def main(argv: Sequence[str] | None = None, prog: str = "python -m kernel_ext.relay") -> int:

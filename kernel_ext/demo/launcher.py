@@ -234,19 +234,12 @@ async def _agent_connected(client: Any, url: str, kernel: str) -> bool:
 async def _check_redis(url: str) -> None:
     """Fail early, and say so, when Redis does not answer (python-socketio would only log
     every lost message)."""
-    from redis import asyncio as aioredis
+    from kernel_ext.redis.ping import RedisUnreachable, ping
 
     try:
-        client = aioredis.Redis.from_url(url, socket_connect_timeout=3, socket_timeout=3)
-    except ValueError as exc:
-        raise DemoFailed(f"--redis {url!r} is not a Redis URL: {exc}") from exc
-    try:
-        await client.ping()
-    except Exception as exc:
-        raise DemoFailed(f"Redis at {url} does not answer: {exc}") from exc
-    finally:
-        with contextlib.suppress(Exception):
-            await client.aclose()
+        await ping(url)
+    except RedisUnreachable as exc:
+        raise DemoFailed(f"--redis: {exc}") from exc
 
 
 def _died(child: Child) -> str:

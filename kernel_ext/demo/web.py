@@ -56,7 +56,7 @@ from kernel_ext.demo.script import (
     wording,
 )
 from kernel_ext.protocol import CHAT_EVENT
-from kernel_ext.relay import ChatRelay, RelayRedisManager, with_probes
+from kernel_ext.relay import ChatRelay, RelayRedisManager, frames, with_probes
 from kernel_ext.settings import env_name, load_settings
 from kernel_ext.web import SOCKET_IO_CLIENT, asset_path
 from kernel_ext.web.font import FONT_LICENCE, FONT_PATH
@@ -186,7 +186,7 @@ class DemoRelay(ChatRelay):
 
     async def on_join_conversation(self, sid: str, data: Any = None) -> dict[str, Any]:
         """The relay's join (its catch-up included), then the conversation's history."""
-        room = self._room_of(data)
+        room = frames.room_of(data)
         if room is None:
             return await super().on_join_conversation(sid, data)
         async with self._turn(room):

@@ -174,7 +174,7 @@ WORKER_HEARTBEAT = "kx_worker_heartbeat"
 REPLAY_IDLE = 900.0
 """Seconds a stream without a terminal is kept for catch-up after its last block: the
 relay's memory (:class:`~kernel_ext.relay.replay.ReplayMemory`'s default) and a room's log
-on Redis (:mod:`kernel_ext._redis_routing`)."""
+on Redis (:mod:`kernel_ext.redis.routing`)."""
 
 WORKER_TAG = "kx_worker"
 

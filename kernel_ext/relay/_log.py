@@ -1,8 +1,12 @@
 """Where the relay reports: one logger for the whole package, named ``kernel_ext.relay``
 (operators and tests filter on that name, whichever module of the package logs), the rare
-log that counts each fault and logs its 1st, 2nd, 4th … occurrence, the
-``kernel_ext.relay.frames`` metric, and how ``kernel-ext relay`` writes every log record on
-stderr (:func:`log_as_command`)."""
+log on it, the ``kernel_ext.relay.frames`` metric, and how ``kernel-ext relay`` writes every
+log record on stderr (:func:`log_as_command`).
+
+It holds no counting of its own: the mechanisms live in :mod:`kernel_ext.observability`
+(``RareLog`` counts each fault and logs its 1st, 2nd, 4th … occurrence; ``otel_metrics``
+the instruments). This module only binds them to the relay's one logger name, so that the
+relay's modules and :mod:`kernel_ext.redis`'s web-process parts log under it."""
 
 from __future__ import annotations
 

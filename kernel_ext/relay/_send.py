@@ -19,10 +19,7 @@ import json
 from collections.abc import Callable, Collection
 from typing import Any
 
-from engineio.packet import MESSAGE
-from engineio.packet import Packet as EioPacket
 from socketio.async_manager import AsyncManager
-from socketio.packet import EVENT
 
 from kernel_ext._shared import compat as _compat
 
@@ -59,15 +56,15 @@ async def send_local(
         return 0
     # As emit: a tuple is several arguments, None none.
     args = list(data) if isinstance(data, tuple) else [] if data is None else [data]
-    encoded = server.packet_class(EVENT, namespace=namespace, data=[event, *args]).encode()
+    encoded = _compat.encode_event(server, namespace, [event, *args])
     eio = server.eio
     send = _compat.send_packet
     if not isinstance(encoded, list):
-        packet = EioPacket(MESSAGE, encoded)
+        packet = _compat.message_packet(encoded)
         for eio_sid in targets:
             await send(eio, eio_sid, packet)
         return len(targets)
-    packets = [EioPacket(MESSAGE, part) for part in encoded]  # binary attachments
+    packets = [_compat.message_packet(part) for part in encoded]  # binary attachments
     for eio_sid in targets:
         for packet in packets:
             await send(eio, eio_sid, packet)
@@ -78,7 +75,7 @@ def event_text(server: Any, namespace: str, event: str) -> Callable[[bytes], str
     """A maker of the text of the Socket.IO packet of ``event`` in ``namespace`` with one
     argument, given as its compact JSON (UTF-8): what the server's packet class encodes for
     ``emit(event, data)``, made without parsing or encoding ``data`` again."""
-    template = server.packet_class(EVENT, namespace=namespace, data=[event, _MARK]).encode()
+    template = _compat.encode_event(server, namespace, [event, _MARK])
     assert isinstance(template, str), template  # no binary attachment
     head, tail = template.split(server.packet_class.json.dumps(_MARK), 1)
 
@@ -87,7 +84,8 @@ def event_text(server: Any, namespace: str, event: str) -> Callable[[bytes], str
             return head + data.decode("ascii") + tail
         # As emit encodes it (non-ASCII escaped: a lone surrogate cannot be sent raw).
         block = json.loads(data.decode("utf-8", "surrogatepass"))
-        encoded: str = server.packet_class(EVENT, namespace=namespace, data=[event, block]).encode()
+        encoded = _compat.encode_event(server, namespace, [event, block])
+        assert isinstance(encoded, str), encoded  # no binary attachment
         return encoded
 
     return text

@@ -4,15 +4,17 @@ with ``/healthz`` and ``/readyz`` (:mod:`kernel_ext.relay.health`)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import socketio
 
+from kernel_ext.redis.manager import RelayRedisManager
 from kernel_ext.relay.guarded import with_packet_guard
 from kernel_ext.relay.health import with_probes
 from kernel_ext.relay.namespace import ChatRelay
-from kernel_ext.relay.redis_manager import RelayRedisManager
+from kernel_ext.relay.relay_settings import RelaySettings
 from kernel_ext.relay.turnstile import (
     DEFAULT_MAX_HANDSHAKE_WAITING,
     DEFAULT_MAX_HANDSHAKES,
@@ -22,12 +24,14 @@ from kernel_ext.relay.turnstile import (
 
 __all__ = ["RelayApp", "create_app", "mount_relay"]
 
-# The ChatRelay options that the Redis manager takes too (create_app gives them to both).
-_WATCH_OPTIONS = ("worker_grace", "max_workers", "max_worker_streams")
+# The options of ChatRelay that are not settings (create_app's other keywords are).
+_HOOKS = ("authenticate", "authorize_join", "authorize_stop")
 
 
 def mount_relay(sio: socketio.AsyncServer, secret: str, **options: Any) -> ChatRelay:
-    """Register a :class:`ChatRelay` (``options`` as its constructor's) on ``sio``."""
+    """Register a :class:`ChatRelay` (``options`` as its constructor's: the two hooks, and
+    :class:`~kernel_ext.relay.relay_settings.RelaySettings`' fields or ``settings=``) on
+    ``sio``."""
     relay = ChatRelay(secret, **options)
     sio.register_namespace(relay)
     return relay
@@ -60,7 +64,9 @@ def create_app(
 ) -> RelayApp:
     """An ``AsyncServer`` (Redis client manager when ``redis_url`` is given) with a
     :class:`ChatRelay` mounted, wrapped in ``socketio.ASGIApp`` — for tests and the demo.
-    ``worker_grace``, ``max_workers`` and ``max_worker_streams`` go to the Redis manager too.
+    ``relay_options``: the relay's two hooks and its settings' fields (or ``settings=``,
+    :class:`~kernel_ext.relay.relay_settings.RelaySettings`); ``worker_grace``,
+    ``max_workers`` and ``max_worker_streams`` go to the Redis manager too.
 
     ``max_http_buffer_size`` bounds one incoming message (a whole ``kx_blocks`` frame).
     A WebSocket frame that is no Engine.IO packet is counted, not raised to the ASGI server
@@ -84,12 +90,21 @@ def create_app(
             relay option (:class:`ChatRelay`, :class:`RelayRedisManager`), a handshake bound
             that is not a positive int.
     """
+    hooks = {key: relay_options.pop(key) for key in _HOOKS if key in relay_options}
+    given = relay_options.pop("settings", None)
+    settings = (
+        RelaySettings(**relay_options)
+        if given is None
+        else dataclasses.replace(given, **relay_options)
+    )
     manager = None
     if redis_url is not None:
         manager = RelayRedisManager(
             redis_url,
             channel=redis_channel,
-            **{key: relay_options[key] for key in _WATCH_OPTIONS if key in relay_options},
+            worker_grace=settings.worker_grace,
+            max_workers=settings.max_workers,
+            max_worker_streams=settings.max_worker_streams,
         )
     sio = socketio.AsyncServer(
         async_mode="asgi",
@@ -97,7 +112,7 @@ def create_app(
         cors_allowed_origins=cors_allowed_origins if cors_allowed_origins is not None else [],
         max_http_buffer_size=max_http_buffer_size,
     )
-    relay = mount_relay(sio, secret, **relay_options)
+    relay = mount_relay(sio, secret, settings=settings, **hooks)
     static = None
     if assets_prefix is not None:
         from kernel_ext.web import static_files

@@ -1,26 +1,9 @@
-"""Back-pressure: what each browser of this process may have queued, live blocks and
-catch-up together, and what catch-ups may hold in all (docs/operations.md, "Back-pressure").
-
-:class:`BackPressure` is the relay's one home of those bounds. Guarantees:
-
-* **Per browser** (``browser_queue_max`` packets, ``browser_queue_bytes`` bytes: what
-  python-engineio holds for its connection, not yet written). A frame's running blocks
-  skip a browser they would take past either bound (counted ``browser_queue_full``, one per
-  block and browser; terminals skip no one); a catch-up sends its next block only once its
-  browser holds less than a quarter of each (:meth:`BackPressure.drained`). A browser that
-  stays at a bound — skipped by a running block, or waited for by a catch-up — without
-  going below that quarter for ``browser_stall_timeout`` seconds is disconnected (counted
-  ``browsers_stalled``). When a connection closes, what was queued for it is let go.
-* **A frame's acknowledgement** waits until the browsers of its rooms hold under a quarter
-  of each bound, at most ``ack_pace_timeout`` seconds (:meth:`BackPressure.pace`).
-* **Catch-ups in all** (``catch_up_inflight_bytes``): the catch-up bytes queued to this
-  process's browsers and not yet written, with the ones about to be, stay within the bound
-  (one block always goes, alone): a catch-up's next block waits its turn
-  (:meth:`BackPressure.acquire`), first come first served.
-
-The counts come from python-engineio's queues as :mod:`kernel_ext._shared.compat` meters them
-(:class:`~kernel_ext._shared.compat.MeteredQueue`); where that probe fails, packets are counted,
-bytes are not, and a catch-up waits only for the bound in all.
+"""Back-pressure (docs/operations.md, "Back-pressure"): :class:`BackPressure` is the
+relay's one home of what each browser of this process may have queued (packets and bytes
+python-engineio holds for it, live blocks and catch-up together), of a frame's
+acknowledgement paced by its rooms' browsers, and of catch-up bytes in flight in all, as
+:mod:`kernel_ext._shared.compat` meters them. The rules: docs/contracts.md, "The relay's
+back-pressure".
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ from kernel_ext.observability.count_names import (
 from kernel_ext.protocol import TOOL_EVENT_STREAM
 from kernel_ext.relay._send import event_text
 from kernel_ext.relay.backpressure import BackPressure
+from kernel_ext.relay.emitted_terminals import EmittedTerminals
 from kernel_ext.relay.replay import Cursors, ReplayMemory, StreamKey
-from kernel_ext.relay.terminal_memory import TerminalMemory
 
 __all__ = ["DEFAULT_CATCH_UP_BUDGET", "CatchUp"]
 
@@ -59,7 +59,7 @@ class CatchUp:
     """The catch-ups of one relay's joins (module docstring).
 
     Args:
-        replay: the held streams.
+        memory: the held streams (the relay's catch-up memory).
         back_pressure: the bounds the catch-ups keep to.
         terminals: told of each terminal a catch-up sent.
         count: the relay's counter (``count(name, n)``).
@@ -68,21 +68,21 @@ class CatchUp:
 
     def __init__(
         self,
-        replay: ReplayMemory,
+        memory: ReplayMemory,
         back_pressure: BackPressure,
-        terminals: TerminalMemory,
+        terminals: EmittedTerminals,
         count: Callable[..., None],
         *,
         budget: int | None = DEFAULT_CATCH_UP_BUDGET,
     ) -> None:
         if budget is not None:
             check_positive_ints(catch_up_budget=budget)
-            if budget < replay.conversation_bytes:
+            if budget < memory.conversation_bytes:
                 raise ConfigError(
                     "catch_up_budget must hold one conversation "
-                    f"(replay_conversation_bytes, {replay.conversation_bytes}), got {budget}"
+                    f"(replay_conversation_bytes, {memory.conversation_bytes}), got {budget}"
                 )
-        self.replay = replay
+        self.memory = memory
         self.back_pressure = back_pressure
         self.budget = budget
         self._terminals = terminals
@@ -153,7 +153,7 @@ class CatchUp:
         self._running += 1
         try:
             for round_ in range(_ROUNDS):
-                held, _, lost = self.replay.catch_up_held(room, cursors)
+                held, _, lost = self.memory.catch_up_held(room, cursors)
                 if not held or limited or round_ == _ROUNDS - 1:
                     # Nothing more (or blocks keep coming: the last of them go after the
                     # entry; or the budget is spent: the rest is missing).
@@ -212,7 +212,7 @@ class CatchUp:
         packet = self._packets.get(data)
         if packet is None:
             assert self._text is not None
-            if self._packet_bytes > self.replay.total_bytes:
+            if self._packet_bytes > self.memory.total_bytes:
                 self._packets.clear()
                 self._packet_bytes = 0
             packet = self._packets[data] = _compat.catch_up_packet(self._text(data))

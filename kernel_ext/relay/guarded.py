@@ -45,8 +45,8 @@ from typing import Any
 
 import engineio
 import socketio
-from engineio.async_socket import AsyncSocket
 
+from kernel_ext._shared import compat
 from kernel_ext.observability._rare_log import RareLog, is_rare, plural
 from kernel_ext.observability.count_names import (
     BAD_ARGUMENTS,
@@ -373,24 +373,7 @@ class _PacketGuard:
                     note,
                     exc_info=exc if seen == 1 else None,
                 )
-            await _close_socket(frames)
-
-
-async def _close_socket(frames: list[FrameType]) -> None:
-    """Close python-engineio's socket whose handler raised (as that handler would have,
-    had it caught the error): its connection's disconnect runs now, not at its ping
-    timeout."""
-    for frame in frames:
-        socket = frame.f_locals.get("self")
-        if isinstance(socket, AsyncSocket):
-            with contextlib.suppress(Exception):
-                await socket.queue.put(None)  # the writer task, if any, ends
-                await socket.close(
-                    wait=False, abort=True, reason=socket.server.reason.TRANSPORT_ERROR
-                )
-            if socket.server.sockets.get(socket.sid) is socket:
-                del socket.server.sockets[socket.sid]
-            return
+            await compat.close_failing_socket(frames)
 
 
 def with_packet_guard(app: _ASGIApp) -> _ASGIApp:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kernel_ext.relay._log import rare
-from kernel_ext.relay.redis_manager import RelayRedisManager
 
 __all__ = ["LIVENESS_PATH", "READINESS_PATH", "Readiness", "with_probes"]
 
@@ -94,10 +93,10 @@ class _Probes:
         if self._started:
             return
         self._started = True
-        manager = getattr(getattr(self.relay, "server", None), "manager", None)
-        if isinstance(manager, RelayRedisManager):
+        delivery = getattr(self.relay, "delivery", None)
+        if delivery is not None:
             try:
-                manager.start()
+                delivery.start()
             except Exception:
                 rare("probe_start", "relay: starting the Redis listener failed", exc_info=True)
 

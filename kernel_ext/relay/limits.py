@@ -15,8 +15,11 @@ here). It guarantees, on this web process:
   join would be admitted);
 * every refusal is counted ``rejected_<reason>`` and on ``kernel_ext.relay.frames``, and
   logged on its 1st, 2nd, 4th … occurrence;
+* a stop request past the browser's stop rate (a bucket of its own: ``stop_burst`` at
+  once, ``stop_rate`` more per second; :meth:`Admission.stop`) is refused by the relay's
+  stops (:mod:`kernel_ext.relay.stops`);
 * what a browser holds is released when it disconnects; a conversation it leaves frees its
-  slot; a new connection starts with a full bucket.
+  slot; a new connection starts with full buckets.
 
 A conversation is held from the join that passed these caps until the browser leaves it or
 disconnects; a join the ``authorize_join`` hook then refuses gives its slot back (the caps
@@ -26,11 +29,13 @@ again takes a join from the bucket, not another slot.
 Identity: what the ``authenticate`` hook returned. ``True`` — what every browser of a relay
 without the hook is, and what a hook that only says yes returns — is nobody in particular:
 such browsers have no per-identity cap (``max_browsers`` bounds them). Any other identity
-is keyed by :func:`identity_key`. ``None`` for a cap means no cap.
+is keyed by :func:`identity_key`. ``None`` for a cap means no cap. A browser refused by a
+cap has its connection closed once the refusal is queued to it (:func:`close_refused`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import math
@@ -39,6 +44,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
+from kernel_ext._shared import compat as _compat
 from kernel_ext.errors import check_positive_ints, check_positive_numbers
 from kernel_ext.observability.count_names import (
     BROWSER_IDENTITIES,
@@ -55,8 +61,11 @@ __all__ = [
     "DEFAULT_MAX_BROWSERS",
     "DEFAULT_MAX_BROWSER_ROOMS",
     "DEFAULT_MAX_PER_IDENTITY",
+    "DEFAULT_STOP_BURST",
+    "DEFAULT_STOP_RATE",
     "Admission",
     "TokenBuckets",
+    "close_refused",
     "identity_key",
 ]
 
@@ -69,6 +78,11 @@ DEFAULT_MAX_BROWSER_ROOMS = 100
 DEFAULT_JOIN_RATE = 5.0
 """Joins per second of one browser once its bucket (``join_burst``, by default
 ``max_browser_rooms``) is spent."""
+
+DEFAULT_STOP_RATE = 2.0
+"""Stop requests per second of one browser once its burst is spent."""
+DEFAULT_STOP_BURST = 5
+"""Stop requests one browser may send at once."""
 
 Reject = Callable[[str, str, str], None]
 """``reject(sid, reason, what)``: count and rarely log a refusal (the relay's ``_reject``)."""
@@ -118,17 +132,13 @@ class _Bucket:
 
 class TokenBuckets:
     """A token bucket per connection: ``burst`` requests at once, ``rate`` more per second
-    (a new connection starts with a full bucket). The one rate limit of the relay's
-    browsers: their joins (:class:`Admission`) and their stop requests
-    (:class:`~kernel_ext.relay.stops.Stops`).
+    (a new connection starts with a full bucket): a browser's joins and its stop requests.
 
     Raises:
         ConfigError: a rate that is not a positive number, a burst not a positive int.
     """
 
-    def __init__(
-        self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic
-    ) -> None:
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
         check_positive_numbers(rate=rate)
         check_positive_ints(burst=burst)
         self.rate = float(rate)
@@ -170,6 +180,8 @@ class Admission:
         join_burst: joins a browser may make at once (default: ``max_browser_rooms``, or
             :data:`DEFAULT_MAX_BROWSER_ROOMS` without that cap): a renderer re-joining
             every conversation it holds after a reconnect is never refused.
+        stop_rate, stop_burst: a browser's stop requests per second once ``stop_burst``
+            are spent (``None``: no rate).
         reject: counts and rarely logs a refusal: ``reject(sid, reason, what)``.
         clock: seconds, monotonic (tests may pass their own).
 
@@ -185,6 +197,8 @@ class Admission:
         max_browser_rooms: int | None = DEFAULT_MAX_BROWSER_ROOMS,
         join_rate: float | None = DEFAULT_JOIN_RATE,
         join_burst: int | None = None,
+        stop_rate: float | None = DEFAULT_STOP_RATE,
+        stop_burst: int = DEFAULT_STOP_BURST,
         reject: Reject,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -209,8 +223,9 @@ class Admission:
         self._rooms: dict[str, set[str]] = {}
         self._held = 0  # conversations held, summed over the browsers
         self._buckets = (
-            TokenBuckets(self.join_rate, self.join_burst, clock) if self.join_rate else None
+            None if self.join_rate is None else TokenBuckets(self.join_rate, self.join_burst, clock)
         )
+        self._stops = None if stop_rate is None else TokenBuckets(stop_rate, stop_burst, clock)
 
     def connect(self, sid: str, identity: Any) -> None:
         """Admit the browser ``sid`` of ``identity`` (authenticated), or refuse it.
@@ -253,8 +268,9 @@ class Admission:
             except Exception:  # an equality that raises against a key added since
                 pass
         self._held -= len(self._rooms.pop(sid, ()))
-        if self._buckets is not None:
-            self._buckets.forget(sid)
+        for buckets in (self._buckets, self._stops):
+            if buckets is not None:
+                buckets.forget(sid)
 
     def join(self, sid: str, room: str) -> dict[str, Any] | None:
         """Take a slot for ``room`` and a join from the bucket of the browser ``sid``:
@@ -299,6 +315,14 @@ class Admission:
             return None  # no rate, or not a browser this relay admitted: nothing to hold
         return buckets.take(sid)
 
+    def stop(self, sid: str) -> int | None:
+        """Take one stop request from the stop bucket of the browser ``sid``: ``None`` when
+        there was one (or there is no rate), else the milliseconds until there is."""
+        buckets = self._stops
+        if buckets is None or sid not in self._key_of:
+            return None
+        return buckets.take(sid)
+
     def _refuse(self, sid: str, reason: str, cap: int, message: str) -> None:
         # Imported here: kernel-ext reads this module's defaults for its options without
         # loading Socket.IO (kernel_ext.relay's lazy imports).
@@ -306,3 +330,25 @@ class Admission:
 
         self._reject(sid, reason, "a browser connection")
         raise ConnectionRefusedError(f"{message} (at most {cap})", {"reason": reason, "limit": cap})
+
+
+def close_refused(server: Any, namespace: str, sid: str) -> asyncio.Task[None] | None:
+    """Close the Engine.IO connection of a browser refused by a cap once its refusal is
+    queued to it, unless another namespace of the application holds the connection: a
+    refused browser would otherwise keep its connection open, and a client that opens
+    more and more of them would make this process hold each one's buffers. The task that
+    closes it (keep it until it is done), or ``None``."""
+    manager = server.manager
+    eio_sid = manager.eio_sid_from_sid(sid, namespace)
+    if eio_sid is None:
+        return None
+
+    async def close() -> None:
+        # Runs after the refusal's CONNECT_ERROR was queued (python-socketio queues it
+        # with no await that waits, right after the connect handler raised).
+        for other in list(manager.get_namespaces()):
+            if other != namespace and manager.sid_from_eio_sid(eio_sid, other):
+                return
+        await _compat.end_connection(server.eio, eio_sid)
+
+    return asyncio.get_running_loop().create_task(close())

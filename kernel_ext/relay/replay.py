@@ -3,25 +3,9 @@ reloads or reconnects is caught up: the spec's ``mode: "replay"``, in memory onl
 
 :class:`ReplayMemory` holds the blocks this process emitted to each room's browsers, per
 stream ``(callId, taskId)``, while the stream is live and for ``hold`` seconds after its
-terminal; nothing is written anywhere (decision T3). Guarantees:
-
-* **Bounded.** In bytes of the blocks' wire size (:func:`kernel_ext.protocol.block_size`,
-  the protocol's one measure): at most ``stream_bytes`` per stream, ``conversation_bytes``
-  per conversation and ``total_bytes`` in all; at most ``max_streams`` streams without a
-  terminal and as many after it.
-* **What gives way.** At a bound, the oldest running blocks give way first (those of the
-  stream that has held running blocks longest, oldest first); a stream's first block and
-  its terminal never give way to running blocks. Only when a conversation (or the whole
-  memory) holds nothing but first blocks and terminals above its bound are whole streams
-  dropped, the oldest first. Everything that gave way is counted, and a catch-up tells how
-  many blocks of a stream are missing (:meth:`ReplayMemory.catch_up`).
-* **Released.** A stream is released ``hold`` seconds after its terminal, ``idle`` seconds
-  (up to a sixteenth less: its idle time starts again at most that often) after its last
-  block when no terminal comes, or when a bound
-  drops it; a conversation with no stream is forgotten. Expiry is checked at every 64th
-  block, every catch-up and every look at the sizes.
-* Cheap: adding a block is one encode (what is held is the block's compact JSON) and O(1)
-  amortized steps; a catch-up sorts each stream's blocks by seq and parses them.
+terminal; nothing is written anywhere (decision T3). Bounded in bytes and streams, what
+gives way at a bound counted and told to a catch-up, released after its terminal or when
+idle: the rules in full are docs/contracts.md's, "The relay's catch-up memory".
 
 Used from the event loop's thread only.
 """

@@ -5,53 +5,44 @@
 :data:`~kernel_ext.protocol.STOP_ANSWERS`. It guarantees:
 
 * **Refused** (``refused``, counted ``rejected_<reason>``, logged rarely), in this order:
-  a connection that is not a browser (``not_browser``); past the browser's rate —
-  ``stop_rate`` requests a second once ``stop_burst`` are spent, a token bucket per
-  connection (:class:`~kernel_ext.relay.limits.TokenBuckets`; ``stop_rate``), checked
-  before anything is read, so a flood of any kind costs a dict step each; a malformed
+  a connection that is not a browser (``not_browser``); past the browser's stop rate
+  (``stop_rate``: :meth:`Admission.stop <kernel_ext.relay.limits.Admission.stop>`, checked
+  before anything is read, so a flood of any kind costs a dict step each); a malformed
   request (``bad_stop``: not a mapping, ``v`` not the integer 1, ``room`` not a non-empty
   string of at most :data:`~kernel_ext.protocol.MAX_CONVERSATION_ID_CHARS` characters that
   UTF-8 can encode — no lone surrogate —, ``callId`` not 16 lower-case hex digits); a room
   this browser has not joined on this web process (``stop_not_joined``); the application's
   ``authorize_stop(identity, conversation_id, call_id)`` hook saying no, or raising
   (``stop_forbidden``).
-* **Routed to the owner** of the call's open stream in that room, the one that sent its
-  latest running block (:class:`~kernel_ext.relay.workers.OpenStreams`):
-
-  - a worker connected to this web process (loopback): asked on its own connection,
-    ``kx_stop`` ``{"v": 1, "callId"}``, and its answer (what
-    :func:`kernel_ext.stop_call` said: ``stopping``, ``already_ended``, ``unknown``) is the
-    browser's; no usable answer within ``stop_timeout`` seconds: ``unreachable``
-    (``stop_no_answer``); the worker has no connection now (it is within its grace):
-    ``unreachable``;
-  - a write-only worker on Redis (:class:`~kernel_ext.emit.RedisEmitter`, known from its
-    tagged blocks): the request is published on that worker's stop channel
-    (:func:`kernel_ext._redis_routing.stop_channel`), to which it subscribes
-    (:mod:`kernel_ext._redis_stops`); Redis's receiver count 0: ``unreachable``, at
-    least 1: ``stopping`` (the worker's own answer does not come back: the terminal does);
-    the publish failed or Redis did not answer within ``stop_timeout``: ``unreachable``
-    (``stop_publish_failed``).
+* **Routed to the owner** of the call's open stream in that room, the worker that sent its
+  latest running block (:class:`~kernel_ext.relay.workers.OpenStreams`). A worker
+  connected to this web process is asked on its own connection, ``kx_stop`` ``{"v": 1,
+  "callId"}``, and its answer (what :func:`kernel_ext.stop_call` said: ``stopping``,
+  ``already_ended``, ``unknown``) is the browser's; no usable answer within
+  ``stop_timeout`` seconds: ``unreachable`` (``stop_no_answer``); the worker has no
+  connection now (it is within its grace): ``unreachable``. Otherwise the delivery is asked
+  (:meth:`Delivery.stop <kernel_ext.relay.delivery.Delivery.stop>`): behind Redis, a
+  write-only worker's stop channel, or the web process a loopback worker is connected to
+  (:mod:`kernel_ext.redis.stops`).
 * **Otherwise**, from this process's catch-up memory of that room
   (:meth:`~kernel_ext.relay.replay.ReplayMemory.call_state`): the call's streams all ended
-  — ``already_ended``; one is running but no worker of this process owns it — behind Redis,
-  forwarded to the web process whose loopback worker does
-  (:mod:`kernel_ext._redis_stops`: that worker's answer, or ``unreachable``), without
-  Redis ``unreachable``; nothing — ``unknown``.
+  — ``already_ended``; one is running but no worker can be reached — ``unreachable``;
+  nothing — ``unknown``.
 * Every answer is counted ``stops_<answer>``; nothing raises (an unexpected error is logged
   and answered ``unreachable``); nothing but the one call of that room is asked to stop.
 
-Used from the event loop's thread only.
+:class:`StopRequests` puts it on :class:`~kernel_ext.relay.ChatRelay`: the ``stop_call``
+handler and the :class:`Stops` made from the relay's parts. Used from the event loop's
+thread only.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kernel_ext._shared.compat import connect_redis
 from kernel_ext.errors import check_positive_numbers
 from kernel_ext.observability.count_names import (
     BAD_STOP,
@@ -59,34 +50,19 @@ from kernel_ext.observability.count_names import (
     STOP_FORBIDDEN,
     STOP_NO_ANSWER,
     STOP_NOT_JOINED,
-    STOP_PUBLISH_FAILED,
     STOP_RATE,
     STOPS_PREFIX,
 )
 from kernel_ext.protocol import KX_STOP, MAX_CONVERSATION_ID_CHARS, STOP_EVENT
 from kernel_ext.relay._log import logger, rare
 from kernel_ext.relay.auth import allow_all, call_hook
-from kernel_ext.relay.limits import TokenBuckets
-from kernel_ext.relay.workers import OpenStreams
+from kernel_ext.relay.delivery import Delivery, StopWays
+from kernel_ext.relay.gone_workers import GoneWorkers
+from kernel_ext.relay.limits import Admission
+from kernel_ext.relay.relay_settings import RelaySettings
+from kernel_ext.relay.replay import ReplayMemory
 
-if TYPE_CHECKING:
-    from kernel_ext._redis_stops import StopForwarding
-
-__all__ = [
-    "DEFAULT_STOP_BURST",
-    "DEFAULT_STOP_RATE",
-    "DEFAULT_STOP_TIMEOUT",
-    "StopAuth",
-    "Stops",
-    "read_request",
-]
-
-DEFAULT_STOP_RATE = 2.0
-"""Stop requests a second of one browser connection once its burst is spent."""
-DEFAULT_STOP_BURST = 5
-"""Stop requests one browser connection may send at once."""
-DEFAULT_STOP_TIMEOUT = 5.0
-"""Seconds the relay waits for a worker's answer (loopback) or Redis's (publish)."""
+__all__ = ["StopAuth", "StopRequests", "Stops", "read_request"]
 
 StopAuth = Callable[[Any, str, str], Any]
 """``authorize_stop(identity, conversation_id, call_id) -> bool`` (may be async)."""
@@ -101,97 +77,58 @@ STOPPING, ALREADY_ENDED, UNKNOWN, REFUSED, UNREACHABLE = (
 _WORKER_ANSWERS = frozenset({STOPPING, ALREADY_ENDED, UNKNOWN, REFUSED})
 _CALL_ID = re.compile(r"[0-9a-f]{16}")
 
-Count = Callable[[str], None]
-Reject = Callable[[str, str, str], None]
 Ask = Callable[..., Awaitable[Any]]
 """``await ask(event, data, to=sid, timeout=t)``: the namespace's ``call``."""
 
 
 class Stops:
-    """The relay's side of ``stop_call`` (module docstring).
-
-    Args:
-        browsers: the browsers of this process, sid → identity (what ``authenticate``
-            returned).
-        in_room: ``in_room(sid, room)``: whether the browser is in that room here.
-        loopback: the open streams of the workers connected to this process (``None``:
-            not tracked).
-        connection: ``connection(worker)``: the sid of a connection of that worker to this
-            process now, or ``None``.
-        ask: the namespace's ``call``.
-        calls: ``calls(room, call_id)``: ``"running"``, ``"ended"`` or ``None``, what this
-            process holds of that call (its catch-up memory; ``None`` without one).
-        manager: ``manager()``: the server's client manager (a Redis one has
-            ``open_streams``, ``channel`` and ``redis``).
-        count: the relay's counter; ``reject(sid, reason, what)`` counts a refusal.
-        authorize_stop: the application's hook (default: a browser in the room may stop).
-        stop_rate, stop_burst: the per-connection rate (``None``: no rate).
-        stop_timeout: seconds to wait for a worker's or Redis's answer.
-
-    Raises:
-        ConfigError: a rate, burst or timeout that is not positive.
-    """
+    """The relay's side of ``stop_call`` (module docstring). ``browsers``: sid → identity;
+    ``in_room(sid, room)``; ``limits``: the browsers' caps (their stop buckets);
+    ``workers``: the open streams of the workers connected here; ``connection(worker)``:
+    a sid of that worker here now, or ``None``; ``ask``: the namespace's ``call``;
+    ``memory``: the catch-up memory (``None``: none); ``delivery()``: the relay's delivery;
+    ``count``, ``reject``: the relay's counters; ``authorize_stop``: the application's hook
+    (default: a browser in the room may stop); ``stop_timeout``: seconds to wait for a
+    worker, Redis or another web process. Raises ``ConfigError`` for a bad timeout."""
 
     def __init__(
         self,
         *,
         browsers: Mapping[str, Any],
         in_room: Callable[[str, str], bool],
-        loopback: OpenStreams | None,
+        limits: Admission,
+        workers: GoneWorkers,
         connection: Callable[[str], str | None],
         ask: Ask,
-        calls: Callable[[str, str], str | None],
-        manager: Callable[[], Any],
-        count: Count,
-        reject: Reject,
+        memory: ReplayMemory | None,
+        delivery: Callable[[], Delivery | None],
+        count: Callable[[str], None],
+        reject: Callable[[str, str, str], None],
         authorize_stop: StopAuth | None = None,
-        stop_rate: float | None = DEFAULT_STOP_RATE,
-        stop_burst: int = DEFAULT_STOP_BURST,
-        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        stop_timeout: float = RelaySettings.stop_timeout,
     ) -> None:
         check_positive_numbers(stop_timeout=stop_timeout)
-        self.buckets = None if stop_rate is None else TokenBuckets(stop_rate, stop_burst)
-        self.stop_timeout = float(stop_timeout)
         self._browsers = browsers
         self._in_room = in_room
-        self._loopback = loopback
+        self._limits = limits
+        self._workers = workers
         self._connection = connection
         self._ask = ask
-        self._calls = calls
-        self._manager = manager
+        self._memory = memory
+        self._delivery = delivery
         self._count = count
         self._reject = reject
         self._authorize: StopAuth = authorize_stop or allow_all
-        self._forwarding: StopForwarding | None = None
+        self.ways = StopWays(local=self._answer_locally, count=count, timeout=stop_timeout)
+        """How a delivery routes a stop for this relay (its workers' answers, its counter,
+        the timeout)."""
 
     def serve(self) -> None:
-        """Behind Redis, answer the other web processes' stops for this process's workers
-        (:mod:`kernel_ext._redis_stops`): called when a worker connects."""
-        self._forwarder()
-
-    def _forwarder(self) -> StopForwarding | None:
-        """The forwarding among web processes (started), ``None`` without Redis."""
-        if self._forwarding is None:
-            manager = self._manager()
-            if not isinstance(getattr(manager, "redis_url", None), str):
-                return None  # not a Redis manager (python-socketio's and kernel_ext's have it)
-            from kernel_ext._redis_stops import StopForwarding
-
-            self._forwarding = StopForwarding(
-                manager, self._answer_locally, self._count, self.stop_timeout
-            )
-            self._forwarding.start()
-        return self._forwarding
-
-    async def aclose(self) -> None:
-        """Stop forwarding (when the server stops). Idempotent."""
-        if self._forwarding is not None:
-            await self._forwarding.aclose()
-
-    def forget(self, sid: str) -> None:
-        """The connection ``sid`` is gone: drop its bucket."""
-        if self.buckets is not None:
-            self.buckets.forget(sid)
+        """Answer the stops other web processes forward for this process's workers (behind
+        Redis): called when a worker connects."""
+        delivery = self._delivery()
+        if delivery is not None:
+            delivery.serve_stops(self.ways)
 
     async def handle(self, sid: str, data: Any) -> dict[str, Any]:
         """The answer to the ``stop_call`` ``data`` of connection ``sid``. Never raises."""
@@ -208,10 +145,9 @@ class Stops:
     async def _handle(self, sid: str, data: Any) -> dict[str, Any]:
         if sid not in self._browsers:
             return self._refuse(sid, NOT_BROWSER, "only browsers stop calls")
-        if self.buckets is not None:
-            wait = self.buckets.take(sid)
-            if wait is not None:
-                return self._refuse(sid, STOP_RATE, f"too many stop requests; retry in {wait} ms")
+        wait = self._limits.stop(sid)
+        if wait is not None:
+            return self._refuse(sid, STOP_RATE, f"too many stop requests; retry in {wait} ms")
         request = read_request(data)
         if request is None:
             return self._refuse(
@@ -229,41 +165,39 @@ class Stops:
             allowed = False
         if not allowed:
             return self._refuse(sid, STOP_FORBIDDEN, "not allowed to stop this call")
-        owner = _owner(self._loopback, room, call_id)
-        if owner is not None:
-            return await self._ask_worker(owner, call_id)
-        manager = self._manager()
-        owner = _owner(getattr(manager, "open_streams", None), room, call_id)
-        if owner is not None:
-            return await self._publish(manager, owner, call_id)
-        state = self._calls(room, call_id)
+        local = await self._answer_locally(room, call_id)
+        if local is not None:
+            return local
+        state = self._memory.call_state(room, call_id) if self._memory is not None else None
+        delivery = self._delivery()
+        if delivery is not None:
+            routed = await delivery.stop(room, call_id, state == "running", self.ways)
+            if routed is not None:
+                return routed
         if state == "ended":
             return {"answer": ALREADY_ENDED}
         if state == "running":
-            forwarding = self._forwarder()
-            if forwarding is not None:
-                return await forwarding.forward(room, call_id)
-            return {"answer": UNREACHABLE, "reason": "the call's worker is not connected"}
+            return {"answer": UNREACHABLE, "reason": "no worker of the call can be reached"}
         return {"answer": UNKNOWN}
-
-    async def _answer_locally(self, room: str, call_id: str) -> dict[str, Any] | None:
-        """A stop another web process forwarded: this process's owning worker's answer,
-        ``None`` when no worker of this process owns the call."""
-        owner = _owner(self._loopback, room, call_id)
-        return None if owner is None else await self._ask_worker(owner, call_id)
 
     def _refuse(self, sid: str, reason: str, text: str) -> dict[str, Any]:
         self._reject(sid, reason, STOP_EVENT)
         return {"answer": REFUSED, "reason": text}
 
-    async def _ask_worker(self, worker: str, call_id: str) -> dict[str, Any]:
-        """Ask the loopback worker ``worker`` on its connection; its answer."""
+    async def _answer_locally(self, room: str, call_id: str) -> dict[str, Any] | None:
+        """The answer of the worker connected here that owns ``call_id`` in ``room``
+        (``None``: none owns it; also for a request another web process forwarded)."""
+        if read_request({"v": 1, "room": room, "callId": call_id}) is None:
+            return None
+        worker = self._workers.owner_of(call_id, room)
+        if worker is None:
+            return None
         to = self._connection(worker)
         if to is None:
             return {"answer": UNREACHABLE, "reason": "the call's worker is not connected"}
         try:
             ack = await self._ask(
-                KX_STOP, {"v": 1, "callId": call_id}, to=to, timeout=self.stop_timeout
+                KX_STOP, {"v": 1, "callId": call_id}, to=to, timeout=self.ways.timeout
             )
         except asyncio.CancelledError:
             raise
@@ -275,31 +209,6 @@ class Stops:
             rare("stop_no_answer", "relay: worker %s did not answer a stop in time", worker)
             return {"answer": UNREACHABLE, "reason": "the call's worker did not answer"}
         return {"answer": answer}
-
-    async def _publish(self, manager: Any, worker: str, call_id: str) -> dict[str, Any]:
-        """Publish the stop on the write-only worker's stop channel; the answer Redis's
-        receiver count gives."""
-        # Imported here: the Redis routing module is for Redis deployments only.
-        from kernel_ext._redis_routing import stop_channel
-
-        message = json.dumps({"v": 1, "callId": call_id})
-        try:
-            connect_redis(manager)
-            receivers = await asyncio.wait_for(
-                manager.redis.publish(stop_channel(manager.channel, worker), message),
-                self.stop_timeout,
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            receivers = None
-        if not isinstance(receivers, int) or isinstance(receivers, bool):
-            self._count(STOP_PUBLISH_FAILED)
-            rare("stop_publish_failed", "relay: a stop could not be published on Redis")
-            return {"answer": UNREACHABLE, "reason": "Redis did not take the request"}
-        if receivers == 0:
-            return {"answer": UNREACHABLE, "reason": "the call's worker does not listen"}
-        return {"answer": STOPPING}
 
 
 def read_request(data: Any) -> tuple[str, str] | None:
@@ -322,16 +231,38 @@ def read_request(data: Any) -> tuple[str, str] | None:
     return room, call_id
 
 
-def _owner(streams: OpenStreams | None, room: str, call_id: str) -> str | None:
-    """The worker that owns an open stream of ``call_id`` in ``room``, else ``None`` (a look
-    at every open stream: stops are rate-limited, open streams a few thousand at most)."""
-    if not isinstance(streams, OpenStreams):
-        return None
-    for key, worker in streams.owner.items():
-        if key[0] != call_id:
-            continue
-        record = streams.workers.get(worker)
-        entry = record.streams.get(key) if record is not None else None
-        if entry is not None and entry[0] == room:
-            return worker
-    return None
+class StopRequests:
+    """The ``stop_call`` handler of :class:`~kernel_ext.relay.ChatRelay` and its
+    :attr:`stops`, made from the relay's parts at the first use."""
+
+    _stops: Stops | None = None
+
+    @property
+    def stops(self) -> Stops:
+        """A browser's stop requests (:class:`Stops`)."""
+        if self._stops is None:
+            relay: Any = self  # a ChatRelay: its parts
+            self._stops = Stops(
+                browsers=relay._browsers,
+                in_room=relay._in_room,
+                limits=relay.limits,
+                workers=relay.workers,
+                connection=self._connection_of,
+                ask=relay.call,
+                memory=relay.catch_up_memory,
+                delivery=lambda: relay.delivery,
+                count=relay._count,
+                reject=relay._reject,
+                authorize_stop=relay._authorize_stop,
+                stop_timeout=relay.settings.stop_timeout,
+            )
+        return self._stops
+
+    def _connection_of(self, worker: str) -> str | None:
+        """A sid of ``worker``'s connection to this process now, or ``None``."""
+        internal: Mapping[str, Any] = getattr(self, "_internal", {})
+        return next((sid for sid, conn in internal.items() if conn.worker == worker), None)
+
+    async def on_stop_call(self, sid: str, data: Any = None) -> dict[str, Any]:
+        """A browser asks to stop one call of a room it joined (:class:`Stops`)."""
+        return await self.stops.handle(sid, data)

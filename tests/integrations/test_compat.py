@@ -19,6 +19,7 @@ from support.network import RedisServer, need_module
 from support.timing import wait_until
 
 from kernel_ext._shared import compat
+from kernel_ext.redis.publish_result import PublishResult
 
 
 def test_sdk_spans_keep_the_fields_the_processor_reads() -> None:
@@ -60,7 +61,7 @@ def test_python_socketio_redis_publish_returns_what_redis_returned() -> None:
 async def test_the_publish_result_is_the_receiver_count_of_a_real_redis(
     redis_server: RedisServer,
 ) -> None:
-    class Manager(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    class Manager(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
         pass
 
     manager = Manager(redis_server.url, write_only=True)
@@ -90,7 +91,7 @@ async def test_emit_tags_reach_the_channel_inside_the_emit_message(
 ) -> None:
     from redis import asyncio as aioredis
 
-    class Manager(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+    class Manager(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
         pass
 
     subscriber = aioredis.Redis.from_url(redis_server.url)
@@ -124,7 +125,7 @@ def test_python_socketio_redis_client_can_be_pipelined() -> None:
     assert compat.ACTIVE["redis_publish_pipeline"] == "private"
 
 
-class _Reporting(compat.PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
+class _Reporting(PublishResult, socketio.AsyncRedisManager):  # type: ignore[misc]
     """python-socketio's manager with kernel_ext's publish reporting, as the senders use it."""
 
     def __init__(self, *args: object, **kwargs: object) -> None:
@@ -517,3 +518,53 @@ def test_python_socketio_packets_encode_with_their_class_json_module() -> None:
     # the spliced text is written as given: the class's json module, not a re-encoding
     odd = spliced(socketio.packet.EVENT, data=["ev", Marker('{"b":1, "a":2}')])
     assert odd.encode() == '2["ev",{"b":1, "a":2}]'
+
+
+def test_an_emit_is_an_engineio_message_of_the_servers_encoded_event_packet() -> None:
+    """What ``AsyncManager.emit`` queues to each connection, made as the relay's own sends
+    make it (:func:`compat.encode_event`, :func:`compat.message_packet`): the server's packet
+    class encodes the event, python-engineio wraps it as a ``MESSAGE`` (``4``)."""
+    server = socketio.AsyncServer(async_mode="asgi")
+    encoded = compat.encode_event(server, "/chat", ["tool_event_stream", {"a": "中"}])
+    assert (
+        encoded
+        == server.packet_class(
+            socketio.packet.EVENT, namespace="/chat", data=["tool_event_stream", {"a": "中"}]
+        ).encode()
+    )
+    assert isinstance(encoded, str)
+    assert encoded.startswith('2/chat,["tool_event_stream",')
+    packet = compat.message_packet(encoded)
+    assert packet.encode() == "4" + encoded
+    assert compat.message_packet(b"\x00\x01").encode() == b"\x00\x01"
+    # binary attachments: a list, the text first
+    parts = compat.encode_event(server, "/chat", ["ev", b"\x00"])
+    assert isinstance(parts, list)
+    assert parts[0].startswith("51-/chat,")
+    assert parts[1] == b"\x00"
+
+
+def test_a_failing_socket_found_in_a_traceback_is_closed_and_forgotten() -> None:
+    """:func:`compat.close_failing_socket` finds python-engineio's ``AsyncSocket`` as
+    ``self`` of a frame, closes it and drops it from its server's ``sockets``; frames
+    without one change nothing."""
+    import engineio
+    from engineio.async_socket import AsyncSocket
+
+    async def run() -> None:
+        eio = engineio.AsyncServer(async_mode="asgi")
+        socket = AsyncSocket(eio, "sid-1")
+        eio.sockets["sid-1"] = socket
+
+        class Frame:
+            def __init__(self, owner: Any) -> None:
+                self.f_locals = {"self": owner}
+
+        await compat.close_failing_socket([Frame(object())])  # type: ignore[list-item]
+        assert eio.sockets == {"sid-1": socket}
+        assert not socket.closed
+        await compat.close_failing_socket([Frame(object()), Frame(socket)])  # type: ignore[list-item]
+        assert eio.sockets == {}
+        assert socket.closed
+
+    asyncio.run(run())

@@ -888,8 +888,8 @@ def test_quoted_reliability_figures_are_the_reports() -> None:
 
 def test_the_redis_names_operations_gives_are_the_codes() -> None:
     # An operator asks PUBSUB NUMSUB about these: they were only in docs/contracts.md.
-    from kernel_ext._redis_routing import marker_channel, room_channel, room_log
     from kernel_ext.protocol import NAMESPACE
+    from kernel_ext.redis.routing import marker_channel, room_channel, room_log
     from kernel_ext.settings import Settings
 
     channel = Settings.model_fields["redis_channel"].default

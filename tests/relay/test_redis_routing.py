@@ -42,10 +42,10 @@ from support.relay_helpers import (
 )
 from support.timing import CALL_TIMEOUT, wait_until
 
-from kernel_ext._redis_routing import LOG_MAX_BLOCKS, marker_channel, room_channel, room_log
 from kernel_ext.attribution.tap import Tap
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.protocol import REPLAY_IDLE
+from kernel_ext.redis.routing import LOG_MAX_BLOCKS, marker_channel, room_channel, room_log
 from kernel_ext.relay import RelayRedisManager, allow_all, create_app, mount_relay
 from kernel_ext.stream import StreamHub
 

@@ -8,6 +8,9 @@ clients.
 * ``--authenticate`` / ``--authorize-join`` load ``module:function`` hooks, which the
   relay then applies; a spec that cannot be loaded is refused with a clear error.
 * ``--help`` is short and shows every option's default.
+* Once serving it tunes the process's garbage collector (``--gc-threshold``, by default
+  1000, the start-up heap frozen; 0 leaves it as CPython sets it), as its INFO record says;
+  a bad value is refused naming the option.
 * Misconfiguration is caught before it starts, all at once (issue 23, part 3): a Redis URL
   that does not parse, a secret under 16 bytes (with how to make one; exactly 16 starts),
   and everything missing together in one line listing each requirement.
@@ -15,12 +18,14 @@ clients.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -173,6 +178,7 @@ def test_help_is_short_and_shows_every_default() -> None:
         "--join-rate",
         "--max-handshakes",
         "--handshake-queue",
+        "--gc-threshold",
     ]
     described = " ".join(text.split())  # argparse wraps the help texts
     for option, default in zip(
@@ -191,6 +197,7 @@ def test_help_is_short_and_shows_every_default() -> None:
             "100",
             "5",
             "4",
+            "1000",
             "1000",
         ),
         strict=True,
@@ -429,3 +436,49 @@ def test_a_bad_cap_is_refused_at_start_naming_its_option_or_variable() -> None:
         "KERNEL_EXT_JOIN_RATE (join_rate): ",
     )
     assert "Traceback" not in line
+
+
+# -- the garbage collector of the process the command owns (issue 36, item 6) ----------------
+
+
+async def gc_record(relay: CliRelay) -> str:
+    """The relay's INFO record of its garbage collector, once it serves."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        found = [line for line in relay.log().splitlines() if "garbage collector:" in line]
+        if found:
+            assert len(found) == 1, relay.log()
+            return found[0]
+        await asyncio.sleep(0.05)  # polling the relay's log file
+    raise AssertionError(relay.log())
+
+
+def frozen(record: str) -> int:
+    return int(record.split("garbage collector: ")[1].split()[0])
+
+
+async def test_by_default_it_freezes_its_heap_and_raises_the_full_collection_threshold() -> None:
+    async with cli_relay("--allow-anyone", "--log-level", "info") as relay:
+        record = await gc_record(relay)
+    assert record.startswith("python -m kernel_ext.relay: info: garbage collector: "), record
+    assert record.endswith(" objects frozen, thresholds 700/10/1000"), record
+    assert frozen(record) > 10_000, record  # the modules and the app, at least
+
+
+async def test_the_gc_threshold_option_sets_the_full_collection_threshold() -> None:
+    async with cli_relay("--allow-anyone", "--log-level", "info", "--gc-threshold", "1") as relay:
+        record = await gc_record(relay)
+    assert record.endswith(" objects frozen, thresholds 700/10/1"), record
+    assert frozen(record) > 10_000, record
+
+
+async def test_gc_threshold_0_leaves_the_garbage_collector_as_cpython_sets_it() -> None:
+    async with cli_relay("--allow-anyone", "--log-level", "info", "--gc-threshold", "0") as relay:
+        record = await gc_record(relay)
+    assert record.endswith(": garbage collector: 0 objects frozen, thresholds 700/10/10"), record
+
+
+@pytest.mark.parametrize("value", ["-1", "2.5", "lots", ""])
+def test_a_bad_gc_threshold_is_refused_naming_the_option(value: str) -> None:
+    line = assert_refused(run_relay("--allow-anyone", "--gc-threshold", value), "--gc-threshold")
+    assert "must be a whole number, 0 (CPython's garbage collector as is) or more" in line

@@ -1,7 +1,7 @@
 """The relay's bounded memories: what it remembers, for how long, at most how much, and what
 it counts (issue 14, item 5).
 
-* ``kernel_ext.relay.terminal_memory.TerminalMemory`` (the terminal dedup and the late-joiner
+* ``kernel_ext.relay.emitted_terminals.EmittedTerminals`` (the terminal dedup and the late-joiner
   hold) on a fake clock;
 * ``RelayRedisManager``'s terminals to publish again, against a Redis that is not there (a
   port nothing listens on): bounded, given up after ``retry_for`` even while Redis stays
@@ -18,9 +18,9 @@ import pytest
 from support.network import free_port
 from support.timing import FakeClock, wait_until
 
-import kernel_ext.relay.redis_manager as relay_redis
+import kernel_ext.redis.manager as relay_redis
 from kernel_ext.relay import RelayRedisManager
-from kernel_ext.relay.terminal_memory import TerminalMemory
+from kernel_ext.relay.emitted_terminals import EmittedTerminals
 
 
 def terminal(call_id: str = "00f067aa0ba902b7", task_id: str = "t") -> dict[str, Any]:
@@ -29,14 +29,14 @@ def terminal(call_id: str = "00f067aa0ba902b7", task_id: str = "t") -> dict[str,
 
 def memory(
     remember: int = 4, hold: int = 4
-) -> tuple[TerminalMemory, FakeClock, collections.Counter[str]]:
+) -> tuple[EmittedTerminals, FakeClock, collections.Counter[str]]:
     clock = FakeClock(0.0)
     counts: collections.Counter[str] = collections.Counter()
 
     def count(outcome: str, n: int) -> None:
         counts[outcome] += n
 
-    terminals = TerminalMemory(
+    terminals = EmittedTerminals(
         remember=remember, remember_ttl=300, hold=hold, hold_ttl=30, count=count, clock=clock
     )
     return terminals, clock, counts

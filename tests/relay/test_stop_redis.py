@@ -16,9 +16,9 @@ from support.relay_helpers import Browser, RelayProcess, barrier, emitter_for, r
 from support.stop_calls import ask_stop, is_stopped, running_call, stop, stopped_terminals
 from support.timing import CALL_TIMEOUT, wait_until
 
-from kernel_ext._redis_routing import relay_stop_channel, stop_channel
 from kernel_ext.attribution.tap import Tap
 from kernel_ext.emit import RedisEmitter
+from kernel_ext.redis.routing import relay_stop_channel, stop_channel
 from kernel_ext.stream import StreamHub
 
 pytestmark = [pytest.mark.network, pytest.mark.redis]

@@ -38,7 +38,7 @@ from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext.attribution.tap import Tap
 from kernel_ext.protocol import KX_BLOCKS, KX_STOP, STOP_ANSWERS
-from kernel_ext.relay.stops import DEFAULT_STOP_BURST, DEFAULT_STOP_RATE
+from kernel_ext.relay.limits import DEFAULT_STOP_BURST, DEFAULT_STOP_RATE
 from kernel_ext.stream import StreamHub
 
 pytestmark = pytest.mark.network

@@ -1,12 +1,12 @@
 """The Redis sender: python-socketio's write-only ``AsyncRedisManager``, watched.
 
 python-socketio publishes an emit once and only logs a failure. This sender learns each
-publish's result through :class:`kernel_ext._shared.compat.PublishResult` (Redis's receiver count)
-and pings Redis, so an outage is reported and a terminal is held until a web process got
-it. Where the python-socketio in use does not report the count (``_compat`` says so at
-DEBUG, and this sender once at WARNING), a publish that did not raise counts as delivered:
-outages then show through the pings only, and a terminal is not held for web processes
-that do not listen yet.
+publish's result through :class:`kernel_ext.redis.publish_result.PublishResult` (Redis's
+receiver count) and pings Redis, so an outage is reported and a terminal is held until a
+web process got it. Where the python-socketio in use does not report the count
+(``_compat`` says so at DEBUG, and this sender once at WARNING), a publish that did not
+raise counts as delivered: outages then show through the pings only, and a terminal is not
+held for web processes that do not listen yet.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from kernel_ext.settings import check_redis_url, redacted_url
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 
 if TYPE_CHECKING:
-    from kernel_ext._redis_stops import Subscription
+    from kernel_ext.redis.stops import StopSubscription
 
 __all__ = ["RedisEmitter"]
 
@@ -51,10 +51,10 @@ _UNCONFIRMED = -1
 def _manager_class() -> Any:
     """python-socketio's ``AsyncRedisManager`` reporting each publish's receivers, routing
     each room's emits to the room's channel and its blocks to the room's log
-    (:mod:`kernel_ext._redis_routing`)."""
+    (:mod:`kernel_ext.redis.routing`)."""
     import socketio
 
-    from kernel_ext._redis_routing import RoutedPublish
+    from kernel_ext.redis.routing import RoutedPublish
 
     class ReportingRedisManager(RoutedPublish, socketio.AsyncRedisManager):  # type: ignore[misc, unused-ignore]
         pass
@@ -69,42 +69,18 @@ def _now() -> float:
 class RedisEmitter(Emitter):
     """Emits ``tool_event_stream`` into the rooms through Redis with python-socketio's
     write-only ``AsyncRedisManager``, for web processes that use an ``AsyncRedisManager``
-    on the same ``channel`` (no web process needed on this machine).
+    on the same ``channel`` (no web process needed on this machine). The rules in full:
+    docs/contracts.md, "The Redis sender".
 
-    python-socketio only logs a failed publish; this emitter checks every publish and pings
-    Redis every ``health_interval`` seconds, so an outage is reported: :attr:`healthy` turns
-    false (until a ping succeeds again), ``on_health(False)`` is called, an ERROR is logged
-    and blocks are counted ``redis_down``. Guarantees:
-
-    * Each batch taken from the hub (up to ``batch_max`` blocks and chat events) is
-      published in order as one pipeline of ``PUBLISH`` commands: one Redis round trip,
-      python-socketio's message format. A pipeline that fails is not sent again (part of it
-      may have arrived): each of its messages counts as failed.
-    * Running blocks that cannot be published are dropped and counted; nothing is kept.
-    * A terminal is held until a publish reaches at least one web process (Redis reports
-      the receivers; zero means no web process listens yet), retried while Redis is back
-      with jittered exponential backoff from ``retry_interval`` to ``retry_interval_max``
-      seconds, at most ``terminal_max_attempts`` times, for ``terminal_max_age`` seconds,
-      at most ``max_pending_terminals`` at once (beyond: dropped, counted, logged at ERROR).
-      While Redis is down it is pinged every ``retry_interval`` seconds.
-    * Room routing (``routing``, default on; :mod:`kernel_ext._redis_routing`): while every
-      web process on the channel routes, an emit goes on its room's channel, which only
-      the web processes with a browser in the room hear, and a block also into the room's
-      log on Redis, from which a web process catches up a browser that joins later. A
-      block that no web process heard live but that reached the room's log while web
-      processes listen on the channel counts as delivered. While an older web process
-      listens, everything goes on the channel.
-    * ``chat_event`` snapshots are emitted as ``chat_event`` in order with the blocks.
-    * Liveness (``heartbeat_interval`` seconds, ``None`` disables): each emit carries
-      ``worker_id`` (default: a random id per emitter; unique per process run) and a
-      heartbeat ``{"method": "kx_worker_heartbeat", "worker", "interval", "host_id"}`` is
-      published on the channel that often while Redis answers, so web processes whose
-      manager is :class:`~kernel_ext.relay.RelayRedisManager` end this worker's open
-      streams with ``aborted`` when it falls silent for longer than their grace period.
-      python-socketio's own managers ignore both. Keep the interval at most a third of the
-      web processes' grace.
-    * :attr:`counts`: ``outages`` (also :attr:`outages`), ``heartbeats``, ``no_listener``,
-      ``terminal_resends``.
+    * An outage is reported (every publish checked, Redis pinged every
+      ``health_interval`` seconds): :attr:`healthy`, ``on_health``, an ERROR, blocks
+      counted ``redis_down``.
+    * A batch from the hub goes as one pipeline, in order; running blocks that cannot be
+      published are dropped and counted; a terminal is held (within its bounds) until a
+      publish reaches a web process.
+    * Room routing (``routing``, :mod:`kernel_ext.redis.routing`), ``chat_event`` in
+      order with the blocks, and liveness heartbeats (``heartbeat_interval``) for
+      :class:`~kernel_ext.relay.RelayRedisManager`.
 
     Raises:
         ConfigError: a bad argument (a ``retry_interval_max`` below ``retry_interval``, a
@@ -172,7 +148,7 @@ class RedisEmitter(Emitter):
         self._ping_client: Any = None
         self._first_ping = asyncio.Event()
         self._retry_at = 0.0
-        self._stops: Subscription | None = None
+        self._stops: StopSubscription | None = None
 
     @property
     def outages(self) -> int:
@@ -199,8 +175,8 @@ class RedisEmitter(Emitter):
     async def _open(self) -> None:
         from redis import asyncio as aioredis
 
-        from kernel_ext._redis_routing import stop_channel
-        from kernel_ext._redis_stops import listen_for_stops
+        from kernel_ext.redis.routing import stop_channel
+        from kernel_ext.redis.stops import listen_for_stops
 
         self._manager = _manager_class()(
             self.url,
@@ -297,7 +273,7 @@ class RedisEmitter(Emitter):
 
     async def _publish(self, messages: list[tuple[str, Any, str]]) -> list[int | None]:
         """Emit ``(event, data, room)`` messages in order, in one Redis round trip
-        (:meth:`kernel_ext._shared.compat.PublishResult.pipelined`); each one's receiver count
+        (:meth:`kernel_ext.redis.publish_result.PublishResult.pipelined`); each one's receiver count
         (``_UNCONFIRMED`` when python-socketio does not report it), or ``None`` where Redis
         failed (then the emitter turns unhealthy)."""
         manager = self._manager

@@ -4,7 +4,7 @@ Two paths (the rules of the relay's side: :mod:`kernel_ext.relay.stops`):
 
 * **Write-only workers.** A :class:`~kernel_ext.emit.RedisEmitter` that tags its emits with
   its worker id (heartbeats on, the default) subscribes, while it runs, to its own stop
-  channel (:func:`kernel_ext._redis_routing.stop_channel`): :func:`listen_for_stops`. A web
+  channel (:func:`kernel_ext.redis.routing.stop_channel`): :func:`listen_for_stops`. A web
   process publishes ``{"v": 1, "callId"}`` there; each message is handed to
   :func:`kernel_ext.stop_call` (a malformed one: ``refused`` in its counts). The web
   process answers the browser by Redis's receiver count: ``stopping`` while this
@@ -13,8 +13,8 @@ Two paths (the rules of the relay's side: :mod:`kernel_ext.relay.stops`):
   browser's web process knows the call runs (its blocks reached it through Redis) but not
   its owner. Every web process with a Redis manager subscribes, from its first worker
   connection or its first forwarded stop on, to the web processes' stop channel
-  (:func:`~kernel_ext._redis_routing.relay_stop_channel`) and to its own reply channel
-  (:func:`~kernel_ext._redis_routing.stop_reply_channel`, by its manager's ``host_id``).
+  (:func:`~kernel_ext.redis.routing.relay_stop_channel`) and to its own reply channel
+  (:func:`~kernel_ext.redis.routing.stop_reply_channel`, by its manager's ``host_id``).
   The browser's web process publishes ``{"v": 1, "room", "callId", "from": <host_id>,
   "id": n}`` and waits for a reply at most ``stop_timeout`` seconds; a web process whose
   worker owns an open stream of that call in that room asks it (``kx_stop``) and
@@ -22,7 +22,7 @@ Two paths (the rules of the relay's side: :mod:`kernel_ext.relay.stops`):
   channel; the others say nothing. No answer in time, Redis not taking the request, no
   other web process listening: ``unreachable``.
 
-:class:`Subscription` is each of those subscriptions: a Redis connection of its own (a
+:class:`StopSubscription` is each of those subscriptions: a Redis connection of its own (a
 subscribed connection can do nothing else), made again after a jittered backoff (0.25 s up
 to 5 s) when Redis drops or refuses it; the first failure of each outage is logged at
 WARNING, later ones rarely, the recovery at INFO. Nothing here raises into its owner; used
@@ -36,18 +36,21 @@ import contextlib
 import itertools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
-from kernel_ext._redis_routing import relay_stop_channel, stop_reply_channel
 from kernel_ext._shared.backoff import Backoff
 from kernel_ext._shared.compat import connect_redis
 from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.observability.count_names import STOP_NO_ANSWER, STOP_PUBLISH_FAILED
 from kernel_ext.protocol import STOP_ANSWERS
+from kernel_ext.redis.routing import relay_stop_channel, stop_channel, stop_reply_channel
+
+if TYPE_CHECKING:
+    from kernel_ext.relay.delivery import StopWays
 from kernel_ext.stop import stop_call
 
-__all__ = ["StopForwarding", "Subscription", "listen_for_stops"]
+__all__ = ["StopForwarding", "StopSubscription", "listen_for_stops", "publish_stop"]
 
 _log = logging.getLogger("kernel_ext.redis")
 _rare = RareLog(_log)
@@ -56,7 +59,7 @@ Handle = Callable[[str, Any], None]
 """``handle(channel, data)``: one message (``data`` as redis-py gives it: bytes)."""
 
 
-class Subscription:
+class StopSubscription:
     """Subscribe to ``channels`` on the Redis at ``url`` (redis-py ``options``, less a read
     timeout: a subscription waits for messages) and hand each message to ``handle``, until
     :meth:`aclose`; ``what`` names it in the log. :attr:`subscribed` is set while the
@@ -135,9 +138,9 @@ class Subscription:
             await asyncio.sleep(backoff.next())
 
 
-def listen_for_stops(url: str, channel: str, options: Mapping[str, Any]) -> Subscription:
+def listen_for_stops(url: str, channel: str, options: Mapping[str, Any]) -> StopSubscription:
     """A write-only worker's subscription to its stop ``channel`` (started)."""
-    subscription = Subscription(url, [channel], _stop, options=options)
+    subscription = StopSubscription(url, [channel], _stop, options=options)
     subscription.start()
     return subscription
 
@@ -152,10 +155,43 @@ def _stop(channel: str, data: Any) -> None:
     stop_call(call_id, reason="asked over Redis")
 
 
-Local = Callable[[str, str], Awaitable[dict[str, Any] | None]]
-"""``await local(room, call_id)``: the answer of this process's worker that owns the call,
-``None`` when none does."""
 _UNREACHABLE = "unreachable"
+
+
+async def publish_stop(manager: Any, worker: str, call_id: str, ways: StopWays) -> dict[str, Any]:
+    """Ask the write-only worker ``worker`` to stop ``call_id`` on its stop channel, with
+    ``manager``'s publishing client; the answer for the browser by Redis's receiver count
+    (``stopping`` when at least 1; ``unreachable`` when none, or when Redis did not take it
+    within ``ways.timeout``: counted ``stop_publish_failed``)."""
+    message = {"v": 1, "callId": call_id}
+    receivers = await _publish(manager, stop_channel(manager.channel, worker), message, ways)
+    if receivers is None:
+        return _not_published(ways)
+    if receivers == 0:
+        return {"answer": _UNREACHABLE, "reason": "the call's worker does not listen"}
+    return {"answer": "stopping"}
+
+
+async def _publish(
+    manager: Any, channel: str, message: dict[str, Any], ways: StopWays
+) -> int | None:
+    """Publish on the manager's client; the receivers, or ``None`` when it failed."""
+    try:
+        connect_redis(manager)
+        receivers = await asyncio.wait_for(
+            manager.redis.publish(channel, json.dumps(message)), ways.timeout
+        )
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        return None
+    return receivers if isinstance(receivers, int) and not isinstance(receivers, bool) else None
+
+
+def _not_published(ways: StopWays) -> dict[str, Any]:
+    ways.count(STOP_PUBLISH_FAILED)
+    _rare("stop_publish_failed", "kernel_ext: a stop could not be published on Redis")
+    return {"answer": _UNREACHABLE, "reason": "Redis did not take the request"}
 
 
 class StopForwarding:
@@ -165,25 +201,20 @@ class StopForwarding:
         manager: the server's Redis client manager (python-socketio's ``AsyncRedisManager``
             or a subclass: its ``redis_url``, ``redis_options``, ``channel``, ``host_id``
             and publishing client).
-        local: asks this process's owning worker (:data:`Local`).
-        count: the relay's counter.
-        timeout: seconds to wait for Redis and for the reply.
+        ways: the relay's ways to answer for its own workers, count and wait
+            (:class:`~kernel_ext.relay.delivery.StopWays`).
     """
 
-    def __init__(
-        self, manager: Any, local: Local, count: Callable[[str], None], timeout: float
-    ) -> None:
+    def __init__(self, manager: Any, ways: StopWays) -> None:
         self._manager = manager
-        self._local = local
-        self._count = count
-        self._timeout = timeout
+        self.ways = ways
         self._host = str(manager.host_id)
         self._requests = relay_stop_channel(manager.channel)
         self._replies = stop_reply_channel(manager.channel, self._host)
         self._waiting: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._ids = itertools.count(1)
         self._serving: set[asyncio.Task[None]] = set()
-        self.subscription = Subscription(
+        self.subscription = StopSubscription(
             manager.redis_url,
             [self._requests, self._replies],
             self._handle,
@@ -207,45 +238,26 @@ class StopForwarding:
         """Ask the web process whose worker owns the call; the answer for the browser."""
         self.start()
         with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self.subscription.subscribed.wait(), self._timeout)
+            await asyncio.wait_for(self.subscription.subscribed.wait(), self.ways.timeout)
         if not self.subscription.subscribed.is_set():
-            return self._not_published()
+            return _not_published(self.ways)
         key = next(self._ids)
         reply: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[key] = reply
         request = {"v": 1, "room": room, "callId": call_id, "from": self._host, "id": key}
         try:
-            receivers = await self._publish(self._requests, request)
+            receivers = await _publish(self._manager, self._requests, request, self.ways)
             if receivers is None:
-                return self._not_published()
+                return _not_published(self.ways)
             if receivers <= 1:  # this process only
                 return {"answer": _UNREACHABLE, "reason": "no other web process listens"}
             try:
-                return await asyncio.wait_for(reply, self._timeout)
+                return await asyncio.wait_for(reply, self.ways.timeout)
             except asyncio.TimeoutError:
-                self._count(STOP_NO_ANSWER)
+                self.ways.count(STOP_NO_ANSWER)
                 return {"answer": _UNREACHABLE, "reason": "no web process answered for the call"}
         finally:
             self._waiting.pop(key, None)
-
-    def _not_published(self) -> dict[str, Any]:
-        self._count(STOP_PUBLISH_FAILED)
-        _rare("stop_publish_failed", "relay: a stop could not be forwarded on Redis")
-        return {"answer": _UNREACHABLE, "reason": "Redis did not take the request"}
-
-    async def _publish(self, channel: str, message: dict[str, Any]) -> int | None:
-        """Publish on the manager's client; the receivers, or ``None`` when it failed."""
-        manager = self._manager
-        try:
-            connect_redis(manager)
-            receivers = await asyncio.wait_for(
-                manager.redis.publish(channel, json.dumps(message)), self._timeout
-            )
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            return None
-        return receivers if isinstance(receivers, int) and not isinstance(receivers, bool) else None
 
     def _handle(self, channel: str, data: Any) -> None:
         """One message on the stop channel (a request) or on this process's reply channel."""
@@ -271,23 +283,20 @@ class StopForwarding:
         sender = message.get("from")
         if channel != self._requests or not isinstance(sender, str) or sender == self._host:
             return
-        # Imported here: kernel_ext.relay.stops makes this object.
-        from kernel_ext.relay.stops import read_request
-
-        request = read_request(message)
-        if request is None:
-            return
-        task = asyncio.get_running_loop().create_task(self._serve(*request, sender, key))
+        room, call_id = message.get("room"), message.get("callId")
+        if not isinstance(room, str) or not isinstance(call_id, str):
+            return  # the relay's stops check the rest (its local answer)
+        task = asyncio.get_running_loop().create_task(self._serve(room, call_id, sender, key))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
     async def _serve(self, room: str, call_id: str, sender: str, key: int) -> None:
         """Answer a forwarded request when a worker of this process owns the call."""
         try:
-            answer = await self._local(room, call_id)
+            answer = await self.ways.local(room, call_id)
             if answer is not None:
                 channel = stop_reply_channel(self._manager.channel, sender)
-                await self._publish(channel, {"id": key, **answer})
+                await _publish(self._manager, channel, {"id": key, **answer}, self.ways)
         except asyncio.CancelledError:
             raise
         except Exception:

@@ -38,8 +38,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from kernel_ext._shared.compat import PublishResult, connect_redis, publish_pipeline_supported
+from kernel_ext._shared.compat import connect_redis, publish_pipeline_supported
 from kernel_ext.protocol import REPLAY_IDLE, TOOL_EVENT_STREAM, WORKER_TAG, compact_bytes
+from kernel_ext.redis.publish_result import PublishResult
 
 __all__ = [
     "LOG_MAX_BLOCKS",
@@ -89,14 +90,14 @@ def room_log(channel: str, namespace: str, room: str) -> str:
 def stop_channel(channel: str, worker: str) -> str:
     """The channel on which web processes ask the write-only worker ``worker`` (its worker
     id) to stop one of its calls, and to which that worker subscribes
-    (:mod:`kernel_ext._redis_stops`)."""
+    (:mod:`kernel_ext.redis.stops`)."""
     return f"{channel}#kx-stop#{worker}"
 
 
 def relay_stop_channel(channel: str) -> str:
     """The channel on which a web process asks the others to stop a call of a worker
     connected to one of them (loopback), and to which every web process subscribes
-    (:mod:`kernel_ext._redis_stops`)."""
+    (:mod:`kernel_ext.redis.stops`)."""
     return f"{channel}#kx-stop-relay"
 
 
@@ -159,11 +160,12 @@ def _count(counts: Mapping[Any, Any], channel: str) -> int:
 
 class RoutedPublish(PublishResult):
     """A mixin for python-socketio's ``AsyncRedisManager`` (before it among the bases):
-    :class:`~kernel_ext._shared.compat.PublishResult`, publishing by the rules of this module when
-    ``routing`` is true (and python-socketio's client can be pipelined,
-    :func:`~kernel_ext._shared.compat.publish_pipeline_supported`). A routed block's receivers are
-    the web processes that got it live, or 1 when none did but it reached the room's log while
-    web processes listen on the channel (one catches a browser up with it)."""
+    :class:`~kernel_ext.redis.publish_result.PublishResult`, publishing by the rules of
+    this module when ``routing`` is true (and python-socketio's client can be pipelined,
+    :func:`~kernel_ext._shared.compat.publish_pipeline_supported`). A routed block's
+    receivers are the web processes that got it live, or 1 when none did but it reached the
+    room's log while web processes listen on the channel (one catches a browser up with
+    it)."""
 
     routing: bool = True
     route_all: bool = False

@@ -1,6 +1,6 @@
 """The terminals a relay emitted: a re-send is not shown twice, a late joiner still gets it.
 
-:class:`TerminalMemory` keeps two bounded memories
+:class:`EmittedTerminals` keeps two bounded memories
 (:class:`~kernel_ext._shared.bounded.BoundedMap`):
 
 * **Sent.** Each terminal ``(callId, taskId)`` emitted recently — at most ``remember`` of
@@ -15,7 +15,9 @@
   counted ``held_terminals`` — and sent to each browser that joins that room meanwhile,
   once.
 
-A bound of 0 (or less) turns that memory off. Used from the event loop's thread only.
+A bound of 0 (or less) turns that memory off. Used from the event loop's thread only. The
+relay's options ``dedup_terminals`` and ``hold_terminals`` set the two; the worker side's
+terminals still to deliver are :class:`~kernel_ext.emit.owed_terminals.OwedTerminals`.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from typing import Any
 from kernel_ext._shared.bounded import BoundedMap
 from kernel_ext.observability.count_names import HELD_TERMINALS, TERMINAL_REEMITTED
 
-__all__ = ["TerminalMemory"]
+__all__ = ["EmittedTerminals"]
 
 
-class TerminalMemory:
+class EmittedTerminals:
     """What a relay remembers of the terminals it emitted (module docstring); ``count`` is
     the relay's counter, ``clock`` the monotonic clock of the ttls (tests pass a fake).
 

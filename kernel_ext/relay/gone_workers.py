@@ -1,0 +1,100 @@
+"""The relay's watch of workers connected to it: a worker gone for longer than
+``worker_grace`` has its open streams ended ``aborted`` (the rules:
+:mod:`kernel_ext.relay.workers`).
+
+A worker is the connect auth's ``worker`` id, else the connection's sid. When the last
+connection of a worker with open streams is gone and none of that worker comes back within
+``worker_grace`` seconds, the relay emits one ``aborted`` block to the room of each of its
+open streams (counted ``worker_aborted``); one that comes back in time cancels that
+(``workers_resumed``) and ends its streams itself. Such a terminal is remembered like any
+other, and later running blocks of those streams are dropped (``after_worker_aborted``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from kernel_ext.observability.count_names import AFTER_WORKER_ABORTED, WORKERS_IN_GRACE
+from kernel_ext.relay._log import rare
+from kernel_ext.relay.workers import ConnectionGrace, track_workers
+
+__all__ = ["GoneWorkers"]
+
+
+class GoneWorkers:
+    """The open streams of the relay's workers, and the grace timers of those gone.
+    ``connected(worker)``: whether a connection of it is here; ``emit(room, raw)``: emit
+    one ``aborted`` block (whether it went out)."""
+
+    def __init__(
+        self,
+        worker_grace: float | None,
+        count: Callable[..., None],
+        *,
+        max_workers: int,
+        max_worker_streams: int,
+        connected: Callable[[str], bool],
+        emit: Callable[[str, dict[str, Any]], Awaitable[bool]],
+    ) -> None:
+        streams = track_workers(
+            worker_grace,
+            count,
+            "",
+            max_workers=max_workers,
+            max_worker_streams=max_worker_streams,
+        )
+        self._count = count
+        self._streams = streams
+        self.grace = streams.grace if streams is not None else None
+        """Seconds a gone worker's streams wait (``None``: they are not ended)."""
+        self._timers = (
+            None
+            if streams is None
+            else ConnectionGrace(streams, connected=connected, emit=emit, count=count)
+        )
+
+    def owner_of(self, call_id: str, room: str) -> str | None:
+        """The worker that owns an open stream of ``call_id`` in ``room`` (``None``: none,
+        or gone workers are not watched: :meth:`OpenStreams.owner_of
+        <kernel_ext.relay.workers.OpenStreams.owner_of>`)."""
+        return None if self._streams is None else self._streams.owner_of(call_id, room)
+
+    def note(self, worker: str, raw: Any, room: str) -> bool:
+        """Note a block about to be emitted; ``False``: drop it (a running block of a stream
+        this relay ended because its worker was gone)."""
+        if self._streams is None or self._streams.note(worker, raw, room):
+            return True
+        if raw.get("state") != "running":
+            return True  # a terminal: the terminal dedup decides
+        self._count(AFTER_WORKER_ABORTED)
+        rare(
+            "after_worker_aborted",
+            "relay: dropped a running block of (%s, %s), ended when its worker was gone",
+            raw.get("callId"),
+            raw.get("taskId"),
+        )
+        return False
+
+    def arrived(self, worker: str) -> None:
+        """A connection of ``worker`` arrived."""
+        if self._timers is not None:
+            self._timers.arrived(worker)
+
+    def left(self, worker: str) -> None:
+        """A connection of ``worker`` is gone and its queued frames are out."""
+        if self._timers is not None:
+            self._timers.left(worker)
+
+    def sizes(self) -> dict[str, int]:
+        """What the watch holds now (the workers and their open streams, those in grace)."""
+        if self._streams is None:
+            return {}
+        sizes = self._streams.sizes()
+        sizes[WORKERS_IN_GRACE] = self._streams.in_grace()
+        return sizes
+
+    async def aclose(self) -> None:
+        """Cancel every grace timer and any emission of ``aborted`` blocks in progress."""
+        if self._timers is not None:
+            await self._timers.aclose()
