@@ -130,7 +130,7 @@ class ChatRelay(StopRequests, SettingsAttributes, GuardedNamespace):
                 "ChatRelay: no authorize_join hook; every browser may join any conversation"
             )
         self._authorize_join: JoinAuth = authorize_join or allow_all
-        self._authorize_stop = authorize_stop
+        self.authorize_stop = authorize_stop
         self.worker_grace = self.workers.grace
         self.catch_up: CatchUp | None = (
             None

@@ -281,21 +281,6 @@ class ReplayMemory:
         ):
             self._bound(stream, where)
 
-    def call_state(self, room: str, call_id: str) -> str | None:
-        """What this memory holds of the call ``call_id`` in ``room``: ``"running"`` (a
-        stream of it without its terminal), ``"ended"`` (streams of it, each with its
-        terminal), ``None`` (nothing). A look at that room's streams only."""
-        where = self._rooms.get(room)
-        if where is None:
-            return None
-        state = None
-        for (held_call, _), stream in where.streams.items():
-            if held_call == call_id:
-                if stream.terminal is None:
-                    return "running"
-                state = "ended"
-        return state
-
     def merge(self, room: str, blocks: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
         """Hold those of ``blocks`` (valid blocks of ``room``, oldest first, from elsewhere:
         a room's log on Redis) that this memory does not hold already, and return them: a

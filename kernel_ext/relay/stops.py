@@ -25,7 +25,7 @@
   write-only worker's stop channel, or the web process a loopback worker is connected to
   (:mod:`kernel_ext.redis.stops`).
 * **Otherwise**, from this process's catch-up memory of that room
-  (:meth:`~kernel_ext.relay.replay.ReplayMemory.call_state`): the call's streams all ended
+  (:func:`call_state`): the call's streams all ended
   — ``already_ended``; one is running but no worker can be reached — ``unreachable``;
   nothing — ``unknown``.
 * Every answer is counted ``stops_<answer>``; nothing raises (an unexpected error is logged
@@ -62,7 +62,7 @@ from kernel_ext.relay.limits import Admission
 from kernel_ext.relay.relay_settings import RelaySettings
 from kernel_ext.relay.replay import ReplayMemory
 
-__all__ = ["StopAuth", "StopRequests", "Stops", "read_request"]
+__all__ = ["StopAuth", "StopRequests", "Stops", "call_state", "read_request"]
 
 StopAuth = Callable[[Any, str, str], Any]
 """``authorize_stop(identity, conversation_id, call_id) -> bool`` (may be async)."""
@@ -168,7 +168,7 @@ class Stops:
         local = await self._answer_locally(room, call_id)
         if local is not None:
             return local
-        state = self._memory.call_state(room, call_id) if self._memory is not None else None
+        state = call_state(self._memory, room, call_id)
         delivery = self._delivery()
         if delivery is not None:
             routed = await delivery.stop(room, call_id, state == "running", self.ways)
@@ -211,6 +211,22 @@ class Stops:
         return {"answer": answer}
 
 
+def call_state(memory: ReplayMemory | None, room: str, call_id: str) -> str | None:
+    """What the catch-up memory holds of ``call_id`` in ``room``: ``"running"`` (a stream
+    of it without its terminal), ``"ended"`` (streams of it, each with its terminal),
+    ``None`` (nothing, or no memory). A look at the room's held blocks, as a join's
+    catch-up takes (without parsing them)."""
+    if memory is None:
+        return None
+    ended: dict[Any, bool] = {}
+    for key, _, _, terminal in memory.catch_up_held(room, {})[0]:
+        if key[0] == call_id:
+            ended[key] = ended.get(key, False) or terminal
+    if not ended:
+        return None
+    return "ended" if all(ended.values()) else "running"
+
+
 def read_request(data: Any) -> tuple[str, str] | None:
     """A stop request's (room, callId), or ``None`` when it is malformed."""
     if not isinstance(data, Mapping):
@@ -235,33 +251,43 @@ class StopRequests:
     """The ``stop_call`` handler of :class:`~kernel_ext.relay.ChatRelay` and its
     :attr:`stops`, made from the relay's parts at the first use."""
 
+    settings: RelaySettings
+    limits: Admission
+    workers: GoneWorkers
+    catch_up_memory: ReplayMemory | None
+    delivery: Delivery | None
+    authorize_stop: StopAuth | None
+    _browsers: dict[str, Any]
+    _internal: Mapping[str, Any]
+    _count: Callable[..., None]
+    _reject: Callable[..., None]
+    _in_room: Callable[[str, str], bool]
+    call: Ask
     _stops: Stops | None = None
 
     @property
     def stops(self) -> Stops:
         """A browser's stop requests (:class:`Stops`)."""
         if self._stops is None:
-            relay: Any = self  # a ChatRelay: its parts
             self._stops = Stops(
-                browsers=relay._browsers,
-                in_room=relay._in_room,
-                limits=relay.limits,
-                workers=relay.workers,
+                browsers=self._browsers,
+                in_room=self._in_room,
+                limits=self.limits,
+                workers=self.workers,
                 connection=self._connection_of,
-                ask=relay.call,
-                memory=relay.catch_up_memory,
-                delivery=lambda: relay.delivery,
-                count=relay._count,
-                reject=relay._reject,
-                authorize_stop=relay._authorize_stop,
-                stop_timeout=relay.settings.stop_timeout,
+                ask=self.call,
+                memory=self.catch_up_memory,
+                delivery=lambda: self.delivery,
+                count=self._count,
+                reject=self._reject,
+                authorize_stop=self.authorize_stop,
+                stop_timeout=self.settings.stop_timeout,
             )
         return self._stops
 
     def _connection_of(self, worker: str) -> str | None:
         """A sid of ``worker``'s connection to this process now, or ``None``."""
-        internal: Mapping[str, Any] = getattr(self, "_internal", {})
-        return next((sid for sid, conn in internal.items() if conn.worker == worker), None)
+        return next((sid for sid, conn in self._internal.items() if conn.worker == worker), None)
 
     async def on_stop_call(self, sid: str, data: Any = None) -> dict[str, Any]:
         """A browser asks to stop one call of a room it joined (:class:`Stops`)."""
