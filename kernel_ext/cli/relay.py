@@ -258,8 +258,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-page",
         action="store_true",
-        help=f"do not serve the example page and its files under {PAGE_PREFIX}/ (default: "
-        "serve them)",
+        help=f"no example page at {PAGE_PREFIX}/ (default: served)",
     )
 
 
