@@ -411,3 +411,20 @@ async def test_kernel_ext_relay_takes_the_stop_rate_from_its_option_or_variable(
     finally:
         await browser.close()
         relay.stop()
+
+
+async def test_without_the_gone_worker_watch_a_running_call_is_unreachable() -> None:
+    hub = new_hub()
+    async with relay_server(worker_grace=None) as (port, _):
+        emitter = emitter_for(port, hub, ack_timeout=30.0)
+        async with emitter:
+            await wait_until(lambda: emitter.healthy)
+            browser = await joined(port, ROOM)
+            try:
+                async with running_call(hub, ROOM) as call:
+                    await browser.wait_for(lambda b: any(x["callId"] == call.call_id for x in b))
+                    ack = await ask_stop(browser, stop(ROOM, call.call_id))
+                    assert ack["answer"] == "unreachable"
+                    assert not call.task.done()
+            finally:
+                await browser.close()
