@@ -121,7 +121,7 @@ class CountingEmitter(Emitter):
                     self.terminal_seen.set()
         self.blocks += n
         if n:
-            self.consumer.delivered(n)
+            self.port.delivered(n)
 
 
 # -- kernel_ext ---------------------------------------------------------------------------

@@ -17,10 +17,10 @@ sender while it runs. Guarantees common to all senders:
   outside :meth:`Emitter.stop` is also counted (the sender's ``up_event``/``down_event``)
   and logged in the sender's words.
 
-A sender uses the hub only through its port, :attr:`Emitter.consumer` (a
+A sender uses the hub only through its port, :attr:`Emitter.port` (a
 :class:`~kernel_ext.stream.SenderPort`): it takes batches from it, and reports there the
-blocks that leave (``consumer.delivered(n)``) and those lost after the hub let them through
-(``consumer.dropped(reason, n, call_id)``, with the reasons of
+blocks that leave (``port.delivered(n)``) and those lost after the hub let them through
+(``port.dropped(reason, n, call_id)``, with the reasons of
 :mod:`kernel_ext.observability.count_names`; the senders' own are re-exported below).
 """
 
@@ -196,7 +196,7 @@ class Emitter(abc.ABC):
         return self._hub
 
     @property
-    def consumer(self) -> SenderPort:
+    def port(self) -> SenderPort:
         """The hub's port this sender takes from and reports to (:class:`SenderPort`: a
         sender uses nothing else of the hub), from :meth:`attach` on; after :meth:`stop` the
         last one, so that what was taken can still be reported.
@@ -362,7 +362,7 @@ class Emitter(abc.ABC):
             consumer.close(UNFLUSHED)  # the hub counts what was queued, logs its terminals
         pending = self._abandon_pending()
         if pending:
-            self.consumer.dropped(UNFLUSHED, pending)
+            self.port.dropped(UNFLUSHED, pending)
             logger.error(
                 "emitter %s: %d terminal(s) not confirmed delivered are given up", why, pending
             )

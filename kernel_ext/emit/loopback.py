@@ -204,7 +204,7 @@ class LoopbackEmitter(Emitter):
         self.reconnect_delay_max = self._backoff.maximum
         self.connect_timeout = float(connect_timeout)
         self._terminals = OwedTerminals(
-            lambda: self.consumer,
+            lambda: self.port,
             max_pending_terminals=max_pending_terminals,
             terminal_max_age=terminal_max_age,
             terminal_max_attempts=terminal_max_attempts,
@@ -532,7 +532,7 @@ class LoopbackEmitter(Emitter):
             await self._send_frames(self._frames(items), None)
 
     async def _send_frames(self, frames: list[Frame], retry: list[OwedTerminal] | None) -> None:
-        consumer = self.consumer
+        consumer = self.port
         held_by_item = {id(h.item): h for h in retry} if retry else {}
         for frame in frames:
             if isinstance(frame, OutgoingChatEvent):
@@ -590,7 +590,7 @@ class LoopbackEmitter(Emitter):
 
     def _lose(self, blocks: list[OutgoingBlock], terminals: list[OwedTerminal]) -> None:
         """Blocks that cannot go now: running ones are dropped, terminals held."""
-        consumer = self.consumer
+        consumer = self.port
         for block in blocks:
             if not block.terminal:
                 consumer.dropped(DISCONNECTED, 1, block.call_id)
@@ -615,15 +615,15 @@ class LoopbackEmitter(Emitter):
             rejected = ack.get("rejected")
             if isinstance(rejected, bool) or not isinstance(rejected, int) or rejected < 0:
                 rejected = 0
-            self.consumer.delivered(n_blocks - min(rejected, n_blocks))
+            self.port.delivered(n_blocks - min(rejected, n_blocks))
             if not rejected:
                 return
             refused = _refused_indexes(ack.get("refused"), len(blocks))
             for index in refused:
                 if not blocks[index].terminal:
-                    self.consumer.dropped(REJECTED, 1, blocks[index].call_id)
+                    self.port.dropped(REJECTED, 1, blocks[index].call_id)
             if len(refused) < rejected:  # the relay did not say which
-                self.consumer.dropped(REJECTED, rejected - len(refused))
+                self.port.dropped(REJECTED, rejected - len(refused))
                 again = [(h, "invalid") for h in held]
             else:
                 position = {id(block): index for index, block in enumerate(blocks)}

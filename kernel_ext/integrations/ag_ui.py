@@ -262,7 +262,7 @@ class AGUIBridge(Emitter):
             if not isinstance(item, OutgoingBlock):
                 continue
             if not runs:
-                self.consumer.dropped(NO_LISTENER, 1, item.call_id)
+                self.port.dropped(NO_LISTENER, 1, item.call_id)
                 continue
             delivered += 1
             block = self._well_formed(item.block)
@@ -271,7 +271,7 @@ class AGUIBridge(Emitter):
                 if applied.call_id is not None and applied.outcome in ("item", "terminal"):
                     self._touch(run, applied.call_id)
         if delivered:
-            self.consumer.delivered(delivered)
+            self.port.delivered(delivered)
 
     def _well_formed(self, value: dict[str, Any]) -> dict[str, Any]:
         """``value`` with its lone surrogates replaced (counted), for AG-UI's encoder."""

@@ -139,7 +139,7 @@ class RedisEmitter(Emitter):
             **(redis_options or {}),
         }
         self._terminals = OwedTerminals(
-            lambda: self.consumer,
+            lambda: self.port,
             max_pending_terminals=max_pending_terminals,
             terminal_max_age=terminal_max_age,
             terminal_max_attempts=terminal_max_attempts,
@@ -297,7 +297,7 @@ class RedisEmitter(Emitter):
         return counts
 
     async def _send(self, items: list[Outgoing]) -> None:
-        consumer = self.consumer
+        consumer = self.port
         if self._healthy and len(self._terminals) and _now() >= self._retry_at:
             await self._retry_terminals()
         if not self._healthy:
@@ -335,7 +335,7 @@ class RedisEmitter(Emitter):
             self._terminals.hold(self._terminals.new(item, attempts=1))
             self._schedule_retry()
         else:
-            self.consumer.dropped(reason, 1, item.call_id)
+            self.port.dropped(reason, 1, item.call_id)
 
     def _schedule_retry(self) -> None:
         self._retry_at = _now() + self._backoff.next()
@@ -355,7 +355,7 @@ class RedisEmitter(Emitter):
             else:
                 self._terminals.hold(entry)
         if delivered:
-            self.consumer.delivered(delivered)
+            self.port.delivered(delivered)
             self._count(TERMINAL_RESENDS, delivered)
         if len(self._terminals):
             self._schedule_retry()

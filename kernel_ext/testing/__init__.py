@@ -44,7 +44,7 @@ class MemoryEmitter(Emitter):
         self._changed = asyncio.Event()
 
     async def _send(self, items: list[Outgoing]) -> None:
-        consumer = self.consumer
+        consumer = self.port
         sent = 0
         for item in items:
             if isinstance(item, OutgoingBlock):

@@ -243,9 +243,9 @@ async def test_what_a_closed_port_reports_still_counts(hub: StreamHub) -> None:
 async def test_a_sender_has_its_port_from_attach_on(hub: StreamHub) -> None:
     sender = MemoryEmitter(hub=hub)
     with pytest.raises(RuntimeError, match="MemoryEmitter: not attached to a hub yet"):
-        sender.consumer  # noqa: B018
+        sender.port  # noqa: B018
     sender.attach()
-    assert sender.consumer.hub is hub
-    assert not sender.consumer.closed
+    assert sender.port.hub is hub
+    assert not sender.port.closed
     await sender.stop(timeout=1)
-    assert sender.consumer.closed  # the last one, so what was taken can still be reported
+    assert sender.port.closed  # the last one, so what was taken can still be reported
