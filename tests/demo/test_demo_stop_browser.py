@@ -21,6 +21,7 @@ synchronises anything.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -113,7 +114,9 @@ def _task_state_at_peer(url: str, task_id: str) -> int:
             await client.close()
         return int(task.status.state)
 
-    return asyncio.run(ask())
+    # Playwright's sync API runs an event loop in this thread: the client runs in another.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, ask()).result(timeout=30)
 
 
 def _until_canceled(url: str, task_id: str, timeout: float = 30) -> int:
