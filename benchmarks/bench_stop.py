@@ -67,11 +67,11 @@ from processes import (
 SAMPLES = 200
 QUICK_SAMPLES = 30
 PER_ROOM = 5  # the relay's per-connection burst of stop requests: none refused for its rate
-BURST_CALLS = 100
-BURST_BLOCKS = 40
-QUICK_BURST_CALLS = 40
-QUICK_BURST_BLOCKS = 20
-ROUNDS = 7
+BURST_CALLS = 200
+BURST_BLOCKS = 100
+QUICK_BURST_CALLS = 50
+QUICK_BURST_BLOCKS = 40
+ROUNDS = 11
 QUICK_ROUNDS = 2
 LOOPBACK_TARGET_MS = 100.0
 REDIS_TARGET_MS = 250.0
@@ -125,7 +125,8 @@ async def role_worker(url: str | None, redis_url: str | None) -> None:
 
     async def call(room: str, blocks: int, wait: bool, started: list[str]) -> Any:
         active = begin_scope(ToolDescription(TOOL, room), provider, hub)
-        assert active is not None and active.call is not None
+        assert active is not None
+        assert active.call is not None
         started.append(active.call.call_id)
 
         async def body() -> str:
@@ -234,6 +235,7 @@ async def web_process(redis_url: str | None = None) -> tuple[asyncio.subprocess.
         *args,
         env={**os.environ, "KERNEL_EXT_SECRET": SECRET},
         stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,  # its start-up line; an exit is noticed below
         stdin=asyncio.subprocess.DEVNULL,
     )
     await wait_listening_async(port, process=proc, what="web process", timeout=30)
