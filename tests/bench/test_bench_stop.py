@@ -61,10 +61,11 @@ def test_behind_redis_a_write_only_workers_calls_stop_from_either_web_process() 
 
 
 def test_the_live_path_runs_with_the_stop_registry_on_and_off() -> None:
-    rates = asyncio.run(asyncio.wait_for(bench_stop.live_path(10, 5, 1), 150))
-    assert set(rates) == {"on", "off"}
-    assert [len(rates["on"]), len(rates["off"])] == [1, 1]
-    assert all(rate > 0 for rate in rates["on"] + rates["off"]), rates
-    figures = bench_stop.live_figures(rates, 10, 5)
+    found = asyncio.run(asyncio.wait_for(bench_stop.live_path(10, 5, 1), 150))
+    for measured in (found["rate"], found["cpu"]):
+        assert [len(measured["on"]), len(measured["off"])] == [1, 1]
+        assert all(value > 0 for value in measured["on"] + measured["off"]), found
+    figures = bench_stop.live_figures(found, 10, 5)
     _check_shape(figures)
     assert figures[0]["target"] == bench_stop.THROUGHPUT_TARGET
+    assert figures[1]["target"] is None
