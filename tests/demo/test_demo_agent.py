@@ -312,3 +312,30 @@ async def test_a_colleague_stopped_from_its_pane_is_named_and_the_answer_uses_th
             words.stopped_one.format(title=words.title("carrier")),
         ]
     )
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_scripted_answer_leaves_a_stopped_result_out_and_names_its_colleague(
+    lang: str,
+) -> None:
+    from kernel_ext.demo.agent import scripted_answer
+    from kernel_ext.stop import stopped_result
+
+    words = wording(lang)
+    orders = f"{words.title('orders')}{words.colon}on its way"
+    stopped = stopped_result("the carrier had looked it up")
+    line = words.stopped_one.format
+    # One answered, one stopped: the answer quotes the one and names the other.
+    assert scripted_answer(words, [("orders", orders), ("carrier", stopped)]) == "\n".join(
+        [words.answer_one, orders, line(title=words.title("carrier"))]
+    )
+    # Every call stopped: no intro, a line for each, in order.
+    assert scripted_answer(words, [("carrier", stopped), ("orders", stopped_result())]) == (
+        "\n".join([line(title=words.title("carrier")), line(title=words.title("orders"))])
+    )
+    # None stopped: as before the stop existed.
+    assert scripted_answer(words, [("orders", orders), ("carrier", "x")]) == "\n".join(
+        [words.answer_many, orders, "x"]
+    )
+    # A call whose colleague is unknown is named by what is known of it.
+    assert scripted_answer(words, [(None, stopped)]) == line(title="?")
