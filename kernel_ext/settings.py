@@ -159,6 +159,7 @@ class Settings(BaseSettings):
     max_per_identity: int | None = Field(default=None, ge=1)
     max_browser_rooms: int | None = Field(default=None, ge=1)
     join_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    stop_rate: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     # Its handshake turnstile (kernel-ext relay); unset: create_app's defaults.
     max_handshakes: int | None = Field(default=None, ge=1)
     max_handshake_waiting: int | None = Field(default=None, ge=1)
@@ -171,6 +172,7 @@ class Settings(BaseSettings):
             "max_per_identity": self.max_per_identity,
             "max_browser_rooms": self.max_browser_rooms,
             "join_rate": self.join_rate,
+            "stop_rate": self.stop_rate,
         }
         return {name: value for name, value in caps.items() if value is not None}
 

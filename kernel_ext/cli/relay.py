@@ -72,6 +72,7 @@ from kernel_ext.relay.limits import (
     DEFAULT_MAX_BROWSER_ROOMS,
     DEFAULT_MAX_BROWSERS,
     DEFAULT_MAX_PER_IDENTITY,
+    DEFAULT_STOP_RATE,
 )
 from kernel_ext.relay.replay import DEFAULT_CONVERSATION_BYTES, DEFAULT_TOTAL_BYTES
 from kernel_ext.relay.turnstile import DEFAULT_MAX_HANDSHAKE_WAITING, DEFAULT_MAX_HANDSHAKES
@@ -120,6 +121,7 @@ _OPTIONS = {
     "max_per_identity": "--max-per-identity",
     "max_browser_rooms": "--max-browser-rooms",
     "join_rate": "--join-rate",
+    "stop_rate": "--stop-rate",
     "max_handshakes": "--max-handshakes",
     "max_handshake_waiting": "--handshake-queue",
 }
@@ -129,6 +131,7 @@ _CAPS = (
     ("max_per_identity", "N", "browsers of one identity", DEFAULT_MAX_PER_IDENTITY),
     ("max_browser_rooms", "N", "conversations per browser", DEFAULT_MAX_BROWSER_ROOMS),
     ("join_rate", "RATE", "joins per second per browser", f"{DEFAULT_JOIN_RATE:g}"),
+    ("stop_rate", "RATE", "stop requests per second per browser", f"{DEFAULT_STOP_RATE:g}"),
     ("max_handshakes", "N", "handshakes at once", DEFAULT_MAX_HANDSHAKES),
     ("max_handshake_waiting", "N", "handshakes waiting, then 503", DEFAULT_MAX_HANDSHAKE_WAITING),
 )

@@ -29,6 +29,7 @@ __all__ = [
     "BAD_LEAVE",
     "BAD_PACKET",
     "BAD_SECRET",
+    "BAD_STOP",
     "BAD_WORKER",
     "BLOCKS_EMITTED",
     "BROWSERS",
@@ -115,7 +116,13 @@ __all__ = [
     "ROOM_LIMIT",
     "RUN_ENDED_OPEN",
     "RUN_LIMIT",
+    "STOPS_PREFIX",
     "STOP_ALREADY_ENDED",
+    "STOP_FORBIDDEN",
+    "STOP_NOT_JOINED",
+    "STOP_NO_ANSWER",
+    "STOP_PUBLISH_FAILED",
+    "STOP_RATE",
     "STOP_REFUSED",
     "STOP_STOPPING",
     "STOP_UNKNOWN",
@@ -309,6 +316,26 @@ BROWSER_LIMIT = "browser_limit"
 IDENTITY_LIMIT = "identity_limit"
 ROOM_LIMIT = "room_limit"
 JOIN_RATE = "join_rate"
+# A browser's stop request the relay refuses (:mod:`kernel_ext.relay.stops`), counted
+# ``rejected_<reason>`` and answered ``refused``.
+BAD_STOP = "bad_stop"
+"""Malformed: not ``{v: 1, room, callId}``, a room not a conversation id, a callId not 16
+lower-case hex digits."""
+STOP_NOT_JOINED = "stop_not_joined"
+"""The browser has not joined the request's room on this web process."""
+STOP_FORBIDDEN = "stop_forbidden"
+"""The application's ``authorize_stop`` hook said no (or failed)."""
+STOP_RATE = "stop_rate"
+"""Past the browser's stop rate (``stop_rate`` a second, ``stop_burst`` at once)."""
+# -- The relay's answers to stop requests (:mod:`kernel_ext.relay.stops`): ``stops_<answer>``
+STOPS_PREFIX = "stops_"
+"""Before each answer the relay gave a browser's ``stop_call`` (``stops_stopping`` …)."""
+STOP_NO_ANSWER = "stop_no_answer"
+"""A worker asked on its connection (``kx_stop``) gave no usable answer in time: answered
+``unreachable``."""
+STOP_PUBLISH_FAILED = "stop_publish_failed"
+"""A stop for a write-only worker could not be published on Redis: answered
+``unreachable``."""
 HANDSHAKE_LIMIT = "handshake_limit"
 """A new connection refused because ``max_handshake_waiting`` others wait for their
 handshake (:mod:`kernel_ext.relay.turnstile`), counted ``rejected_handshake_limit``."""

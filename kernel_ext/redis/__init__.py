@@ -11,6 +11,8 @@ namespace never imports this package, the app picks the manager):
                     pipeline
 ``routing``         room routing: each message's channel, the rooms' logs, the marker of
                     routing web processes (:class:`~kernel_ext.redis.routing.RoutedPublish`)
+``stops``           a browser's stop on Redis: a write-only worker's stop channel, and stops
+                    forwarded among web processes for their workers (a subscription each)
 ``emitter``         :class:`~kernel_ext.redis.emitter.RedisEmitter`, the worker-side sender
                     (also importable as ``kernel_ext.emit.RedisEmitter``)
 ``republish``       the relay manager's terminals published again after an outage

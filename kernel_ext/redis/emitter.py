@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kernel_ext._shared import compat
 from kernel_ext.emit.base import (
@@ -37,6 +37,9 @@ from kernel_ext.observability.count_names import HEARTBEATS, OUTAGES, TERMINAL_R
 from kernel_ext.protocol import CHAT_EVENT, TOOL_EVENT_STREAM, WORKER_HEARTBEAT, WORKER_TAG
 from kernel_ext.settings import check_redis_url, redacted_url
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
+
+if TYPE_CHECKING:
+    from kernel_ext.redis.stops import StopSubscription
 
 __all__ = ["RedisEmitter"]
 
@@ -145,6 +148,7 @@ class RedisEmitter(Emitter):
         self._ping_client: Any = None
         self._first_ping = asyncio.Event()
         self._retry_at = 0.0
+        self._stops: StopSubscription | None = None
 
     @property
     def outages(self) -> int:
@@ -171,6 +175,9 @@ class RedisEmitter(Emitter):
     async def _open(self) -> None:
         from redis import asyncio as aioredis
 
+        from kernel_ext.redis.routing import stop_channel
+        from kernel_ext.redis.stops import listen_for_stops
+
         self._manager = _manager_class()(
             self.url,
             channel=self.channel,
@@ -181,6 +188,8 @@ class RedisEmitter(Emitter):
         self._manager.routing = self.routing
         if self.heartbeat_interval is not None:
             self._manager.emit_tags = {WORKER_TAG: self.worker_id}
+            channel = stop_channel(self.channel, self.worker_id)
+            self._stops = listen_for_stops(self.url, channel, self._options)
         if not compat.publish_result_supported():
             logger.warning(
                 "redis emitter: this python-socketio does not report a publish's receivers; "
@@ -196,6 +205,9 @@ class RedisEmitter(Emitter):
 
     async def _close(self) -> None:
         await self._stop_watcher()
+        if self._stops is not None:
+            await self._stops.aclose()
+            self._stops = None
         for client in (self._ping_client, getattr(self._manager, "redis", None)):
             if client is not None:
                 close = getattr(client, "aclose", None) or client.close  # redis < 5.0.1

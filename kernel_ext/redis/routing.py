@@ -48,9 +48,12 @@ __all__ = [
     "RoutedPublish",
     "log_entry",
     "marker_channel",
+    "relay_stop_channel",
     "room_channel",
     "room_log",
     "routed_room",
+    "stop_channel",
+    "stop_reply_channel",
 ]
 
 _log = logging.getLogger("kernel_ext.redis")
@@ -82,6 +85,26 @@ def room_channel(channel: str, namespace: str, room: str) -> str:
 def room_log(channel: str, namespace: str, room: str) -> str:
     """The key of ``room``'s log of blocks in ``namespace`` (a Redis stream)."""
     return f"{channel}#kx-log#{len(namespace)}:{namespace}{room}"
+
+
+def stop_channel(channel: str, worker: str) -> str:
+    """The channel on which web processes ask the write-only worker ``worker`` (its worker
+    id) to stop one of its calls, and to which that worker subscribes
+    (:mod:`kernel_ext.redis.stops`)."""
+    return f"{channel}#kx-stop#{worker}"
+
+
+def relay_stop_channel(channel: str) -> str:
+    """The channel on which a web process asks the others to stop a call of a worker
+    connected to one of them (loopback), and to which every web process subscribes
+    (:mod:`kernel_ext.redis.stops`)."""
+    return f"{channel}#kx-stop-relay"
+
+
+def stop_reply_channel(channel: str, host_id: str) -> str:
+    """The channel on which the web process ``host_id`` (its manager's ``host_id``) hears
+    the answers to the stops it forwarded."""
+    return f"{channel}#kx-stop-reply#{host_id}"
 
 
 def routed_room(message: Mapping[str, Any]) -> str | None:

@@ -33,6 +33,8 @@ worker side: ``stream``, ``emit``, ``worker``):
                        back-pressure, by the delivery; chat events; ``aborted`` blocks
 ``relay_settings``     :class:`~kernel_ext.relay.relay_settings.RelaySettings`: every option,
                        by part, with its defaults
+``stops``              a browser's ``stop_call``: who may stop what, its rate, the answer of
+                       the worker that owns the call (here, or through the delivery)
 ``namespace``          :class:`ChatRelay`: receives the events and hands each to its part
 ``app``                :func:`mount_relay`, :func:`create_app`, :class:`RelayApp`; picks the
                        server's client manager

@@ -25,7 +25,7 @@ from kernel_ext.relay.turnstile import (
 __all__ = ["RelayApp", "create_app", "mount_relay"]
 
 # The options of ChatRelay that are not settings (create_app's other keywords are).
-_HOOKS = ("authenticate", "authorize_join")
+_HOOKS = ("authenticate", "authorize_join", "authorize_stop")
 
 
 def mount_relay(sio: socketio.AsyncServer, secret: str, **options: Any) -> ChatRelay:

@@ -17,12 +17,17 @@ one of the three here:
 Catch-up memory is filled in one place, :meth:`Delivery.hold`: here before each emit, and
 by the Redis manager (given that method when it attaches) for every block it emits to
 this process's browsers, wherever it came from.
+
+A browser's stop of a call that no worker connected to this process owns goes to the
+delivery too (:meth:`Delivery.stop`): the Redis manager's reaches write-only workers and
+the other web processes' workers; python-socketio's reach none.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -34,11 +39,23 @@ from kernel_ext.relay._log import rare
 from kernel_ext.relay._send import local_sends, send_local
 from kernel_ext.relay.replay import ReplayMemory
 
-__all__ = ["Delivery", "Emit", "deliver", "delivery_for"]
+__all__ = ["Delivery", "Emit", "StopWays", "deliver", "delivery_for"]
 
 Emit = Callable[..., Awaitable[None]]
 """A relay's ``emit(event, data, room=…, skip_sid=…, to=…)`` (python-socketio's namespace
 ``emit``, or a subclass's own)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StopWays:
+    """What a delivery needs to route a browser's stop (:mod:`kernel_ext.relay.stops`):
+    ``local(room, call_id)``, the answer of this process's worker that owns the call
+    (``None``: none does); the relay's ``count``; ``timeout``, the seconds to wait for
+    Redis or another web process."""
+
+    local: Callable[[str, str], Awaitable[dict[str, Any] | None]]
+    count: Callable[[str], None]
+    timeout: float
 
 
 class Delivery:
@@ -93,6 +110,19 @@ class Delivery:
     def counts(self) -> dict[str, int]:
         """The delivery's counts and sizes, for the relay's stats."""
         return dict(getattr(self.server.manager, "counts", None) or {})
+
+    async def stop(
+        self, room: str, call_id: str, running: bool, ways: StopWays
+    ) -> dict[str, Any] | None:
+        """A browser's stop of a call no worker connected here owns
+        (:mod:`kernel_ext.relay.stops`): the answer when this delivery reaches its worker
+        another way, else ``None`` (here: none). ``running``: this process holds a running
+        stream of it."""
+        return None
+
+    def serve_stops(self, ways: StopWays) -> None:
+        """Answer the stops other web processes forward for this process's workers, if this
+        delivery reaches other web processes. Idempotent."""
 
     def start(self) -> None:
         """Start what delivers, if it starts later by itself (at start-up). Idempotent."""

@@ -54,6 +54,12 @@ class GoneWorkers:
             else ConnectionGrace(streams, connected=connected, emit=emit, count=count)
         )
 
+    def owner_of(self, call_id: str, room: str) -> str | None:
+        """The worker that owns an open stream of ``call_id`` in ``room`` (``None``: none,
+        or gone workers are not watched: :meth:`OpenStreams.owner_of
+        <kernel_ext.relay.workers.OpenStreams.owner_of>`)."""
+        return None if self._streams is None else self._streams.owner_of(call_id, room)
+
     def note(self, worker: str, raw: Any, room: str) -> bool:
         """Note a block about to be emitted; ``False``: drop it (a running block of a stream
         this relay ended because its worker was gone)."""

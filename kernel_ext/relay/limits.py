@@ -15,8 +15,11 @@ here). It guarantees, on this web process:
   join would be admitted);
 * every refusal is counted ``rejected_<reason>`` and on ``kernel_ext.relay.frames``, and
   logged on its 1st, 2nd, 4th … occurrence;
+* a stop request past the browser's stop rate (a bucket of its own: ``stop_burst`` at
+  once, ``stop_rate`` more per second; :meth:`Admission.stop`) is refused by the relay's
+  stops (:mod:`kernel_ext.relay.stops`);
 * what a browser holds is released when it disconnects; a conversation it leaves frees its
-  slot; a new connection starts with a full bucket.
+  slot; a new connection starts with full buckets.
 
 A conversation is held from the join that passed these caps until the browser leaves it or
 disconnects; a join the ``authorize_join`` hook then refuses gives its slot back (the caps
@@ -58,7 +61,10 @@ __all__ = [
     "DEFAULT_MAX_BROWSERS",
     "DEFAULT_MAX_BROWSER_ROOMS",
     "DEFAULT_MAX_PER_IDENTITY",
+    "DEFAULT_STOP_BURST",
+    "DEFAULT_STOP_RATE",
     "Admission",
+    "TokenBuckets",
     "close_refused",
     "identity_key",
 ]
@@ -72,6 +78,11 @@ DEFAULT_MAX_BROWSER_ROOMS = 100
 DEFAULT_JOIN_RATE = 5.0
 """Joins per second of one browser once its bucket (``join_burst``, by default
 ``max_browser_rooms``) is spent."""
+
+DEFAULT_STOP_RATE = 2.0
+"""Stop requests per second of one browser once its burst is spent."""
+DEFAULT_STOP_BURST = 5
+"""Stop requests one browser may send at once."""
 
 Reject = Callable[[str, str, str], None]
 """``reject(sid, reason, what)``: count and rarely log a refusal (the relay's ``_reject``)."""
@@ -110,13 +121,51 @@ def identity_key(identity: Any) -> Hashable | None:
 
 
 class _Bucket:
-    """One browser's join bucket: the joins it may make now, as of ``at``."""
+    """One connection's bucket: the requests it may make now, as of ``at``."""
 
     __slots__ = ("at", "tokens")
 
     def __init__(self, tokens: float, at: float) -> None:
         self.tokens = tokens
         self.at = at
+
+
+class TokenBuckets:
+    """A token bucket per connection: ``burst`` requests at once, ``rate`` more per second
+    (a new connection starts with a full bucket): a browser's joins and its stop requests.
+
+    Raises:
+        ConfigError: a rate that is not a positive number, a burst not a positive int.
+    """
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float]) -> None:
+        check_positive_numbers(rate=rate)
+        check_positive_ints(burst=burst)
+        self.rate = float(rate)
+        self.burst = burst
+        self._clock = clock
+        self._buckets: dict[str, _Bucket] = {}
+
+    def take(self, sid: str) -> int | None:
+        """Take one request from the bucket of ``sid``: ``None`` when there was one, else
+        the milliseconds until there is (at least 1)."""
+        rate = self.rate
+        now = self._clock()
+        burst = self.burst
+        bucket = self._buckets.get(sid)
+        if bucket is None:
+            bucket = self._buckets[sid] = _Bucket(float(burst), now)
+        tokens = min(float(burst), bucket.tokens + max(0.0, now - bucket.at) * rate)
+        bucket.at = now
+        if tokens < 1.0:
+            bucket.tokens = tokens
+            return max(1, math.ceil((1.0 - tokens) / rate * 1000))
+        bucket.tokens = tokens - 1.0
+        return None
+
+    def forget(self, sid: str) -> None:
+        """Drop the bucket of ``sid`` (it disconnected)."""
+        self._buckets.pop(sid, None)
 
 
 class Admission:
@@ -131,6 +180,8 @@ class Admission:
         join_burst: joins a browser may make at once (default: ``max_browser_rooms``, or
             :data:`DEFAULT_MAX_BROWSER_ROOMS` without that cap): a renderer re-joining
             every conversation it holds after a reconnect is never refused.
+        stop_rate, stop_burst: a browser's stop requests per second once ``stop_burst``
+            are spent (``None``: no rate).
         reject: counts and rarely logs a refusal: ``reject(sid, reason, what)``.
         clock: seconds, monotonic (tests may pass their own).
 
@@ -146,6 +197,8 @@ class Admission:
         max_browser_rooms: int | None = DEFAULT_MAX_BROWSER_ROOMS,
         join_rate: float | None = DEFAULT_JOIN_RATE,
         join_burst: int | None = None,
+        stop_rate: float | None = DEFAULT_STOP_RATE,
+        stop_burst: int = DEFAULT_STOP_BURST,
         reject: Reject,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -169,7 +222,10 @@ class Admission:
         self._per_identity: dict[Hashable, int] = {}
         self._rooms: dict[str, set[str]] = {}
         self._held = 0  # conversations held, summed over the browsers
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets = (
+            None if self.join_rate is None else TokenBuckets(self.join_rate, self.join_burst, clock)
+        )
+        self._stops = None if stop_rate is None else TokenBuckets(stop_rate, stop_burst, clock)
 
     def connect(self, sid: str, identity: Any) -> None:
         """Admit the browser ``sid`` of ``identity`` (authenticated), or refuse it.
@@ -212,7 +268,9 @@ class Admission:
             except Exception:  # an equality that raises against a key added since
                 pass
         self._held -= len(self._rooms.pop(sid, ()))
-        self._buckets.pop(sid, None)
+        for buckets in (self._buckets, self._stops):
+            if buckets is not None:
+                buckets.forget(sid)
 
     def join(self, sid: str, room: str) -> dict[str, Any] | None:
         """Take a slot for ``room`` and a join from the bucket of the browser ``sid``:
@@ -252,23 +310,18 @@ class Admission:
     def _take(self, sid: str) -> int | None:
         """Take one join from the bucket of ``sid``: ``None`` when there was one, else the
         milliseconds until there is (at least 1)."""
-        rate = self.join_rate
-        if rate is None:
+        buckets = self._buckets
+        if buckets is None or sid not in self._key_of:
+            return None  # no rate, or not a browser this relay admitted: nothing to hold
+        return buckets.take(sid)
+
+    def stop(self, sid: str) -> int | None:
+        """Take one stop request from the stop bucket of the browser ``sid``: ``None`` when
+        there was one (or there is no rate), else the milliseconds until there is."""
+        buckets = self._stops
+        if buckets is None or sid not in self._key_of:
             return None
-        now = self._clock()
-        burst = self.join_burst
-        bucket = self._buckets.get(sid)
-        if bucket is None:
-            if sid not in self._key_of:
-                return None  # not a browser this relay admitted: nothing to hold for it
-            bucket = self._buckets[sid] = _Bucket(float(burst), now)
-        tokens = min(float(burst), bucket.tokens + max(0.0, now - bucket.at) * rate)
-        bucket.at = now
-        if tokens < 1.0:
-            bucket.tokens = tokens
-            return max(1, math.ceil((1.0 - tokens) / rate * 1000))
-        bucket.tokens = tokens - 1.0
-        return None
+        return buckets.take(sid)
 
     def _refuse(self, sid: str, reason: str, cap: int, message: str) -> None:
         # Imported here: kernel-ext reads this module's defaults for its options without

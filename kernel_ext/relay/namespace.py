@@ -58,11 +58,12 @@ from kernel_ext.relay.limits import close_refused
 from kernel_ext.relay.ordering import InternalSender
 from kernel_ext.relay.outbound import Outbound
 from kernel_ext.relay.relay_settings import RelaySettings, SettingsAttributes
+from kernel_ext.relay.stops import StopAuth, StopRequests
 
 __all__ = ["ChatRelay"]
 
 
-class ChatRelay(SettingsAttributes, GuardedNamespace):
+class ChatRelay(StopRequests, SettingsAttributes, GuardedNamespace):
     """The ``/chat`` relay namespace: blocks from internal senders to the browsers of each
     room (the guarantees: the module docstring; the rules in full: docs/contracts.md,
     "Relay wire").
@@ -73,6 +74,7 @@ class ChatRelay(SettingsAttributes, GuardedNamespace):
         authenticate: browser auth hook (default: accept every browser).
         authorize_join: room authorization hook (default: allow every join, logged once
             as a warning — pass a real hook in production).
+        authorize_stop: who may stop a call (:mod:`~kernel_ext.relay.stops`; default: its room).
         settings: the relay's options (:class:`~kernel_ext.relay.relay_settings.RelaySettings`);
         options: or its fields as keywords (``namespace=``, ``catch_up=`` …), over
             ``settings`` when both are given.
@@ -90,6 +92,7 @@ class ChatRelay(SettingsAttributes, GuardedNamespace):
         *,
         authenticate: BrowserAuth | None = None,
         authorize_join: JoinAuth | None = None,
+        authorize_stop: StopAuth | None = None,
         settings: RelaySettings | None = None,
         **options: Any,
     ) -> None:
@@ -127,6 +130,7 @@ class ChatRelay(SettingsAttributes, GuardedNamespace):
                 "ChatRelay: no authorize_join hook; every browser may join any conversation"
             )
         self._authorize_join: JoinAuth = authorize_join or allow_all
+        self.authorize_stop = authorize_stop
         self.worker_grace = self.workers.grace
         self.catch_up: CatchUp | None = (
             None
@@ -237,6 +241,7 @@ class ChatRelay(SettingsAttributes, GuardedNamespace):
             self._internal[sid] = conn
             self._count(counted.INTERNAL_CONNECTS)
             self.workers.arrived(worker)
+            self.stops.serve()
             return True
         identity: Any = True
         if self._authenticate is not None:
@@ -395,11 +400,7 @@ class ChatRelay(SettingsAttributes, GuardedNamespace):
             blocks.clear()
         if self.settings.browser_queue_max is not None:
             await self.back_pressure.pace(rooms)
-        ack: dict[str, Any] = {
-            "ok": True,
-            "accepted": accepted,
-            "rejected": len(refused),
-        }
+        ack: dict[str, Any] = {"ok": True, "accepted": accepted, "rejected": len(refused)}
         if refused:
             ack["refused"] = refused
             ack["maxBlockBytes"] = self.settings.max_block_bytes
@@ -440,10 +441,9 @@ class ChatRelay(SettingsAttributes, GuardedNamespace):
     async def aclose(self) -> None:
         """Stop ending gone workers' streams: cancel every grace timer and any emission of
         ``aborted`` blocks in progress (and what the delivery runs: the Redis manager's
-        watch of write-only workers); send
-        the acknowledgements that wait for the browsers (back-pressure) now. Call
-        it when the server stops — python-socketio gives a namespace no hook for that.
-        Idempotent."""
+        watch of write-only workers, its stops); send the acknowledgements that wait for the
+        browsers (back-pressure) now. Call it when the server stops — python-socketio gives
+        a namespace no hook for that. Idempotent."""
         await self.workers.aclose()
         await self.back_pressure.aclose()
         if self.delivery is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kernel_ext.errors import check_positive_ints
+from kernel_ext.errors import check_positive_ints, check_positive_numbers
 from kernel_ext.protocol import DEFAULT_MAX_BLOCK_BYTES, NAMESPACE, REPLAY_IDLE
 from kernel_ext.relay.backpressure import (
     DEFAULT_BROWSER_QUEUE_BYTES,
@@ -27,6 +27,8 @@ from kernel_ext.relay.limits import (
     DEFAULT_MAX_BROWSER_ROOMS,
     DEFAULT_MAX_BROWSERS,
     DEFAULT_MAX_PER_IDENTITY,
+    DEFAULT_STOP_BURST,
+    DEFAULT_STOP_RATE,
     Admission,
 )
 from kernel_ext.relay.replay import (
@@ -134,6 +136,14 @@ class RelaySettings:
     max_browser_rooms: int | None = DEFAULT_MAX_BROWSER_ROOMS
     join_rate: float | None = DEFAULT_JOIN_RATE
     join_burst: int | None = None
+    stop_rate: float | None = DEFAULT_STOP_RATE
+    """A browser's stop requests per second once ``stop_burst`` are spent (``None``: no
+    rate; :mod:`kernel_ext.relay.stops`)."""
+    stop_burst: int = DEFAULT_STOP_BURST
+
+    # -- stops (kernel_ext.relay.stops) -----------------------------------------------------
+    stop_timeout: float = 5.0
+    """Seconds a browser's stop waits for the worker's answer, or for Redis's, at most."""
 
     def __post_init__(self) -> None:
         check_positive_ints(
@@ -142,6 +152,7 @@ class RelaySettings:
             max_pending_frames=self.max_pending_frames,
             max_cursors=self.max_cursors,
         )
+        check_positive_numbers(stop_timeout=self.stop_timeout)
 
     # -- the parts, each made from its group ------------------------------------------------
 
@@ -153,6 +164,8 @@ class RelaySettings:
             max_browser_rooms=self.max_browser_rooms,
             join_rate=self.join_rate,
             join_burst=self.join_burst,
+            stop_rate=self.stop_rate,
+            stop_burst=self.stop_burst,
             reject=reject,
         )
 

@@ -202,6 +202,18 @@ class OpenStreams:
                 self._close(owner, key)
         return True
 
+    def owner_of(self, call_id: str, room: str) -> str | None:
+        """The worker that owns an open stream of ``call_id`` in ``room``, else ``None`` (a
+        look at every open stream: for a browser's stop request, which is rate-limited)."""
+        for key, worker in self.owner.items():
+            if key[0] != call_id:
+                continue
+            record = self.workers.get(worker)
+            entry = record.streams.get(key) if record is not None else None
+            if entry is not None and entry[0] == room:
+                return worker
+        return None
+
     def _record(self, worker: str) -> WorkerRecord:
         record = self.workers.get(worker)
         assert record is not None  # a worker that owns a stream has a record

@@ -1,9 +1,10 @@
 """The worker's end of the way back (issue 35, loopback path): the loopback sender answers
 the relay's ``kx_stop`` ``{v: 1, callId}`` with ``{answer}``, stopping the running call.
 
-The relay's side of ``kx_stop`` is not built yet (phase 2): a plain python-socketio server on
-127.0.0.1 stands in for the relay — it accepts the sender's connection and emits ``kx_stop``
-to the sender's sid with a callback, as the relay will."""
+A plain python-socketio server on 127.0.0.1 stands in for the relay (so that malformed
+requests the relay never sends can be tried) — it accepts the sender's connection and emits
+``kx_stop`` to the sender's sid with a callback, as the relay does
+(tests/relay/test_stop_relay.py)."""
 
 from __future__ import annotations
 

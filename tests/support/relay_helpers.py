@@ -175,8 +175,9 @@ class RelayProcess:
         self.hooks = list(hooks)
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
-        env = support_env()
+    def start(self, env: dict[str, str] | None = None) -> None:
+        """Start it (``env``: its environment, default :func:`support_env`)."""
+        env = env or support_env()
         cmd = [sys.executable, "-m", "kernel_ext.relay", "--port", str(self.port)]
         cmd += self.hooks or ["--allow-anyone"]
         if self.redis_url:

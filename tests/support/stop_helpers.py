@@ -1,7 +1,8 @@
 """A stand-in for the relay's side of ``stop_call`` (docs/web.md, "Stopping a call"), for the
 tests of its two clients — the renderer's stop control in Chromium and ``kernel-ext stop``.
 
-The relay's own handler comes later; until then this stands in for it: a real python-socketio
+It stands in for the relay (whose own handler, tests/relay/test_stop_relay.py, answers only
+what a real worker decides) so that every answer can be chosen: a real python-socketio
 ``AsyncServer`` under uvicorn on 127.0.0.1 (on a :class:`~support.network.LoopThread`, since
 Playwright's sync API owns the test's thread), serving the installed package's web
 directory beside namespace ``/chat``. It accepts every browser (recording each ``auth``),
