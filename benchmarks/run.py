@@ -70,7 +70,7 @@ QUICK_ENV = "KERNEL_EXT_BENCH_QUICK"
 PROFILE_INTERVAL = 0.0002  # a targeted path: short, sample densely
 WHOLE_RUN_INTERVAL = 0.001  # a module's whole quick run: long, sample at the default rate
 
-# The figures of issues 8 (design.md §7), 17, 24 and 25, and the module expected to
+# The figures of issues 8 (design.md §7), 17, 24, 25 and 35, and the module expected to
 # measure each.
 TARGETS: tuple[tuple[str, str, str], ...] = (
     ("`current_call_id()` vs bare `ContextVar.get()`", "≤ 2×", "attribution"),
@@ -108,6 +108,12 @@ TARGETS: tuple[tuple[str, str, str], ...] = (
         "≥ 0.95×, ≤ 1.05×, ≤ 1.05×",
         "backpressure",
     ),
+    (
+        "stop_call → stopped terminal at the browser p99 (issue 35), loopback / via Redis",
+        "≤ 100 ms / ≤ 250 ms",
+        "stop",
+    ),
+    ("live path throughput, stopping a call on vs off", "≥ 0.95× (within 5 %)", "stop"),
 )
 
 VERSIONED = (

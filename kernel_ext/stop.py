@@ -62,6 +62,7 @@ __all__ = [
     "REFUSED",
     "SO_FAR_MAX",
     "STOPPED_MESSAGE",
+    "STOPPED_RESULT_LEAD",
     "STOPPING",
     "UNKNOWN",
     "StopAnswer",
@@ -84,6 +85,10 @@ SO_FAR_MAX: Final = 4000
 
 STOPPED_MESSAGE: Final = "stopped by the user"
 """The ``payload.message`` summary of a stopped call's ``aborted`` block."""
+
+STOPPED_RESULT_LEAD: Final = "The user stopped this tool call before it finished."
+"""How every :func:`stopped_result` begins: what a model (or a scripted one) reads as "this
+call was stopped"."""
 
 _CALL_ID = re.compile(r"[0-9a-f]{16}")
 _log = logging.getLogger("kernel_ext.stop")
@@ -205,7 +210,7 @@ def stopped_result(so_far: object = None) -> str:
     """The tool result a stopped call returns to the model: it says the user stopped the
     call, with what the call had said so far when that is a non-empty string (at most
     :data:`SO_FAR_MAX` characters, cut with the protocol's truncation marker)."""
-    text = "The user stopped this tool call before it finished."
+    text = STOPPED_RESULT_LEAD
     if isinstance(so_far, str) and so_far.strip():
         from kernel_ext.protocol import TRUNCATION_MARKER, well_formed
 

@@ -8,6 +8,9 @@ snapshots, and the per-conversation turn-taking.
 * :func:`with_tool_snapshots` plays the kernel's part around one tool call: the
   ``chat_event`` snapshot (scene ``tool``, status ``calling``) before the tool's code runs,
   so before any block of the call, and ``finished`` with ``toolReturn`` after.
+* :func:`scripted_answer` is what both kernels' scripted models write once their calls
+  returned: each colleague's answer, and which colleague the person stopped (a stopped
+  call's result begins with :data:`kernel_ext.stop.STOPPED_RESULT_LEAD`).
 * :class:`ConversationAgent` answers user messages one conversation at a time; a kernel's
   agent (:class:`kernel_ext.demo.worker.DemoAgent`, pydantic-ai;
   :class:`kernel_ext.demo.graph_agent.GraphAgent`, LangGraph) supplies
@@ -31,6 +34,7 @@ from kernel_ext.a2a import ask_colleague as ask_colleague_over_a2a
 from kernel_ext.context import current_tool_call
 from kernel_ext.demo.script import DEFAULT_LANG, LANG_KEY, MAX_CONVERSATIONS, Wording, wording
 from kernel_ext.errors import ColleagueError
+from kernel_ext.stop import STOPPED_RESULT_LEAD, stopped_result
 from kernel_ext.stream import StreamHub, get_default_hub
 
 __all__ = [
@@ -40,6 +44,7 @@ __all__ = [
     "ConversationAgent",
     "ask",
     "message_event",
+    "scripted_answer",
     "with_tool_snapshots",
 ]
 
@@ -93,6 +98,22 @@ async def ask(context: AskContext, colleague: str, question: str) -> str:
     return f"{title}{words.colon}{answer}"
 
 
+def scripted_answer(words: Wording, results: Sequence[tuple[str | None, str]]) -> str:
+    """The scripted models' answer in ``words``' language to tool results ``results``:
+    pairs of the colleague a call asked (its key; ``None`` when unknown) and what the call
+    returned. A result that says the user stopped the call
+    (:data:`~kernel_ext.stop.STOPPED_RESULT_LEAD`) is left out of the answer, which says
+    instead that that colleague was stopped (:meth:`Wording.answer`)."""
+    returns: list[str] = []
+    stopped: list[str] = []
+    for key, text in results:
+        if text.startswith(STOPPED_RESULT_LEAD):
+            stopped.append(words.title(key) if key is not None else "?")
+        else:
+            returns.append(text)
+    return words.answer(returns, stopped)
+
+
 async def with_tool_snapshots(
     hub: StreamHub,
     tool_id: str,
@@ -102,9 +123,10 @@ async def with_tool_snapshots(
 ) -> T:
     """Run ``run()``, the active tool call's code, between its ``chat_event`` snapshots:
     ``calling`` before, ``finished`` with ``toolReturn`` (the result's ``str``, or
-    ``error: …``) after. Without an active tool call in a conversation (no span), ``run()``
-    runs without snapshots. Exceptions propagate unchanged, after the ``finished``
-    snapshot."""
+    ``error: …``; for a call the user stopped, the stopped result,
+    :func:`kernel_ext.stop.stopped_result`) after. Without an active tool call in a
+    conversation (no span), ``run()`` runs without snapshots. Exceptions (and the stop's
+    cancellation) propagate unchanged, after the ``finished`` snapshot."""
     active = current_tool_call()
     if active is None or active.conversation_id is None:
         return await run()
@@ -124,6 +146,13 @@ async def with_tool_snapshots(
     hub.publish_chat_event(event, conversation_id=room)
     try:
         result = await run()
+    except asyncio.CancelledError:
+        if active.stop_requested:  # the stop's: the kernel's tool result says stopped
+            finished = {**event, "status": "finished"}
+            returned = stopped_result(active.life.so_far)
+            finished["content"] = {**event["content"], "toolReturn": returned}
+            hub.publish_chat_event(finished, conversation_id=room)
+        raise
     except Exception as exc:
         finished = {**event, "status": "finished"}
         finished["content"] = {**event["content"], "toolReturn": f"error: {exc}"}

@@ -12,7 +12,8 @@ LangGraph graph and instrumented through
   model's twin: for a user message, one ``ask_colleague`` tool call per colleague the
   message names (:func:`kernel_ext.demo.script.colleagues_for`), all in one ``AIMessage``,
   so ``ToolNode`` runs them concurrently; once they returned, the answer
-  (:meth:`kernel_ext.demo.script.Wording.answer`).
+  (:func:`kernel_ext.demo.agent.scripted_answer`: a stopped call's colleague is named as
+  stopped).
 * The worker enables kernel_ext with ``targets=langchain_targets()``: each tool call gets its
   ``execute_tool`` span (callId = its id) and the active tool call while the tool runs; the
   tool sends the kernel's ``chat_event`` snapshots around its work
@@ -44,6 +45,7 @@ from kernel_ext.demo.agent import (
     Colleague,
     ConversationAgent,
     ask,
+    scripted_answer,
     with_tool_snapshots,
 )
 from kernel_ext.demo.script import DEFAULT_LANG, LANGS, colleagues_for, wording
@@ -54,6 +56,17 @@ __all__ = ["GraphAgent", "ScriptedChatModel"]
 
 TOOL_NAME = "ask_colleague"
 _LANG = "kx_lang"  # the run's language, in its configurable
+
+
+def _colleagues_asked(messages: Sequence[BaseMessage]) -> dict[str, str]:
+    """The colleague each tool call of the latest ``AIMessage`` asked, by the call's id."""
+    request = next((m for m in reversed(messages) if isinstance(m, AIMessage)), None)
+    asked: dict[str, str] = {}
+    for call in request.tool_calls if request is not None else []:
+        colleague = call["args"].get("colleague")
+        if isinstance(colleague, str) and call["id"]:
+            asked[call["id"]] = colleague
+    return asked
 
 
 class ScriptedChatModel(BaseChatModel):
@@ -68,13 +81,15 @@ class ScriptedChatModel(BaseChatModel):
         return "kernel-ext-demo-scripted"
 
     def _reply(self, messages: Sequence[BaseMessage]) -> AIMessage:
-        returns: list[str] = []
+        returns: list[ToolMessage] = []
         for message in reversed(messages):
             if not isinstance(message, ToolMessage):
                 break
-            returns.insert(0, message.text)
+            returns.insert(0, message)
         if returns:
-            return AIMessage(content=wording(self.lang).answer(returns))
+            asked = _colleagues_asked(messages)
+            results = [(asked.get(m.tool_call_id), m.text) for m in returns]
+            return AIMessage(content=scripted_answer(wording(self.lang), results))
         prompt = next((m.text for m in reversed(messages) if isinstance(m, HumanMessage)), "")
         return AIMessage(
             content="",

@@ -106,6 +106,7 @@ class Wording:
     colon: str
     answer_one: str
     answer_many: str
+    stopped_one: str
     no_such_colleague: str
     could_not_answer: str
     failed: str
@@ -115,11 +116,17 @@ class Wording:
         """The colleague ``key``'s name in this language (the key itself if unknown)."""
         return self.titles.get(key, key)
 
-    def answer(self, returns: Sequence[str]) -> str:
-        """The scripted model's answer once its tool calls returned ``returns``: an intro
-        (one colleague or several), then each return on its own line."""
-        intro = self.answer_many if len(returns) > 1 else self.answer_one
-        return "\n".join([intro, *returns])
+    def answer(self, returns: Sequence[str], stopped: Sequence[str] = ()) -> str:
+        """The scripted model's answer once its tool calls returned ``returns`` and the
+        person stopped the calls to the colleagues named ``stopped``: an intro (one
+        colleague or several) and each return on its own line (no intro when every call
+        was stopped), then a line for each stopped colleague saying the answer goes
+        without it."""
+        lines: list[str] = []
+        if returns or not stopped:
+            lines += [self.answer_many if len(returns) > 1 else self.answer_one, *returns]
+        lines += [self.stopped_one.format(title=title) for title in stopped]
+        return "\n".join(lines)
 
 
 WORDING: dict[str, Wording] = {
@@ -135,6 +142,7 @@ WORDING: dict[str, Wording] = {
         colon="：",
         answer_one="同事的答复：",
         answer_many="两位同事的答复：",
+        stopped_one="你在{title}回答之前停止了它，所以这个答复没有它的信息。",
         no_such_colleague="没有名为 {key} 的同事。",
         could_not_answer="{title}无法回答：{error}",
         failed="抱歉，智能体出错了：{error}",
@@ -171,6 +179,7 @@ WORDING: dict[str, Wording] = {
         colon=": ",
         answer_one="Here is what my colleague said:",
         answer_many="Here is what my colleagues said:",
+        stopped_one="You stopped {title} before it answered, so this answer goes without it.",
         no_such_colleague="There is no colleague called {key}.",
         could_not_answer="{title} could not answer: {error}",
         failed="Sorry, the agent failed: {error}",

@@ -62,6 +62,7 @@ from kernel_ext.demo.agent import (
     ConversationAgent,
     ask,
     message_event,
+    scripted_answer,
     with_tool_snapshots,
 )
 from kernel_ext.demo.script import (
@@ -112,7 +113,8 @@ def scripted_model(lang: str = DEFAULT_LANG) -> ModelFunction:
 
     For the latest user prompt it returns one ``ask_colleague`` call per colleague the
     prompt names (several calls in one response run concurrently); once the calls have
-    returned, a text answer quoting each colleague.
+    returned, a text answer quoting each colleague and saying which one the user stopped
+    (:func:`~kernel_ext.demo.agent.scripted_answer`).
     """
     words = wording(lang)
 
@@ -121,7 +123,9 @@ def scripted_model(lang: str = DEFAULT_LANG) -> ModelFunction:
         parts = last.parts if isinstance(last, ModelRequest) else []
         returns = [part for part in parts if isinstance(part, ToolReturnPart)]
         if returns:
-            return ModelResponse(parts=[TextPart(words.answer([str(p.content) for p in returns]))])
+            asked = _colleagues_asked(messages)
+            results = [(asked.get(part.tool_call_id), str(part.content)) for part in returns]
+            return ModelResponse(parts=[TextPart(scripted_answer(words, results))])
         prompt = next(
             (part.content for part in reversed(parts) if isinstance(part, UserPromptPart)), ""
         )
@@ -134,6 +138,19 @@ def scripted_model(lang: str = DEFAULT_LANG) -> ModelFunction:
         )
 
     return model
+
+
+def _colleagues_asked(messages: list[ModelMessage]) -> dict[str, str]:
+    """The colleague each ``ask_colleague`` call of the latest model response asked, by
+    the call's ``tool_call_id``."""
+    response = next((m for m in reversed(messages) if isinstance(m, ModelResponse)), None)
+    asked: dict[str, str] = {}
+    for part in response.parts if response is not None else []:
+        if isinstance(part, ToolCallPart):
+            colleague = part.args_as_dict().get("colleague")
+            if isinstance(colleague, str):
+                asked[part.tool_call_id] = colleague
+    return asked
 
 
 # -- the kernel's tool-event snapshots ---------------------------------------------------

@@ -9,6 +9,7 @@ skip without them.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -199,3 +200,142 @@ async def test_the_agent_remembers_the_last_64_conversations(kernel: str) -> Non
     assert remembered("demo-0") == 0  # the 65th: the least recently answered is forgotten
     assert remembered("demo-1") == 1
     assert remembered(f"demo-{MAX_CONVERSATIONS}") == 1
+
+
+@pytest.mark.network
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("lang", ["zh", "en"])
+@pytest.mark.parametrize("kernel", KERNELS)
+async def test_a_colleague_stopped_from_its_pane_is_named_and_the_answer_uses_the_other(
+    kernel: str, lang: str
+) -> None:
+    """Issue 35, point 5: the carrier's call is stopped (``kernel_ext.stop_call``, as the
+    relay's ``kx_stop`` calls it) while it works; its task ends ``canceled`` at its a2a-sdk
+    server, its pane with one stopped ``aborted`` block and its snapshot's ``toolReturn``
+    with the stopped result; the orders desk's call goes on to ``done``, and the agent's
+    answer quotes the orders desk and says the carrier was stopped."""
+    _kernel(kernel)
+    from a2a.client import create_client
+    from a2a.types import GetTaskRequest, TaskState
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from kernel_ext import stop_call
+    from kernel_ext.demo.agent import ConversationAgent
+    from kernel_ext.demo.colleague_server import CARRIER, ORDERS_DESK, demo_peer
+    from kernel_ext.demo.script import COLLEAGUES
+    from kernel_ext.demo.worker import Colleague, DemoAgent
+    from kernel_ext.stop import STOPPED_RESULT_LEAD
+    from kernel_ext.testing import MemoryEmitter
+    from kernel_ext.worker.wiring import adisable, enable
+
+    words = wording(lang)
+    ports = {spec.key: free_port() for spec in COLLEAGUES}
+    # The carrier takes minutes a step: it is still at work when it is stopped.
+    beats = {"orders": 0.02, "carrier": 60.0}
+    peers = {
+        spec.key: demo_peer(
+            f"http://127.0.0.1:{ports[spec.key]}/", name=spec.title, beat=beats[spec.key]
+        )
+        for spec in COLLEAGUES
+    }
+    colleagues = [
+        Colleague(spec.key, words.title(spec.key), peers[spec.key].url, spec.script)
+        for spec in COLLEAGUES
+    ]
+    provider = TracerProvider()
+    emitter = MemoryEmitter()
+    agent: ConversationAgent
+    if kernel == "langgraph":
+        from kernel_ext.demo.graph_agent import GraphAgent
+        from kernel_ext.integrations.langchain import langchain_targets
+
+        wired = enable(emitter=emitter, tracer_provider=provider, targets=langchain_targets())
+        agent = GraphAgent(colleagues, hub=wired.hub, timeout=60)
+    else:
+        wired = enable(emitter=emitter, tracer_provider=provider)
+        agent = DemoAgent(colleagues, provider, hub=wired.hub, timeout=60)
+
+    def carrier_call() -> str | None:
+        for _, event in emitter.chat_events:
+            call = event.get("content", {}).get("toolCall")
+            if call and call["functionCall"]["arguments"]["colleague"] == "carrier":
+                return str(event["eventId"])
+        return None
+
+    try:
+        async with (
+            serve_asgi(peers["orders"].app, ports["orders"]),
+            serve_asgi(peers["carrier"].app, ports["carrier"]),
+        ):
+            await emitter.start()
+            answering = asyncio.ensure_future(agent.answer("demo-room", words.questions[0], lang))
+            records = await emitter.wait_for(
+                lambda records: any(b["callId"] == carrier_call() for _, b in records), 30
+            )
+            call_id = carrier_call()
+            assert call_id is not None
+            task_id = next(b["taskId"] for _, b in records if b["callId"] == call_id)
+            assert stop_call(call_id) == "stopping"
+            answer = await asyncio.wait_for(answering, 60)
+            assert await emitter.flush(5)
+            client = await create_client(peers["carrier"].url)
+            try:
+                task = await client.get_task(GetTaskRequest(id=task_id))
+            finally:
+                await client.close()
+    finally:
+        await adisable()
+        for peer in peers.values():
+            await peer.aclose()
+        provider.shutdown()
+
+    assert task.status.state == TaskState.TASK_STATE_CANCELED
+    carrier_terminals = [b for b in emitter.terminals() if b["callId"] == call_id]
+    assert [(b["state"], b["envelope"]["payload"].get("stopped")) for b in carrier_terminals] == [
+        ("aborted", True)
+    ]
+    orders_terminals = [b for b in emitter.terminals() if b["callId"] != call_id]
+    assert [b["state"] for b in orders_terminals] == ["done"]
+    finished = [
+        e
+        for _, e in emitter.chat_events
+        if e.get("eventId") == call_id and e["status"] == "finished"
+    ]
+    assert len(finished) == 1
+    said_so_far = CARRIER[lang].steps[0].text
+    assert finished[0]["content"]["toolReturn"].startswith(STOPPED_RESULT_LEAD)
+    assert said_so_far in finished[0]["content"]["toolReturn"]
+    assert answer == "\n".join(
+        [
+            words.answer_one,
+            f"{words.title('orders')}{words.colon}{ORDERS_DESK[lang].answer}",
+            words.stopped_one.format(title=words.title("carrier")),
+        ]
+    )
+
+
+@pytest.mark.parametrize("lang", ["zh", "en"])
+def test_the_scripted_answer_leaves_a_stopped_result_out_and_names_its_colleague(
+    lang: str,
+) -> None:
+    from kernel_ext.demo.agent import scripted_answer
+    from kernel_ext.stop import stopped_result
+
+    words = wording(lang)
+    orders = f"{words.title('orders')}{words.colon}on its way"
+    stopped = stopped_result("the carrier had looked it up")
+    line = words.stopped_one.format
+    # One answered, one stopped: the answer quotes the one and names the other.
+    assert scripted_answer(words, [("orders", orders), ("carrier", stopped)]) == "\n".join(
+        [words.answer_one, orders, line(title=words.title("carrier"))]
+    )
+    # Every call stopped: no intro, a line for each, in order.
+    assert scripted_answer(words, [("carrier", stopped), ("orders", stopped_result())]) == (
+        "\n".join([line(title=words.title("carrier")), line(title=words.title("orders"))])
+    )
+    # None stopped: as before the stop existed.
+    assert scripted_answer(words, [("orders", orders), ("carrier", "x")]) == "\n".join(
+        [words.answer_many, orders, "x"]
+    )
+    # A call whose colleague is unknown is named by what is known of it.
+    assert scripted_answer(words, [(None, stopped)]) == line(title="?")

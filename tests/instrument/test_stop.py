@@ -28,6 +28,7 @@ from kernel_ext.instrument import ToolRuntimeInstrumentor, ToolTarget, tool_call
 from kernel_ext.stop import (
     SO_FAR_MAX,
     STOPPED_MESSAGE,
+    STOPPED_RESULT_LEAD,
     record_so_far,
     stop_counts,
     stopped_result,
@@ -347,6 +348,14 @@ def test_the_stopped_result_carries_at_most_so_far_max_characters_of_what_was_sa
     text = stopped_result(long)
     assert text.endswith("x" * SO_FAR_MAX + "…[truncated 10 chars]")
     assert "\ud800" not in stopped_result("a \ud800 b")  # well-formed for the model's API
+
+
+@pytest.mark.parametrize("so_far", [None, "", "   ", "said", "x" * (SO_FAR_MAX + 1), 7])
+def test_every_stopped_result_begins_with_the_lead_sentence(so_far: object) -> None:
+    text = stopped_result(so_far)
+    assert text.startswith(STOPPED_RESULT_LEAD)
+    assert STOPPED_RESULT_LEAD.endswith(".")
+    assert text[len(STOPPED_RESULT_LEAD)] == " "  # a sentence of its own
 
 
 def test_record_so_far_outside_a_call_is_a_no_op() -> None:

@@ -21,7 +21,9 @@
 //   the renderer's pane for its callId (kernel_ext/web/renderer.js), fed by the same socket.
 // * The box sends `user_message` {conversationId, text}; the web process forwards it to the
 //   agent. Each running call's pane has a stop button (renderer.js's `stop` option): one
-//   click sends one `stop_call` {v: 1, room, callId}. Nothing else can be sent from here but
+//   click sends one `stop_call` {v: 1, room, callId}; the node of a call so stopped reads
+//   "stopped" (data-outcome="stopped"), and the agent answers with the other calls' results,
+//   saying which colleague was stopped. Nothing else can be sent from here but
 //   join_conversation.
 // * All data goes into the page through textContent and attribute values; never as markup.
 import { LABELS, PaneStore, attachSocket, ensureStyles, labelsFor, mountPane, stopSender } from "/renderer.js";
@@ -192,8 +194,13 @@ function addToolNode(callId, content) {
   const update = () => {
     const current = store.pane(callId);
     const status = current ? current.status : "calling";
+    // An ended call the person stopped reads "stopped" (已停止), not "ended": its last terminal says so.
+    const stopped = status === "ended" && current.final !== null && current.final.from === "stopped";
     item.dataset.status = status;
-    state.textContent = { calling: labels.calling, streaming: labels.streaming, ended: labels.ended, no_details: labels.noDetails }[status];
+    item.dataset.outcome = stopped ? "stopped" : "";
+    state.textContent = stopped
+      ? labels.stopped
+      : { calling: labels.calling, streaming: labels.streaming, ended: labels.ended, no_details: labels.noDetails }[status];
   };
   const unsubscribe = store.subscribe((applied) => applied.callId === callId && update());
   update();
