@@ -18,9 +18,9 @@ Each is probed and documented here, so a release that renames one shows up in on
   connection's outgoing packets (made by its server's ``create_queue``, read as the socket's
   ``queue``) counted in packets and bytes (:class:`MeteredQueue`), and let go of when the
   connection closes (:func:`release_closed`, :func:`close_connection`); its ``send_packet``;
-* :func:`message_packet`, :func:`encode_event`: python-engineio's ``Packet`` of a
-  ``MESSAGE`` and python-socketio's ``EVENT`` packet as its server's ``packet_class`` encodes
-  it (what ``AsyncManager.emit`` queues to each connection);
+* :func:`packet_makers`: python-engineio's ``Packet`` of a ``MESSAGE`` and python-socketio's
+  ``EVENT`` packet as its server's ``packet_class`` encodes it (what ``AsyncManager.emit``
+  queues to each connection);
 * :func:`close_failing_socket`: python-engineio's ``AsyncSocket`` whose handler raised,
   closed and dropped from its server's ``sockets``, as the handler would have;
 * :func:`namespace_handler`: python-socketio's server's registry of namespace handlers
@@ -54,11 +54,10 @@ __all__ = [
     "close_failing_socket",
     "connect_redis",
     "connection_queue",
-    "encode_event",
     "end_connection",
-    "message_packet",
     "meter_queues",
     "namespace_handler",
+    "packet_makers",
     "publish_pipeline_supported",
     "publish_result_supported",
     "queued",
@@ -497,22 +496,24 @@ def namespace_handler(server: Any, namespace: str) -> Any:
     return handlers.get(namespace)
 
 
-def message_packet(text: str | bytes) -> Any:
-    """python-engineio's ``MESSAGE`` packet of ``text`` (an encoded Socket.IO packet, or one
-    of its binary attachments), as ``AsyncManager.emit`` queues it."""
+def packet_makers() -> tuple[
+    Callable[[str | bytes], Any], Callable[[Any, str, list[Any]], str | list[Any]]
+]:
+    """What ``AsyncManager.emit`` queues to each connection, as two makers (taken once, at
+    import, by the relay's sends): python-engineio's ``MESSAGE`` packet of a text (an
+    encoded Socket.IO packet, or one of its binary attachments), and python-socketio's
+    ``EVENT`` packet of ``data`` (``[event, *args]``) in a namespace, encoded by a server's
+    packet class (a str, or a list: the text, then binary attachments)."""
     from engineio.packet import MESSAGE, Packet
-
-    return Packet(MESSAGE, text)
-
-
-def encode_event(server: Any, namespace: str, data: list[Any]) -> str | list[Any]:
-    """python-socketio's ``EVENT`` packet of ``data`` (``[event, *args]``) in ``namespace``,
-    encoded by ``server``'s packet class: a str, or a list (the text, then binary
-    attachments)."""
     from socketio.packet import EVENT
 
-    encoded: str | list[Any] = server.packet_class(EVENT, namespace=namespace, data=data).encode()
-    return encoded
+    def encode_event(server: Any, namespace: str, data: list[Any]) -> str | list[Any]:
+        encoded: str | list[Any] = server.packet_class(
+            EVENT, namespace=namespace, data=data
+        ).encode()
+        return encoded
+
+    return functools.partial(Packet, MESSAGE), encode_event
 
 
 async def close_failing_socket(frames: Sequence[FrameType]) -> None:

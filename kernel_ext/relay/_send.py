@@ -26,6 +26,7 @@ from kernel_ext._shared import compat as _compat
 __all__ = ["event_text", "local_sends", "send_local"]
 
 _MARK = "kx-block-goes-here"
+_message_packet, _encode_event = _compat.packet_makers()
 
 
 def local_sends(manager: Any) -> bool:
@@ -56,15 +57,15 @@ async def send_local(
         return 0
     # As emit: a tuple is several arguments, None none.
     args = list(data) if isinstance(data, tuple) else [] if data is None else [data]
-    encoded = _compat.encode_event(server, namespace, [event, *args])
+    encoded = _encode_event(server, namespace, [event, *args])
     eio = server.eio
     send = _compat.send_packet
     if not isinstance(encoded, list):
-        packet = _compat.message_packet(encoded)
+        packet = _message_packet(encoded)
         for eio_sid in targets:
             await send(eio, eio_sid, packet)
         return len(targets)
-    packets = [_compat.message_packet(part) for part in encoded]  # binary attachments
+    packets = [_message_packet(part) for part in encoded]  # binary attachments
     for eio_sid in targets:
         for packet in packets:
             await send(eio, eio_sid, packet)
@@ -75,7 +76,7 @@ def event_text(server: Any, namespace: str, event: str) -> Callable[[bytes], str
     """A maker of the text of the Socket.IO packet of ``event`` in ``namespace`` with one
     argument, given as its compact JSON (UTF-8): what the server's packet class encodes for
     ``emit(event, data)``, made without parsing or encoding ``data`` again."""
-    template = _compat.encode_event(server, namespace, [event, _MARK])
+    template = _encode_event(server, namespace, [event, _MARK])
     assert isinstance(template, str), template  # no binary attachment
     head, tail = template.split(server.packet_class.json.dumps(_MARK), 1)
 
@@ -84,7 +85,7 @@ def event_text(server: Any, namespace: str, event: str) -> Callable[[bytes], str
             return head + data.decode("ascii") + tail
         # As emit encodes it (non-ASCII escaped: a lone surrogate cannot be sent raw).
         block = json.loads(data.decode("utf-8", "surrogatepass"))
-        encoded = _compat.encode_event(server, namespace, [event, block])
+        encoded = _encode_event(server, namespace, [event, block])
         assert isinstance(encoded, str), encoded  # no binary attachment
         return encoded
 

@@ -522,10 +522,11 @@ def test_python_socketio_packets_encode_with_their_class_json_module() -> None:
 
 def test_an_emit_is_an_engineio_message_of_the_servers_encoded_event_packet() -> None:
     """What ``AsyncManager.emit`` queues to each connection, made as the relay's own sends
-    make it (:func:`compat.encode_event`, :func:`compat.message_packet`): the server's packet
-    class encodes the event, python-engineio wraps it as a ``MESSAGE`` (``4``)."""
+    make it (:func:`compat.packet_makers`): the server's packet class encodes the event,
+    python-engineio wraps it as a ``MESSAGE`` (``4``)."""
+    message_packet, encode_event = compat.packet_makers()
     server = socketio.AsyncServer(async_mode="asgi")
-    encoded = compat.encode_event(server, "/chat", ["tool_event_stream", {"a": "中"}])
+    encoded = encode_event(server, "/chat", ["tool_event_stream", {"a": "中"}])
     assert (
         encoded
         == server.packet_class(
@@ -534,11 +535,11 @@ def test_an_emit_is_an_engineio_message_of_the_servers_encoded_event_packet() ->
     )
     assert isinstance(encoded, str)
     assert encoded.startswith('2/chat,["tool_event_stream",')
-    packet = compat.message_packet(encoded)
+    packet = message_packet(encoded)
     assert packet.encode() == "4" + encoded
-    assert compat.message_packet(b"\x00\x01").encode() == b"\x00\x01"
+    assert message_packet(b"\x00\x01").encode() == b"\x00\x01"
     # binary attachments: a list, the text first
-    parts = compat.encode_event(server, "/chat", ["ev", b"\x00"])
+    parts = encode_event(server, "/chat", ["ev", b"\x00"])
     assert isinstance(parts, list)
     assert parts[0].startswith("51-/chat,")
     assert parts[1] == b"\x00"
