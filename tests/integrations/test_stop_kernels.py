@@ -10,12 +10,12 @@ from __future__ import annotations
 
 from support.network import need_module
 
-need_module("pydantic_ai", "pip install pydantic-ai-slim")
 need_module("langgraph", "pip install langgraph")
 need_module("agents", "pip install openai-agents")
 
 import asyncio
 import json
+import sys
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -106,9 +106,11 @@ async def stopped_pane(emitter: MemoryEmitter, call_id: str) -> dict[str, Any]:
 STOPPED = {"message": "stopped by the user", "stopped": True}
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="pydantic-ai needs Python 3.11+")
 async def test_pydantic_ai_model_gets_the_stopped_result_and_the_other_answer(
     emitter: MemoryEmitter, provider: TracerProvider
 ) -> None:
+    need_module("pydantic_ai", "pip install pydantic-ai-slim")
     from pydantic_ai import Agent
     from pydantic_ai.messages import (
         ModelMessage,
