@@ -23,22 +23,21 @@ clients in this process.
   (``RedisEmitter``: it is connected to no web process), the browsers alternately on either;
   the path is browser → relay → the worker's stop channel on Redis → the worker → its
   terminal published on Redis → every web process → browser.
-* **The live path, the feature on vs off** (target: within 5 %). What the feature adds to
-  the path of blocks, honestly counted: nothing per block in the relay (its ``stop_call``
-  handler runs only when a browser asks; the open streams' owners it looks up were tracked
-  before, for gone workers) and nothing per block in the worker (its ``kx_stop`` handler is
-  one Socket.IO handler, called only when asked); per *call*, the worker registers each
-  wrapped call by its callId at its start and removes it at its end (``kernel_ext.stop``'s
-  registry), and an async call records its task. So *off* is the same worker with that
-  registry's ``register`` / ``unregister`` replaced by no-ops, in the same process and on
-  the same connection; *on* is as shipped. A burst of ``BURST_CALLS`` concurrent wrapped
-  calls of ``BURST_BLOCKS`` running blocks each, through one web process to one browser,
-  timed from the command to the browser's last terminal (every block checked delivered);
-  ``ROUNDS`` rounds, on and off alternating (the first of each pair swapped every round),
-  after a warm-up of each; the figure is the median over the rounds of the ratio of on's
-  blocks per second to off's. With it, for information, the same ratio of the CPU time the
-  worker and the web process spent per delivered block: on a machine shared with other
-  work the wall clock of a burst moves with that work, their CPU time much less.
+* **The live path, the feature on vs off** (target: within 5 %). What the feature adds to the path
+  of blocks, honestly counted: nothing per block in the relay (its ``stop_call`` handler runs only
+  when a browser asks; the open streams' owners it looks up were tracked before, for gone workers)
+  and nothing per block in the worker (its ``kx_stop`` handler is one Socket.IO handler, called only
+  when asked); per *call*, the worker registers each wrapped call by its callId at its start and
+  removes it at its end (``kernel_ext.stop``'s registry), and an async call records its task. So
+  *off* is the same worker with that registry's ``register`` / ``note_end`` / ``take_running``
+  replaced by no-ops, in the same process and on the same connection; *on* is as shipped. A burst of
+  ``BURST_CALLS`` concurrent wrapped calls of ``BURST_BLOCKS`` running blocks each, through one web
+  process to one browser, timed from the command to the browser's last terminal (every block checked
+  delivered); ``ROUNDS`` rounds, on and off alternating (the first of each pair swapped every
+  round), after a warm-up of each; the figure is the median over the rounds of the ratio of on's
+  blocks per second to off's. With it, for information, the same ratio of the CPU time the worker
+  and the web process spent per delivered block: on a machine shared with other work the wall clock
+  of a burst moves with that work, their CPU time much less.
 
 Nothing is tuned to pass: the figures are printed as measured.
 """
@@ -122,8 +121,8 @@ async def role_worker(url: str | None, redis_url: str | None) -> None:
         emitter = LoopbackEmitter(url, SECRET, hub=hub)
     await emitter.start()
     provider = TracerProvider()
-    shipped = (runtime.register, runtime.unregister)
-    no_ops = (lambda call_id, life: None, lambda call_id: False)
+    shipped = (runtime.register, runtime.note_end, runtime.take_running)
+    no_ops = (lambda call_id, life: None, lambda call_id: None, lambda call_id, default: True)
     open_calls: list[asyncio.Task[Any]] = []
     print("READY", flush=True)
 
@@ -155,10 +154,12 @@ async def role_worker(url: str | None, redis_url: str | None) -> None:
             print("OPENED " + json.dumps({"calls": ids, "flushed": flushed}), flush=True)
         elif words[0] == "BURST":
             setting, room, calls, blocks = words[1], words[2], int(words[3]), int(words[4])
-            runtime.register, runtime.unregister = shipped if setting == "on" else no_ops  # type: ignore[assignment]
+            runtime.register, runtime.note_end, runtime.take_running = (  # type: ignore[assignment]
+                shipped if setting == "on" else no_ops
+            )
             ids = []
             results = await asyncio.gather(*(call(room, blocks, False, ids) for _ in range(calls)))
-            runtime.register, runtime.unregister = shipped  # type: ignore[assignment]
+            runtime.register, runtime.note_end, runtime.take_running = shipped  # type: ignore[assignment]
             flushed = await emitter.flush(PROCESS_TIMEOUT / 2)
             done = sum(1 for r in results if r == "done")
             print("BURST " + json.dumps({"done": done, "flushed": flushed}), flush=True)

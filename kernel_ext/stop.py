@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from collections import deque
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 from kernel_ext.context import CallLife, current_tool_call
@@ -76,8 +77,8 @@ StopAnswer = Literal["stopping", "already_ended", "unknown", "refused"]
 """What :func:`stop_call` answers (module docstring)."""
 
 RECENT_ENDS: Final = 512
-"""How many ended calls the process remembers at least (at most twice as many), to answer
-``already_ended`` to a stop that arrives just after the call's end."""
+"""How many ended calls the process remembers (the last ones), to answer ``already_ended``
+to a stop that arrives just after the call's end."""
 
 SO_FAR_MAX: Final = 4000
 """The most characters of what a stopped call had said so far that its result carries
@@ -96,9 +97,11 @@ _rare = RareLog(_log)
 
 # call id -> life, of the calls running now (written by the instrumented runtime).
 _running: dict[str, CallLife] = {}
-# call id -> the answer a later stop gets, of the last RECENT_ENDS ended (or stopping) calls.
-_recent: dict[str, StopAnswer] = {}
-_older: dict[str, StopAnswer] = {}  # the generation before _recent (unregister)
+# The call ids of the last RECENT_ENDS ended calls (the runtime's end, in C: deque.append).
+_ended: deque[str] = deque(maxlen=RECENT_ENDS)
+# call id -> life, of the calls whose stop won, oldest first (at most RECENT_ENDS; written
+# under _lock): a second stop before the call's end is told ``stopping`` again.
+_stopped: dict[str, CallLife] = {}
 _lock = threading.Lock()  # stops only: the runtime's path takes no lock
 _counts: dict[str, int] = {}
 
@@ -108,35 +111,26 @@ def _forget_in_child() -> None:
     the child gets for one is ``unknown``. A fresh lock: the parent's may have been held."""
     global _lock
     _running.clear()
-    _recent.clear()
-    _older.clear()
+    _ended.clear()
+    _stopped.clear()
     _lock = threading.Lock()
 
 
 _fork.call_in_child(_forget_in_child)
 
+# The instrumented runtime's two steps, each the C method of a builtin container (no Python
+# frame on the hot path of every wrapped call):
 register = _running.__setitem__
-"""The instrumented runtime: ``register(call_id, life)``, the call has begun (the dict's own
-bound method: a C call on every wrapped call's path)."""
+"""``register(call_id, life)``: the call has begun."""
 
+note_end = _ended.append
+"""``note_end(call_id)``: the call is ending; then :data:`take_running`."""
 
-def unregister(call_id: str) -> bool:
-    """The instrumented runtime: the call has ended. Returns whether a stop won first (the
-    call then ends stopped). The atomic ``dict.pop`` decides against a concurrent stop. The
-    ended call is remembered in two generations of :data:`RECENT_ENDS`: when the newer is
-    full it becomes the older and the older is dropped (constant work per call)."""
-    global _recent, _older
-    recent = _recent
-    recent[call_id] = ALREADY_ENDED
-    stopped = _running.pop(call_id, None) is None
-    if len(recent) >= RECENT_ENDS:
-        _recent, _older = {}, recent
-    return stopped
-
-
-def watch_task(life: CallLife, task: asyncio.Task[Any] | None) -> None:
-    """An async runtime: ``task`` runs the call's code; a stop cancels it."""
-    life.task = task
+take_running = _running.pop
+"""``take_running(call_id, None) is None``: after :data:`note_end`, whether a stop won
+first (the call then ends stopped). The atomic ``dict.pop`` decides against a concurrent
+stop; as the end is noted before, a stop that finds the call no longer running always
+finds it ended (``already_ended``), never ``unknown``."""
 
 
 def stop_call(call_id: object, *, reason: object = None) -> StopAnswer:
@@ -161,9 +155,14 @@ def _stop(call_id: object) -> StopAnswer:
     with _lock:
         life = _running.pop(call_id, None)
         if life is None:
-            return _recent.get(call_id) or _older.get(call_id, UNKNOWN)
+            if call_id in _ended:
+                return ALREADY_ENDED
+            stopped = _stopped.get(call_id)
+            return STOPPING if stopped is not None and not stopped.ended else UNKNOWN
         life.stop_requested = True
-        _recent[call_id] = STOPPING
+        _stopped[call_id] = life
+        if len(_stopped) > RECENT_ENDS:
+            del _stopped[next(iter(_stopped))]
     task = life.task
     if task is not None:
         task.get_loop().call_soon_threadsafe(_cancel, life, task)

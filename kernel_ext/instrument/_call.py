@@ -79,7 +79,7 @@ from kernel_ext.context import (
 )
 from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.protocol import well_formed
-from kernel_ext.stop import STOPPED_MESSAGE, register, stopped_result, unregister
+from kernel_ext.stop import STOPPED_MESSAGE, note_end, register, stopped_result, take_running
 
 __all__ = [
     "ActiveCall",
@@ -346,10 +346,14 @@ class ActiveCall:
             error = self.error
         span = self.span
         call = self.call
-        # The one step that decides against a concurrent stop (kernel_ext.stop).
-        if call is not None and unregister(call.call_id):
-            self.stopped = True
-            error = None
+        # The step that decides against a concurrent stop (kernel_ext.stop: the end noted,
+        # then the call taken from the running ones: None when a stop took it first).
+        if call is not None:
+            call_id = call.call_id
+            note_end(call_id)
+            if take_running(call_id, None) is None:
+                self.stopped = True
+                error = None
         sink = self.sink_of()
         try:
             if span.is_recording():

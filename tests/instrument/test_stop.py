@@ -461,3 +461,29 @@ def test_a_call_set_by_hand_is_not_on_the_convergence_path_and_cannot_be_stopped
         assert stop_call("00000000000000b2") == "unknown"
         assert call is not None
         assert not call.stop_requested
+
+
+@pytest.mark.parametrize("stopped_first", [False, True], ids=["returned", "stopped"])
+def test_the_last_recent_ends_ended_calls_are_remembered_and_no_more(stopped_first: bool) -> None:
+    """``already_ended`` for a call with at most RECENT_ENDS - 1 calls ended after it (it is
+    among the last RECENT_ENDS), ``unknown`` once RECENT_ENDS calls ended after it."""
+    from kernel_ext.stop import RECENT_ENDS
+
+    provider = TracerProvider()
+
+    def one_call() -> str:
+        with tool_call_scope(ToolDescription("brief", CONV), tracer_provider=provider) as call:
+            assert call is not None
+            return call.call_id
+
+    with tool_call_scope(ToolDescription("first", CONV), tracer_provider=provider) as first:
+        assert first is not None
+        if stopped_first:
+            assert stop_call(first.call_id) == "stopping"
+            assert stop_call(first.call_id) == "stopping"  # still running: said again
+    for _ in range(RECENT_ENDS - 1):
+        one_call()
+    assert stop_call(first.call_id) == "already_ended"
+    one_call()
+    assert stop_call(first.call_id) == "unknown"
+    provider.shutdown()
