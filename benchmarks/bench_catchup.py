@@ -62,7 +62,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -70,6 +69,7 @@ from typing import Any
 import loads
 from bench_stream import SCRIPT as STREAM_SCRIPT
 from bench_stream import SECONDS, THROUGHPUT_N, side_by_side
+from figures import print_figures
 from loads import EVENT, NS, SECRET
 from processes import (
     ask,
@@ -723,11 +723,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kernel_ext").setLevel(logging.ERROR)  # quiet shutdown
         asyncio.run(role_streams_worker(args.port))
         return 0
-    print(f"kernel_ext catch-up benchmarks — Python {sys.version.split()[0]}")
-    for figure in run(quick=args.quick):
-        verdict = "info" if figure["ok"] is None else ("PASS" if figure["ok"] else "MISS")
-        print(f"  {verdict:4}  {figure['name']}: {figure['value']} {figure['unit']}")
-        print(f"        {figure['detail']}")
+    print_figures("catch-up benchmarks", run(quick=args.quick))
     return 0
 
 

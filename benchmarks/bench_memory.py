@@ -40,6 +40,7 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
+from figures import print_figures
 from opentelemetry.sdk.trace import TracerProvider
 
 from kernel_ext import ToolDescription
@@ -334,13 +335,7 @@ def profile_target(name: str) -> Callable[[], object] | None:
 
 def main() -> int:
     quick = "--quick" in sys.argv
-    print(f"kernel_ext memory and flood benchmarks — Python {sys.version.split()[0]}")
-    for figure in run(quick=quick):
-        verdict = "info" if figure["ok"] is None else ("PASS" if figure["ok"] else "MISS")
-        print(
-            f"  {verdict:4}  {figure['name']:<72} {figure['value']}{figure['unit']}  "
-            f"{figure['detail']}"
-        )
+    print_figures("memory and flood benchmarks", run(quick=quick))
     return 0
 
 

@@ -76,6 +76,7 @@ from typing import Any
 
 import peer_openai_agents as agents_sdk
 import peer_pydantic_ai
+from figures import print_figures
 from opentelemetry.sdk.trace import TracerProvider
 
 from kernel_ext import ToolDescription
@@ -482,11 +483,7 @@ def profile_target(name: str) -> Callable[[], object] | None:
 
 def main() -> int:
     quick = "--quick" in sys.argv
-    print(f"kernel_ext vs peers, per event tool → sender — Python {sys.version.split()[0]}")
-    for figure in run(quick=quick):
-        verdict = "info" if figure["ok"] is None else ("PASS" if figure["ok"] else "MISS")
-        value = "" if figure["value"] is None else f"{figure['value']}{figure['unit']}"
-        print(f"  {verdict:4}  {figure['name']:<75} {value:>10}  {figure['detail']}")
+    print_figures("vs peers, per event tool → sender", run(quick=quick))
     return 0
 
 

@@ -62,7 +62,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +71,7 @@ import scale_breadth
 import scale_fanout
 import scale_out
 import scale_workers
+from figures import print_figures
 from scale_report import Pair, Plots, ms, per_block_us, ratio, redis_us, span, us, web_us
 
 QUICK = os.environ.get("KERNEL_EXT_BENCH_QUICK") == "1"
@@ -267,13 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         "--curves", default=",".join(CURVES), help="the curves to measure, comma-separated"
     )
     args = parser.parse_args(argv)
-    print(f"kernel_ext scale benchmarks — Python {sys.version.split()[0]}")
-    for figure in run(quick=args.quick, only=args.curves.split(",")):
-        verdict = "info" if figure["ok"] is None else ("PASS" if figure["ok"] else "MISS")
-        print(
-            f"  {verdict:4}  {figure['name']:<70} {figure['value']}{figure['unit']}  "
-            f"{figure['detail']}"
-        )
+    print_figures("scale benchmarks", run(quick=args.quick, only=args.curves.split(",")))
     print(sections())
     return 0
 

@@ -54,6 +54,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from figures import print_figures
 from loads import EVENT, NS, SECRET
 from processes import (
     RedisServer,
@@ -496,11 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kernel_ext").setLevel(logging.ERROR)  # quiet shutdown
         asyncio.run(role_worker(args.url, args.redis))
         return 0
-    print(f"kernel_ext stop benchmarks — Python {sys.version.split()[0]}")
-    for figure in run(quick=args.quick):
-        verdict = "info" if figure["ok"] is None else ("PASS" if figure["ok"] else "MISS")
-        print(f"  {verdict:4}  {figure['name']}: {figure['value']} {figure['unit']}")
-        print(f"        {figure['detail']}")
+    print_figures("stop benchmarks", run(quick=args.quick))
     return 0
 
 

@@ -34,10 +34,11 @@ async def peer_state(colleague: Colleague, task_id: str) -> int:
     return int(task.status.state)
 
 
-async def test_a_stopped_ask_colleague_cancels_the_colleagues_task(
-    colleague: Colleague, pane: Pane
-) -> None:
-    provider = TracerProvider()
+async def asking(
+    colleague: Colleague, pane: Pane, provider: TracerProvider
+) -> tuple[str, asyncio.Task[str]]:
+    """A wrapped ``ask_colleague`` call asking the peer's "hang" script, once its first
+    block reached the pane: its call id and the task that runs it."""
     active = begin_scope(ToolDescription("ask_colleague", CONV), provider, pane.hub)
     assert active is not None
     assert active.call is not None
@@ -50,6 +51,14 @@ async def test_a_stopped_ask_colleague_cancels_the_colleagues_task(
     await pane.emitter.wait_for(
         lambda records: any(b["callId"] == call_id for _, b in records), timeout=10
     )
+    return call_id, task
+
+
+async def test_a_stopped_ask_colleague_cancels_the_colleagues_task(
+    colleague: Colleague, pane: Pane
+) -> None:
+    provider = TracerProvider()
+    call_id, task = await asking(colleague, pane, provider)
     [first] = pane.blocks(call_id)
     task_id = first["taskId"]
     assert await peer_state(colleague, task_id) == TaskState.TASK_STATE_WORKING
@@ -76,18 +85,7 @@ async def test_a_cancellation_that_is_not_a_stop_still_reads_cancelled(
     colleague: Colleague, pane: Pane
 ) -> None:
     provider = TracerProvider()
-    active = begin_scope(ToolDescription("ask_colleague", CONV), provider, pane.hub)
-    assert active is not None
-    assert active.call is not None
-    call_id = active.call.call_id
-
-    async def body() -> str:
-        return await ask_colleague(colleague.url, "script:hang", publish=pane.hub.publish)
-
-    task = asyncio.create_task(run_stoppable(active, body))
-    await pane.emitter.wait_for(
-        lambda records: any(b["callId"] == call_id for _, b in records), timeout=10
-    )
+    call_id, task = await asking(colleague, pane, provider)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -13,22 +13,12 @@ import asyncio
 
 import pytest
 import support  # noqa: F401  (benchmarks/ on sys.path, for the imports below)
+from support.bench_helpers import check_shape
 
 # isort: split
 import bench_catchup
 
 pytestmark = [pytest.mark.network, pytest.mark.timeout(180)]
-
-FIELDS = {"name", "value", "unit", "target", "ok", "detail"}
-
-
-def _check_shape(figures: list[dict[str, object]]) -> None:
-    for figure in figures:
-        assert set(figure) >= FIELDS, figure
-        if figure["target"] is None:
-            assert figure["ok"] is None, figure
-        else:
-            assert isinstance(figure["ok"], bool), figure
 
 
 def test_on_and_off_alternate_so_that_drift_hits_both() -> None:
@@ -44,7 +34,7 @@ def test_the_live_path_rows_compare_catch_up_on_with_off_every_block_received() 
             assert result["count"] == result["expected"] > 0, (mode, setting, result)
             assert result["relay_cpu"] > 0
     figures = bench_catchup.live_figures(runs, 300)
-    _check_shape(figures)
+    check_shape(figures)
     targets = {f["name"]: f["target"] for f in figures if f["target"] is not None}
     assert targets == {
         "live path, catch-up on vs off: relay throughput": 0.95,
@@ -58,7 +48,7 @@ def test_a_timed_join_receives_the_whole_pane_before_its_acknowledgement() -> No
     assert set(times) == {5, 30}
     assert all(len(values) == 2 and min(values) > 0 for values in times.values())
     figures = bench_catchup.join_figures(times)
-    _check_shape(figures)
+    check_shape(figures)
     assert [f["name"] for f in figures] == [
         "join → caught up, pane of 5 blocks (info)",
         "join → caught up, pane of 30 blocks (info)",
@@ -74,7 +64,7 @@ def test_the_memory_rows_come_from_held_streams_of_the_stated_size() -> None:
     per_block = on["held_bytes"] / blocks
     assert abs(per_block - bench_catchup.BLOCK_BYTES) <= 0.05 * bench_catchup.BLOCK_BYTES
     figures = bench_catchup.memory_figures(found, 2)
-    _check_shape(figures)
+    check_shape(figures)
     names = [f["name"] for f in figures]
     assert names == [
         "relay memory per live stream of 600 blocks, catch-up on (info)",
@@ -98,7 +88,7 @@ def test_the_in_process_rows_time_add_and_block_size_of_a_typical_block() -> Non
     }
     assert costs["gc_bytes"] >= bench_catchup.GC_HELD * 0.95 * bench_catchup.BLOCK_BYTES
     assert abs(costs["bytes"] - bench_catchup.BLOCK_BYTES) <= 0.05 * bench_catchup.BLOCK_BYTES
-    _check_shape(bench_catchup.add_figures(costs))
+    check_shape(bench_catchup.add_figures(costs))
     assert callable(bench_catchup.profile_target("live path, catch-up on vs off: relay throughput"))
 
 

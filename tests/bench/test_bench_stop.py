@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import support  # noqa: F401  (benchmarks/ on sys.path, for the imports below)
+from support.bench_helpers import check_shape
 
 # isort: split
 import bench_stop
@@ -26,17 +27,7 @@ pytestmark = [
     pytest.mark.skipif(sys.version_info < (3, 11), reason="tox -e bench runs Python 3.11"),
 ]
 
-FIELDS = {"name", "value", "unit", "target", "ok", "detail"}
 SAMPLES = 7  # more than one browser's burst: two conversations, two browsers
-
-
-def _check_shape(figures: list[dict[str, object]]) -> None:
-    for figure in figures:
-        assert set(figure) >= FIELDS, figure
-        if figure["target"] is None:
-            assert figure["ok"] is None, figure
-        else:
-            assert isinstance(figure["ok"], bool), figure
 
 
 def _check_stops(result: dict[str, object]) -> None:
@@ -56,7 +47,7 @@ def test_behind_redis_a_write_only_workers_calls_stop_from_either_web_process() 
     result = asyncio.run(asyncio.wait_for(bench_stop.redis_stops(SAMPLES), 150))
     _check_stops(result)
     figures = bench_stop.stop_figures(result, result)
-    _check_shape(figures)
+    check_shape(figures)
     assert [f["unit"] for f in figures] == ["ms"] * 4
 
 
@@ -66,6 +57,6 @@ def test_the_live_path_runs_with_the_stop_registry_on_and_off() -> None:
         assert [len(measured["on"]), len(measured["off"])] == [1, 1]
         assert all(value > 0 for value in measured["on"] + measured["off"]), found
     figures = bench_stop.live_figures(found, 10, 5)
-    _check_shape(figures)
+    check_shape(figures)
     assert figures[0]["target"] == bench_stop.THROUGHPUT_TARGET
     assert figures[1]["target"] is None

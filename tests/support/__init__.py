@@ -6,7 +6,8 @@ redis-server, Chromium, waiting for a port), ``timing`` (waiting with a deadline
 clock), ``relay_helpers`` (relays in-process and as subprocesses, workers, browsers, the
 hooks' environment), ``redis_helpers``, ``cli_helpers``, ``protocol_helpers``,
 ``stream_helpers``, ``sampling_helpers``, ``attribution_helpers``, ``a2a_helpers``,
-``reliability_helpers``, ``demo_helpers``, ``vectors`` (the shared test vectors),
+``reliability_helpers``, ``demo_helpers``, ``bench_helpers`` (the benchmarks' figures),
+``stop_calls`` and ``stop_helpers``, ``vectors`` (the shared test vectors),
 ``renderer_page`` and ``browser`` (pages in Chromium: what they reported, and whether
 their Chinese is drawn on a machine without CJK fonts). No test module imports
 another: what two test modules share lives here, and a fixture one folder shares lives in

@@ -33,8 +33,26 @@ class RunningCall:
 
 @contextlib.asynccontextmanager
 async def running_call(hub: StreamHub, room: str) -> AsyncIterator[RunningCall]:
-    """A call of conversation ``room`` whose first running block went to ``hub``; cancelled
-    at the end if it still runs."""
+    """A call of conversation ``room`` whose first running block went to ``hub``, running
+    until it is stopped; cancelled at the end if it still runs."""
+    async with _call(hub, room, "slow", asyncio.Event()) as call:
+        yield call
+
+
+@contextlib.asynccontextmanager
+async def gated_call(hub: StreamHub, room: str, gate: asyncio.Event) -> AsyncIterator[RunningCall]:
+    """A call of conversation ``room`` that answers ``"done"`` once ``gate`` opens (unless it
+    is stopped first); its first running block went to ``hub``."""
+    async with _call(hub, room, "gated", gate) as call:
+        yield call
+
+
+@contextlib.asynccontextmanager
+async def _call(
+    hub: StreamHub, room: str, tool_name: str, gate: asyncio.Event
+) -> AsyncIterator[RunningCall]:
+    """A wrapped call of tool ``tool_name`` that says one thing into its pane, then answers
+    ``"done"`` once ``gate`` opens; cancelled at the end if it still runs."""
     provider = TracerProvider()
     live = asyncio.Event()
     seen: list[bool] = []
@@ -45,12 +63,12 @@ async def running_call(hub: StreamHub, room: str) -> AsyncIterator[RunningCall]:
         hub.publish("working on it", task_id=call.call_id)
         live.set()
         try:
-            await asyncio.Event().wait()
+            await gate.wait()
         finally:
             seen.append(call.stop_requested)
-        return "never"
+        return "done"
 
-    active = begin_scope(ToolDescription("slow", room), provider, hub)
+    active = begin_scope(ToolDescription(tool_name, room), provider, hub)
     assert active is not None
     assert active.call is not None
     task = asyncio.create_task(run_stoppable(active, tool))
@@ -84,33 +102,3 @@ def is_stopped(block: dict[str, Any]) -> bool:
     """Whether ``block`` is an ``aborted`` block that says the user stopped the call."""
     payload = block["envelope"].get("payload") or {}
     return block["state"] == "aborted" and payload.get(STOPPED_KEY) is True
-
-
-@contextlib.asynccontextmanager
-async def gated_call(hub: StreamHub, room: str, gate: asyncio.Event) -> AsyncIterator[RunningCall]:
-    """A call of conversation ``room`` that answers ``"done"`` once ``gate`` opens (unless it
-    is stopped first); its first running block went to ``hub``."""
-    provider = TracerProvider()
-    live = asyncio.Event()
-
-    async def tool() -> str:
-        call = current_tool_call()
-        assert call is not None
-        hub.publish("working on it", task_id=call.call_id)
-        live.set()
-        await gate.wait()
-        return "done"
-
-    active = begin_scope(ToolDescription("gated", room), provider, hub)
-    assert active is not None
-    assert active.call is not None
-    task = asyncio.create_task(run_stoppable(active, tool))
-    await asyncio.wait_for(live.wait(), CALL_TIMEOUT)
-    try:
-        yield RunningCall(active.call.call_id, task)
-    finally:
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(BaseException):
-            await task
-        provider.shutdown()
