@@ -469,6 +469,7 @@ def test_the_last_recent_ends_ended_calls_are_remembered_and_no_more(stopped_fir
     among the last RECENT_ENDS), ``unknown`` once RECENT_ENDS calls ended after it."""
     from kernel_ext.stop import RECENT_ENDS
 
+    assert RECENT_ENDS == 512  # as docs/tool-authors.md says
     provider = TracerProvider()
 
     def one_call() -> str:
