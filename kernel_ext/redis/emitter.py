@@ -81,6 +81,9 @@ class RedisEmitter(Emitter):
     * Room routing (``routing``, :mod:`kernel_ext.redis.routing`), ``chat_event`` in
       order with the blocks, and liveness heartbeats (``heartbeat_interval``) for
       :class:`~kernel_ext.relay.RelayRedisManager`.
+    * With heartbeats on, a browser's stop reaches it on its own stop channel and its answer
+      goes back over Redis (:class:`~kernel_ext.redis.stops.WorkerStops`; an answer Redis
+      does not take is counted ``stop_reply_failed``).
 
     Raises:
         ConfigError: a bad argument (a ``retry_interval_max`` below ``retry_interval``, a

@@ -190,10 +190,7 @@ class WorkerStops:
     async def aclose(self) -> None:
         """Unsubscribe; replies not yet published are dropped. Idempotent."""
         await self.subscription.aclose()
-        tasks = list(self._replying)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel(self._replying)
 
     def _handle(self, channel: str, data: Any) -> None:
         request = _parse(data)
@@ -217,6 +214,14 @@ class WorkerStops:
         except Exception as exc:
             self._count(STOP_REPLY_FAILED)
             _rare("stop_reply_failed", "kernel_ext: a stop's answer was not published (%s)", exc)
+
+
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until they are done."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
 
 
 def _parse(data: Any) -> dict[str, Any]:
@@ -290,10 +295,7 @@ class RelayStops:
     async def aclose(self) -> None:
         """Unsubscribe; stop answering for this process's workers. Idempotent."""
         await self.subscription.aclose()
-        tasks = list(self._serving)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel(self._serving)
 
     async def ask_worker(self, worker: str, call_id: str) -> dict[str, Any]:
         """Ask the write-only worker ``worker`` on its stop channel; its answer for the

@@ -19,6 +19,7 @@ from support.network import RedisServer
 from support.redis_helpers import wait_channel_subscribers, wait_subscribed
 from support.relay_helpers import Browser, RelayProcess, barrier, emitter_for, relay_server
 from support.stop_calls import (
+    RunningCall,
     ask_stop,
     gated_call,
     is_stopped,
@@ -31,6 +32,7 @@ from support.timing import CALL_TIMEOUT, wait_until
 from kernel_ext.attribution.tap import Tap
 from kernel_ext.emit import RedisEmitter
 from kernel_ext.redis.routing import relay_stop_channel, stop_channel, stop_reply_channel
+from kernel_ext.relay import ChatRelay
 from kernel_ext.stream import StreamHub
 
 pytestmark = [pytest.mark.network, pytest.mark.redis]
@@ -52,6 +54,31 @@ async def browser_on(port: int, name: str) -> Browser:
     await browser.connect(port)
     assert await browser.join(ROOM) == {"ok": True}
     return browser
+
+
+@contextlib.asynccontextmanager
+async def a_call_whose_worker_stopped(
+    redis_url: str, **options: Any
+) -> AsyncIterator[tuple[ChatRelay, Browser, RunningCall, str]]:
+    """A relay on ``redis_url`` (``create_app`` ``options``), a browser in the room, and a
+    running call whose ``RedisEmitter`` stopped once the browser had its running block: the
+    relay still takes that worker (its id, yielded) for the call's owner, within its
+    grace. The relay, the browser and the call are closed at the end."""
+    hub = new_hub()
+    async with relay_server(redis_url=redis_url, **options) as (port, relay):
+        browser = await browser_on(port, "browser")
+        try:
+            await wait_subscribed(redis_url, 1)
+            emitter = RedisEmitter(redis_url, hub=hub)
+            await emitter.start()
+            await wait_listening(redis_url, emitter)
+            async with running_call(hub, ROOM) as call:
+                await browser.wait_for(lambda x: any(y["callId"] == call.call_id for y in x))
+                await emitter.stop()  # its subscription goes; the relay still owns its stream
+                yield relay, browser, call, emitter.worker_id
+        finally:
+            await browser.close()
+            await relay.aclose()
 
 
 async def test_a_browser_on_another_web_process_stops_a_write_only_workers_call(
@@ -101,31 +128,25 @@ async def test_a_browser_on_another_web_process_stops_a_write_only_workers_call(
 async def test_a_worker_not_listening_or_redis_down_is_unreachable_and_counted(
     redis_server: RedisServer,
 ) -> None:
-    hub = new_hub()
-    async with relay_server(redis_url=redis_server.url, stop_timeout=2.0) as (port, relay):
-        browser = await browser_on(port, "browser")
+    async with a_call_whose_worker_stopped(redis_server.url, stop_timeout=2.0) as (
+        relay,
+        browser,
+        call,
+        _,
+    ):
+        ack = await ask_stop(browser, stop(ROOM, call.call_id))
+        assert ack["answer"] == "unreachable"
+        assert not call.task.done()
+        redis_server.stop()  # Redis goes down: the publish fails
         try:
-            await wait_subscribed(redis_server.url, 1)
-            emitter = RedisEmitter(redis_server.url, hub=hub)
-            await emitter.start()
-            await wait_listening(redis_server.url, emitter)
-            async with running_call(hub, ROOM) as call:
-                await browser.wait_for(lambda x: any(y["callId"] == call.call_id for y in x))
-                await emitter.stop()  # its subscription goes; the relay still owns its stream
-                ack = await ask_stop(browser, stop(ROOM, call.call_id))
-                assert ack["answer"] == "unreachable"
-                assert not call.task.done()
-                redis_server.stop()  # Redis goes down: the publish fails
-                ack = await ask_stop(browser, stop(ROOM, call.call_id))
-                assert ack["answer"] == "unreachable"
-                assert not call.task.done()
+            ack = await ask_stop(browser, stop(ROOM, call.call_id))
+            assert ack["answer"] == "unreachable"
+            assert not call.task.done()
         finally:
-            await browser.close()
             redis_server.start()
-            await relay.aclose()
-        stats = relay.stats()
-        assert stats["stop_publish_failed"] == 1
-        assert stats["stops_unreachable"] == 2
+    stats = relay.stats()
+    assert stats["stop_publish_failed"] == 1
+    assert stats["stops_unreachable"] == 2
 
 
 async def test_a_browser_on_another_web_process_stops_a_loopback_workers_call(
@@ -282,34 +303,23 @@ async def heard(pubsub: Any) -> dict[str, Any]:
 async def test_a_write_only_worker_that_never_answers_is_unreachable_and_counted(
     redis_server: RedisServer,
 ) -> None:
-    hub = new_hub()
-    async with relay_server(redis_url=redis_server.url, stop_timeout=1.0) as (port, relay):
-        browser = await browser_on(port, "browser")
-        try:
-            await wait_subscribed(redis_server.url, 1)
-            emitter = RedisEmitter(redis_server.url, hub=hub)
-            await emitter.start()
-            await wait_listening(redis_server.url, emitter)
-            async with running_call(hub, ROOM) as call:
-                await browser.wait_for(lambda x: any(y["callId"] == call.call_id for y in x))
-                await emitter.stop()  # the relay still owns its stream (within its grace)
-                async with hung_worker(redis_server.url, emitter.worker_id) as pubsub:
-                    ack = await ask_stop(browser, stop(ROOM, call.call_id))
-                    assert ack == {
-                        "answer": "unreachable",
-                        "reason": "the call's worker did not answer",
-                    }
-                    request = await heard(pubsub)
-                host = relay.server.manager.host_id
-                assert request == {"v": 1, "callId": call.call_id, "from": host, "id": 1}
-                assert not call.task.done()
-        finally:
-            await browser.close()
-            await relay.aclose()
-        stats = relay.stats()
-        assert stats["stop_no_answer"] == 1
-        assert stats["stops_unreachable"] == 1
-        assert stats.get("stop_publish_failed", 0) == 0
+    async with a_call_whose_worker_stopped(redis_server.url, stop_timeout=1.0) as (
+        relay,
+        browser,
+        call,
+        worker,
+    ):
+        async with hung_worker(redis_server.url, worker) as pubsub:
+            ack = await ask_stop(browser, stop(ROOM, call.call_id))
+            assert ack == {"answer": "unreachable", "reason": "the call's worker did not answer"}
+            request = await heard(pubsub)
+        host = relay.server.manager.host_id
+        assert request == {"v": 1, "callId": call.call_id, "from": host, "id": 1}
+        assert not call.task.done()
+    stats = relay.stats()
+    assert stats["stop_no_answer"] == 1
+    assert stats["stops_unreachable"] == 1
+    assert stats.get("stop_publish_failed", 0) == 0
 
 
 async def test_hostile_replies_neither_break_the_relay_nor_answer_a_request(
@@ -317,59 +327,50 @@ async def test_hostile_replies_neither_break_the_relay_nor_answer_a_request(
 ) -> None:
     from redis import asyncio as aioredis
 
-    hub = new_hub()
     raw = aioredis.Redis.from_url(redis_server.url)
-    async with relay_server(redis_url=redis_server.url) as (port, relay):
-        browser = await browser_on(port, "browser")
-        try:
-            await wait_subscribed(redis_server.url, 1)
-            emitter = RedisEmitter(redis_server.url, hub=hub)
-            await emitter.start()
-            await wait_listening(redis_server.url, emitter)
-            async with running_call(hub, ROOM) as call:
-                await browser.wait_for(lambda x: any(y["callId"] == call.call_id for y in x))
-                await emitter.stop()
-                async with hung_worker(redis_server.url, emitter.worker_id) as pubsub:
-                    asking = asyncio.create_task(ask_stop(browser, stop(ROOM, call.call_id)))
-                    request = await heard(pubsub)
-                    to, key = stop_reply_channel("socketio", request["from"]), request["id"]
-                    hostile: list[Any] = [
-                        b"not json",
-                        "[" * 100_000,  # nested deeper than the parser goes
-                        b"\xff\xfe",
-                        json.dumps([key, "stopping"]),
-                        json.dumps({"answer": "stopping"}),
-                        json.dumps({"id": True, "answer": "stopping"}),
-                        json.dumps({"id": float(key), "answer": "stopping"}),
-                        json.dumps({"id": str(key), "answer": "stopping"}),
-                        json.dumps({"id": key + 1, "answer": "stopping"}),  # no one's
-                        json.dumps({"id": key, "answer": "yes"}),
-                        json.dumps({"id": key, "answer": ["stopping"]}),
-                        json.dumps({"id": key, "answer": None}),
-                    ]
-                    for message in hostile:
-                        await raw.publish(to, message)
-                    lone = json.dumps({"id": key, "answer": "unknown", "reason": "a \ud800 b"})
-                    await raw.publish(to, lone)
-                    await raw.publish(to, json.dumps({"id": key, "answer": "stopping"}))  # late
-                    assert await asyncio.wait_for(asking, CALL_TIMEOUT) == {"answer": "unknown"}
-                    # The next request (the next id, answered "no one's" above before it
-                    # was asked) waits for its own answer.
-                    asking = asyncio.create_task(ask_stop(browser, stop(ROOM, call.call_id)))
-                    again = await heard(pubsub)
-                    assert again["id"] == key + 1
-                    reply = {"id": key + 1, "answer": "refused", "reason": "r" * 201}
-                    await raw.publish(to, json.dumps(reply))
-                    assert await asyncio.wait_for(asking, CALL_TIMEOUT) == {
-                        "answer": "refused",
-                        "reason": "r" * 200,  # its first 200 characters
-                    }
-                assert not call.task.done()
-        finally:
-            await browser.close()
-            await relay.aclose()
-            await raw.aclose()
-        stats = relay.stats()
-        assert stats["stops_unknown"] == 1
-        assert stats["stops_refused"] == 1
-        assert stats.get("stop_no_answer", 0) == 0
+    try:
+        async with (
+            a_call_whose_worker_stopped(redis_server.url) as (relay, browser, call, worker),
+            hung_worker(redis_server.url, worker) as pubsub,
+        ):
+            asking = asyncio.create_task(ask_stop(browser, stop(ROOM, call.call_id)))
+            request = await heard(pubsub)
+            to, key = stop_reply_channel("socketio", request["from"]), request["id"]
+            hostile: list[Any] = [
+                b"not json",
+                "[" * 100_000,  # nested deeper than the parser goes
+                b"\xff\xfe",
+                json.dumps([key, "stopping"]),
+                json.dumps({"answer": "stopping"}),
+                json.dumps({"id": True, "answer": "stopping"}),
+                json.dumps({"id": float(key), "answer": "stopping"}),
+                json.dumps({"id": str(key), "answer": "stopping"}),
+                json.dumps({"id": key + 1, "answer": "stopping"}),  # no one's
+                json.dumps({"id": key, "answer": "yes"}),
+                json.dumps({"id": key, "answer": ["stopping"]}),
+                json.dumps({"id": key, "answer": None}),
+            ]
+            for message in hostile:
+                await raw.publish(to, message)
+            lone = json.dumps({"id": key, "answer": "unknown", "reason": "a \ud800 b"})
+            await raw.publish(to, lone)
+            await raw.publish(to, json.dumps({"id": key, "answer": "stopping"}))  # late
+            assert await asyncio.wait_for(asking, CALL_TIMEOUT) == {"answer": "unknown"}
+            # The next request (the next id, answered "no one's" above before it was
+            # asked) waits for its own answer.
+            asking = asyncio.create_task(ask_stop(browser, stop(ROOM, call.call_id)))
+            again = await heard(pubsub)
+            assert again["id"] == key + 1
+            reply = {"id": key + 1, "answer": "refused", "reason": "r" * 201}
+            await raw.publish(to, json.dumps(reply))
+            assert await asyncio.wait_for(asking, CALL_TIMEOUT) == {
+                "answer": "refused",
+                "reason": "r" * 200,  # its first 200 characters
+            }
+            assert not call.task.done()
+    finally:
+        await raw.aclose()
+    stats = relay.stats()
+    assert stats["stops_unknown"] == 1
+    assert stats["stops_refused"] == 1
+    assert stats.get("stop_no_answer", 0) == 0
