@@ -80,10 +80,8 @@ class RedisEmitter(Emitter):
       publish reaches a web process.
     * Room routing (``routing``, :mod:`kernel_ext.redis.routing`), ``chat_event`` in
       order with the blocks, and liveness heartbeats (``heartbeat_interval``) for
-      :class:`~kernel_ext.relay.RelayRedisManager`.
-    * With heartbeats on, a browser's stop reaches it on its own stop channel and its answer
-      goes back over Redis (:class:`~kernel_ext.redis.stops.WorkerStops`; an answer Redis
-      does not take is counted ``stop_reply_failed``).
+      :class:`~kernel_ext.relay.RelayRedisManager`; with them on, stops asked and answered
+      on Redis (:class:`~kernel_ext.redis.stops.WorkerStops`).
 
     Raises:
         ConfigError: a bad argument (a ``retry_interval_max`` below ``retry_interval``, a

@@ -113,7 +113,7 @@ def relay_stop_channel(channel: str) -> str:
 
 def stop_reply_channel(channel: str, host_id: str) -> str:
     """The channel on which the web process ``host_id`` (its manager's ``host_id``) hears
-    the answers to the stops it forwarded."""
+    the answers to the stops it asked on Redis (of write-only workers, and forwarded)."""
     return f"{channel}#kx-stop-reply#{host_id}"
 
 
