@@ -124,6 +124,7 @@ __all__ = [
     "STOP_PUBLISH_FAILED",
     "STOP_RATE",
     "STOP_REFUSED",
+    "STOP_REPLY_FAILED",
     "STOP_STOPPING",
     "STOP_UNKNOWN",
     "STREAM_LIMIT",
@@ -197,6 +198,9 @@ TERMINAL_RESENDS = "terminal_resends"
 TERMINALS_DEGRADED = "terminals_degraded"
 OUTAGES = "outages"
 HEARTBEATS = "heartbeats"
+STOP_REPLY_FAILED = "stop_reply_failed"
+"""A write-only worker's answer to a stop that Redis did not take (the Redis sender): the
+web process that asked answers its browser ``unreachable`` when its wait runs out."""
 NO_TOOL_CALL_ID = "no_tool_call_id"
 """A pane whose call has no tool-call id when the AG-UI bridge takes its first block (its
 span carried none, it ended ``ended_ttl`` seconds or more before, or it was evicted from a

@@ -39,7 +39,7 @@ from kernel_ext.settings import check_redis_url, redacted_url
 from kernel_ext.stream import Outgoing, OutgoingBlock, OutgoingChatEvent, StreamHub
 
 if TYPE_CHECKING:
-    from kernel_ext.redis.stops import StopSubscription
+    from kernel_ext.redis.stops import WorkerStops
 
 __all__ = ["RedisEmitter"]
 
@@ -80,7 +80,8 @@ class RedisEmitter(Emitter):
       publish reaches a web process.
     * Room routing (``routing``, :mod:`kernel_ext.redis.routing`), ``chat_event`` in
       order with the blocks, and liveness heartbeats (``heartbeat_interval``) for
-      :class:`~kernel_ext.relay.RelayRedisManager`.
+      :class:`~kernel_ext.relay.RelayRedisManager`; with them on, stops asked and answered
+      on Redis (:class:`~kernel_ext.redis.stops.WorkerStops`).
 
     Raises:
         ConfigError: a bad argument (a ``retry_interval_max`` below ``retry_interval``, a
@@ -148,7 +149,7 @@ class RedisEmitter(Emitter):
         self._ping_client: Any = None
         self._first_ping = asyncio.Event()
         self._retry_at = 0.0
-        self._stops: StopSubscription | None = None
+        self._stops: WorkerStops | None = None
 
     @property
     def outages(self) -> int:
@@ -175,8 +176,7 @@ class RedisEmitter(Emitter):
     async def _open(self) -> None:
         from redis import asyncio as aioredis
 
-        from kernel_ext.redis.routing import stop_channel
-        from kernel_ext.redis.stops import listen_for_stops
+        from kernel_ext.redis.stops import WorkerStops
 
         self._manager = _manager_class()(
             self.url,
@@ -186,17 +186,24 @@ class RedisEmitter(Emitter):
             redis_options=dict(self._options),
         )
         self._manager.routing = self.routing
+        self._ping_client = aioredis.Redis.from_url(self.url, **self._options)
         if self.heartbeat_interval is not None:
             self._manager.emit_tags = {WORKER_TAG: self.worker_id}
-            channel = stop_channel(self.channel, self.worker_id)
-            self._stops = listen_for_stops(self.url, channel, self._options)
+            self._stops = WorkerStops(
+                self.url,
+                self.channel,
+                self.worker_id,
+                self._options,
+                client=self._ping_client,  # its answers go with the pings and heartbeats
+                count=self._count,
+            )
+            self._stops.start()
         if not compat.publish_result_supported():
             logger.warning(
                 "redis emitter: this python-socketio does not report a publish's receivers; "
                 "publishes are taken as delivered (outages show through pings only)"
             )
         self._next_heartbeat = 0.0
-        self._ping_client = aioredis.Redis.from_url(self.url, **self._options)
         self._first_ping = asyncio.Event()
         self._start_watcher(self._watch)
 

@@ -33,7 +33,7 @@ from kernel_ext.observability.count_names import REDIS_AFTER_WORKER_ABORTED, RED
 from kernel_ext.protocol import TOOL_EVENT_STREAM, WORKER_TAG
 from kernel_ext.redis.republish import Republish
 from kernel_ext.redis.room_log import RoomLog
-from kernel_ext.redis.stops import StopForwarding, publish_stop
+from kernel_ext.redis.stops import RelayStops
 from kernel_ext.redis.subscription import Subscription
 from kernel_ext.redis.worker_watch import WorkerWatch
 from kernel_ext.relay._log import logger, rare
@@ -239,7 +239,7 @@ class _RedisDelivery(Delivery):
     ) -> None:
         super().__init__(emit, server, namespace, memory)
         self.manager = manager
-        self._forwarding: StopForwarding | None = None
+        self._stops: RelayStops | None = None
 
     async def block(
         self, raw: Any, room: str, data: bytes | None = None, skip: list[str] | None = None
@@ -276,24 +276,28 @@ class _RedisDelivery(Delivery):
         self, room: str, call_id: str, running: bool, ways: StopWays
     ) -> dict[str, Any] | None:
         """A write-only worker that owns the call is asked on its stop channel; a call
-        running here without an owner is forwarded to the other web processes
-        (:mod:`kernel_ext.redis.stops`)."""
+        running here without an owner is forwarded to the other web processes; either
+        answers on this process's reply channel (:mod:`kernel_ext.redis.stops`)."""
         workers = self.manager._workers
         owner = workers.owner_of(call_id, room) if workers is not None else None
-        if owner is not None:
-            return await publish_stop(self.manager, owner, call_id, ways)
-        if not running:
+        if owner is None and not running:
             return None
-        self.serve_stops(ways)
-        assert self._forwarding is not None
-        return await self._forwarding.forward(room, call_id)
+        stops = self._relay_stops(ways)
+        if owner is not None:
+            return await stops.ask_worker(owner, call_id)
+        return await stops.forward(room, call_id)
 
     def serve_stops(self, ways: StopWays) -> None:
-        if self._forwarding is None:
-            self._forwarding = StopForwarding(self.manager, ways)
-            self._forwarding.start()
+        self._relay_stops(ways)
+
+    def _relay_stops(self, ways: StopWays) -> RelayStops:
+        """This process's stops on Redis, subscribed (made at the first use)."""
+        if self._stops is None:
+            self._stops = RelayStops(self.manager, ways)
+            self._stops.start()
+        return self._stops
 
     async def aclose(self) -> None:
         await self.manager.stop_watching()
-        if self._forwarding is not None:
-            await self._forwarding.aclose()
+        if self._stops is not None:
+            await self._stops.aclose()

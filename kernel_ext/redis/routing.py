@@ -34,12 +34,19 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 from kernel_ext._shared.compat import connect_redis, publish_pipeline_supported
-from kernel_ext.protocol import REPLAY_IDLE, TOOL_EVENT_STREAM, WORKER_TAG, compact_bytes
+from kernel_ext.protocol import (
+    REPLAY_IDLE,
+    TOOL_EVENT_STREAM,
+    WORKER_ID_PATTERN,
+    WORKER_TAG,
+    compact_bytes,
+)
 from kernel_ext.redis.publish_result import PublishResult
 
 __all__ = [
@@ -49,6 +56,7 @@ __all__ = [
     "log_entry",
     "marker_channel",
     "relay_stop_channel",
+    "reply_channel",
     "room_channel",
     "room_log",
     "routed_room",
@@ -65,6 +73,8 @@ ROUTE_CHECK_EVERY = 2.0
 """Seconds between a publisher's looks at who listens (rolling upgrades)."""
 
 _LOG_TTL_MS = int(REPLAY_IDLE * 1000)
+
+_SENDER = re.compile(WORKER_ID_PATTERN)
 
 LOG_BLOCK = b"b"
 LOG_WORKER = b"w"
@@ -103,8 +113,19 @@ def relay_stop_channel(channel: str) -> str:
 
 def stop_reply_channel(channel: str, host_id: str) -> str:
     """The channel on which the web process ``host_id`` (its manager's ``host_id``) hears
-    the answers to the stops it forwarded."""
+    the answers to the stops it asked on Redis (of write-only workers, and forwarded)."""
     return f"{channel}#kx-stop-reply#{host_id}"
+
+
+def reply_channel(channel: str, sender: object) -> str | None:
+    """The reply channel (:func:`stop_reply_channel`) of a stop request's ``from``, or
+    ``None`` when ``from`` is not a web process's id: a string of 1 to 128 letters, digits
+    and ``._:@-`` (the shape of a worker id, :data:`~kernel_ext.protocol.WORKER_ID_PATTERN`,
+    which python-socketio's host ids, hex UUIDs, have), so that no request names another
+    kind of channel."""
+    if not isinstance(sender, str) or _SENDER.fullmatch(sender) is None:
+        return None
+    return stop_reply_channel(channel, sender)
 
 
 def routed_room(message: Mapping[str, Any]) -> str | None:

@@ -1,26 +1,35 @@
 """Stops on Redis: a browser's stop request reaches a worker that no web process it is on holds.
 
-Two paths (the rules of the relay's side: :mod:`kernel_ext.relay.stops`):
+Two paths (the rules of the relay's side: :mod:`kernel_ext.relay.stops`), both asked by a
+web process's :class:`RelayStops`, which publishes ``{"v": 1, …, "from": <host_id>, "id":
+n}`` and waits at most ``stop_timeout`` seconds for the reply ``{"id": n, "answer",
+"reason"?}`` on its own reply channel (:func:`~kernel_ext.redis.routing.stop_reply_channel`,
+by its manager's ``host_id``), to which it subscribes, with the web processes' stop channel
+(:func:`~kernel_ext.redis.routing.relay_stop_channel`), from its first worker connection or
+its first stop asked on Redis on, before it publishes a request. Redis not taking the
+request: ``unreachable`` (``stop_publish_failed``); no one who could answer listening:
+``unreachable`` at once; no reply in time: ``unreachable`` (``stop_no_answer``).
 
 * **Write-only workers.** A :class:`~kernel_ext.emit.RedisEmitter` that tags its emits with
   its worker id (heartbeats on, the default) subscribes, while it runs, to its own stop
-  channel (:func:`kernel_ext.redis.routing.stop_channel`): :func:`listen_for_stops`. A web
-  process publishes ``{"v": 1, "callId"}`` there; each message is handed to
-  :func:`kernel_ext.stop_call` (a malformed one: ``refused`` in its counts). The web
-  process answers the browser by Redis's receiver count: ``stopping`` while this
-  subscription stands, ``unreachable`` while it does not.
-* **Loopback workers connected to another web process** (:class:`StopForwarding`). The
-  browser's web process knows the call runs (its blocks reached it through Redis) but not
-  its owner. Every web process with a Redis manager subscribes, from its first worker
-  connection or its first forwarded stop on, to the web processes' stop channel
-  (:func:`~kernel_ext.redis.routing.relay_stop_channel`) and to its own reply channel
-  (:func:`~kernel_ext.redis.routing.stop_reply_channel`, by its manager's ``host_id``).
-  The browser's web process publishes ``{"v": 1, "room", "callId", "from": <host_id>,
-  "id": n}`` and waits for a reply at most ``stop_timeout`` seconds; a web process whose
-  worker owns an open stream of that call in that room asks it (``kx_stop``) and
-  publishes its answer, ``{"id": n, "answer", "reason"?}``, on the requester's reply
-  channel; the others say nothing. No answer in time, Redis not taking the request, no
-  other web process listening: ``unreachable``.
+  channel (:func:`kernel_ext.redis.routing.stop_channel`): :class:`WorkerStops`. The
+  browser's web process publishes ``{"v": 1, "callId", "from", "id"}`` there; the worker
+  hands it to :func:`kernel_ext.stop_call` (a malformed one: ``refused``) and publishes
+  what it answered — ``stopping``, ``already_ended``, ``unknown``, ``refused`` — on the
+  requester's reply channel, with the client it pings with; that is the browser's answer (a
+  reply Redis does not take: the worker's ``stop_reply_failed``). A request without ``from`` and
+  ``id`` (a web process from before the replies) still stops its call, unanswered.
+* **Loopback workers connected to another web process.** The browser's web process knows
+  the call runs (its blocks reached it through Redis) but not its owner. It publishes
+  ``{"v": 1, "room", "callId", "from", "id"}`` on the web processes' stop channel; a web
+  process whose worker owns an open stream of that call in that room asks it
+  (``kx_stop``) and publishes its answer on the requester's reply channel; the others say
+  nothing.
+
+A reply counts only with an ``id`` the web process waits for and an ``answer`` among
+:data:`~kernel_ext.protocol.STOP_ANSWERS` (its ``reason`` kept, its first 200 characters,
+when it is text UTF-8 can carry); a request's ``from`` only when it is shaped as an id
+(:func:`~kernel_ext.redis.routing.reply_channel`); anything else is ignored.
 
 :class:`StopSubscription` is each of those subscriptions: a Redis connection of its own (a
 subscribed connection can do nothing else), made again after a jittered backoff (0.25 s up
@@ -42,15 +51,24 @@ from typing import TYPE_CHECKING, Any
 from kernel_ext._shared.backoff import Backoff
 from kernel_ext._shared.compat import connect_redis
 from kernel_ext.observability._rare_log import RareLog
-from kernel_ext.observability.count_names import STOP_NO_ANSWER, STOP_PUBLISH_FAILED
+from kernel_ext.observability.count_names import (
+    STOP_NO_ANSWER,
+    STOP_PUBLISH_FAILED,
+    STOP_REPLY_FAILED,
+)
 from kernel_ext.protocol import STOP_ANSWERS
-from kernel_ext.redis.routing import relay_stop_channel, stop_channel, stop_reply_channel
+from kernel_ext.redis.routing import (
+    relay_stop_channel,
+    reply_channel,
+    stop_channel,
+    stop_reply_channel,
+)
 
 if TYPE_CHECKING:
     from kernel_ext.relay.delivery import StopWays
 from kernel_ext.stop import stop_call
 
-__all__ = ["StopForwarding", "StopSubscription", "listen_for_stops", "publish_stop"]
+__all__ = ["RelayStops", "StopSubscription", "WorkerStops"]
 
 _log = logging.getLogger("kernel_ext.redis")
 _rare = RareLog(_log)
@@ -138,38 +156,84 @@ class StopSubscription:
             await asyncio.sleep(backoff.next())
 
 
-def listen_for_stops(url: str, channel: str, options: Mapping[str, Any]) -> StopSubscription:
-    """A write-only worker's subscription to its stop ``channel`` (started)."""
-    subscription = StopSubscription(url, [channel], _stop, options=options)
-    subscription.start()
-    return subscription
+class WorkerStops:
+    """A write-only worker's stop channel (:func:`~kernel_ext.redis.routing.stop_channel` of
+    ``channel`` and ``worker``): each request is handed to :func:`kernel_ext.stop_call`
+    (anything malformed: ``refused``), and its answer, ``{"id", "answer"}``, published with
+    ``client`` (the worker's own, already open) on the reply channel the request names by
+    ``from`` and ``id`` (:func:`~kernel_ext.redis.routing.reply_channel`); a request without
+    them still stops its call, unanswered. A reply Redis does not take is counted
+    ``stop_reply_failed`` with ``count`` and logged rarely. Never raises."""
+
+    def __init__(
+        self,
+        url: str,
+        channel: str,
+        worker: str,
+        options: Mapping[str, Any],
+        *,
+        client: Any,
+        count: Callable[[str], None],
+    ) -> None:
+        self._channel = channel
+        self._client = client
+        self._count = count
+        self._replying: set[asyncio.Task[None]] = set()
+        self.subscription = StopSubscription(
+            url, [stop_channel(channel, worker)], self._handle, options=options
+        )
+
+    def start(self) -> None:
+        """Subscribe (once)."""
+        self.subscription.start()
+
+    async def aclose(self) -> None:
+        """Unsubscribe; replies not yet published are dropped. Idempotent."""
+        await self.subscription.aclose()
+        await _cancel(self._replying)
+
+    def _handle(self, channel: str, data: Any) -> None:
+        request = _parse(data)
+        v = request.get("v")
+        call_id = request.get("callId") if v.__class__ is int and v == 1 else None
+        answer = stop_call(call_id, reason="asked over Redis")
+        to = reply_channel(self._channel, request.get("from"))
+        key = request.get("id")
+        if to is None or key.__class__ is not int:
+            return  # a web process that waits for no answer
+        reply = {"id": key, "answer": answer}
+        task = asyncio.get_running_loop().create_task(self._reply(to, reply))
+        self._replying.add(task)
+        task.add_done_callback(self._replying.discard)
+
+    async def _reply(self, to: str, reply: dict[str, Any]) -> None:
+        try:
+            await self._client.publish(to, json.dumps(reply))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._count(STOP_REPLY_FAILED)
+            _rare("stop_reply_failed", "kernel_ext: a stop's answer was not published (%s)", exc)
 
 
-def _stop(channel: str, data: Any) -> None:
-    """Stop the call a stop message asks for (anything malformed: ``refused``)."""
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait until they are done."""
+    pending = list(tasks)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _parse(data: Any) -> dict[str, Any]:
+    """A message's JSON object, or ``{}``."""
     try:
-        request = json.loads(data)
-    except (TypeError, ValueError):
-        request = None
-    call_id = request.get("callId") if isinstance(request, dict) and request.get("v") == 1 else None
-    stop_call(call_id, reason="asked over Redis")
+        message = json.loads(data)
+    except (TypeError, ValueError, RecursionError):  # RecursionError: nested too deep
+        return {}
+    return message if isinstance(message, dict) else {}
 
 
 _UNREACHABLE = "unreachable"
-
-
-async def publish_stop(manager: Any, worker: str, call_id: str, ways: StopWays) -> dict[str, Any]:
-    """Ask the write-only worker ``worker`` to stop ``call_id`` on its stop channel, with
-    ``manager``'s publishing client; the answer for the browser by Redis's receiver count
-    (``stopping`` when at least 1; ``unreachable`` when none, or when Redis did not take it
-    within ``ways.timeout``: counted ``stop_publish_failed``)."""
-    message = {"v": 1, "callId": call_id}
-    receivers = await _publish(manager, stop_channel(manager.channel, worker), message, ways)
-    if receivers is None:
-        return _not_published(ways)
-    if receivers == 0:
-        return {"answer": _UNREACHABLE, "reason": "the call's worker does not listen"}
-    return {"answer": "stopping"}
 
 
 async def _publish(
@@ -194,8 +258,10 @@ def _not_published(ways: StopWays) -> dict[str, Any]:
     return {"answer": _UNREACHABLE, "reason": "Redis did not take the request"}
 
 
-class StopForwarding:
-    """Stops forwarded among the web processes on one Redis channel (module docstring).
+class RelayStops:
+    """A web process's stops on Redis (module docstring): it asks write-only workers
+    (:meth:`ask_worker`) and the other web processes (:meth:`forward`), and answers the
+    requests they forward for its own workers, on one subscription.
 
     Args:
         manager: the server's Redis client manager (python-socketio's ``AsyncRedisManager``
@@ -229,13 +295,37 @@ class StopForwarding:
     async def aclose(self) -> None:
         """Unsubscribe; stop answering for this process's workers. Idempotent."""
         await self.subscription.aclose()
-        tasks = list(self._serving)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel(self._serving)
+
+    async def ask_worker(self, worker: str, call_id: str) -> dict[str, Any]:
+        """Ask the write-only worker ``worker`` on its stop channel; its answer for the
+        browser."""
+        return await self._ask(
+            stop_channel(self._manager.channel, worker),
+            {"v": 1, "callId": call_id},
+            others=0,
+            nobody="the call's worker does not listen",
+            silent="the call's worker did not answer",
+        )
 
     async def forward(self, room: str, call_id: str) -> dict[str, Any]:
         """Ask the web process whose worker owns the call; the answer for the browser."""
+        return await self._ask(
+            self._requests,
+            {"v": 1, "room": room, "callId": call_id},
+            others=1,  # this process listens too
+            nobody="no other web process listens",
+            silent="no web process answered for the call",
+        )
+
+    async def _ask(
+        self, channel: str, request: dict[str, Any], *, others: int, nobody: str, silent: str
+    ) -> dict[str, Any]:
+        """Publish ``request`` on ``channel`` with where to answer (``from``: this process's
+        host id; ``id``: a number of its own) once this process hears its reply channel, and
+        wait for the reply of that id at most ``ways.timeout`` seconds. ``unreachable``: Redis
+        did not take it (counted ``stop_publish_failed``), at most ``others`` receivers
+        (``nobody``), no reply in time (``silent``, counted ``stop_no_answer``)."""
         self.start()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self.subscription.subscribed.wait(), self.ways.timeout)
@@ -244,29 +334,28 @@ class StopForwarding:
         key = next(self._ids)
         reply: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._waiting[key] = reply
-        request = {"v": 1, "room": room, "callId": call_id, "from": self._host, "id": key}
         try:
-            receivers = await _publish(self._manager, self._requests, request, self.ways)
+            message = {**request, "from": self._host, "id": key}
+            receivers = await _publish(self._manager, channel, message, self.ways)
             if receivers is None:
                 return _not_published(self.ways)
-            if receivers <= 1:  # this process only
-                return {"answer": _UNREACHABLE, "reason": "no other web process listens"}
+            if receivers <= others:
+                return {"answer": _UNREACHABLE, "reason": nobody}
             try:
                 return await asyncio.wait_for(reply, self.ways.timeout)
             except asyncio.TimeoutError:
                 self.ways.count(STOP_NO_ANSWER)
-                return {"answer": _UNREACHABLE, "reason": "no web process answered for the call"}
+                _rare("stop_no_answer", "kernel_ext: a stop asked on Redis got no answer in time")
+                return {"answer": _UNREACHABLE, "reason": silent}
         finally:
             self._waiting.pop(key, None)
 
     def _handle(self, channel: str, data: Any) -> None:
-        """One message on the stop channel (a request) or on this process's reply channel."""
-        try:
-            message = json.loads(data)
-        except (TypeError, ValueError):
-            return
-        if not isinstance(message, dict):
-            return
+        """One message on the stop channel (a request) or on this process's reply channel
+        (a reply: used when its ``id`` is one this process waits for and its ``answer`` one
+        of :data:`~kernel_ext.protocol.STOP_ANSWERS`; its ``reason`` kept when it is text
+        UTF-8 can carry, its first 200 characters)."""
+        message = _parse(data)
         key = message.get("id")
         if key.__class__ is not int:
             return
@@ -274,30 +363,39 @@ class StopForwarding:
             reply = self._waiting.get(key)
             answer = message.get("answer")
             if reply is not None and not reply.done() and answer in STOP_ANSWERS:
-                reason = message.get("reason")
                 result = {"answer": answer}
-                if isinstance(reason, str):
+                reason = message.get("reason")
+                if isinstance(reason, str) and _encodes(reason):
                     result["reason"] = reason[:200]
                 reply.set_result(result)
             return
         sender = message.get("from")
-        if channel != self._requests or not isinstance(sender, str) or sender == self._host:
+        to = reply_channel(self._manager.channel, sender)
+        if channel != self._requests or to is None or sender == self._host:
             return
         room, call_id = message.get("room"), message.get("callId")
         if not isinstance(room, str) or not isinstance(call_id, str):
             return  # the relay's stops check the rest (its local answer)
-        task = asyncio.get_running_loop().create_task(self._serve(room, call_id, sender, key))
+        task = asyncio.get_running_loop().create_task(self._serve(room, call_id, to, key))
         self._serving.add(task)
         task.add_done_callback(self._serving.discard)
 
-    async def _serve(self, room: str, call_id: str, sender: str, key: int) -> None:
-        """Answer a forwarded request when a worker of this process owns the call."""
+    async def _serve(self, room: str, call_id: str, to: str, key: int) -> None:
+        """Answer a forwarded request on ``to`` when a worker of this process owns the call."""
         try:
             answer = await self.ways.local(room, call_id)
             if answer is not None:
-                channel = stop_reply_channel(self._manager.channel, sender)
-                await _publish(self._manager, channel, {"id": key, **answer}, self.ways)
+                await _publish(self._manager, to, {"id": key, **answer}, self.ways)
         except asyncio.CancelledError:
             raise
         except Exception:
             _rare("stop_forward_failed", "relay: answering a forwarded stop failed", exc_info=True)
+
+
+def _encodes(text: str) -> bool:
+    """Whether UTF-8 can carry ``text`` (no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
