@@ -2,7 +2,9 @@
 ``worker_grace`` has its open streams ended ``aborted`` (the rules:
 :mod:`kernel_ext.relay.workers`).
 
-A worker is the connect auth's ``worker`` id, else the connection's sid. When the last
+A worker is the connect auth's ``worker`` id, else the connection's sid. Its streams are
+known from its running blocks, and from the open streams it announces on each connection
+(``kx_hello``): a relay restarted mid-call knows them before their next block. When the last
 connection of a worker with open streams is gone and none of that worker comes back within
 ``worker_grace`` seconds, the relay emits one ``aborted`` block to the room of each of its
 open streams (counted ``worker_aborted``); one that comes back in time cancels that
@@ -12,7 +14,7 @@ other, and later running blocks of those streams are dropped (``after_worker_abo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from kernel_ext.observability.count_names import AFTER_WORKER_ABORTED, WORKERS_IN_GRACE
@@ -75,6 +77,21 @@ class GoneWorkers:
             raw.get("taskId"),
         )
         return False
+
+    def announce(
+        self,
+        worker: str,
+        streams: Sequence[tuple[str, str, str, int]],
+        ended_here: Callable[[tuple[Any, Any]], bool],
+    ) -> int:
+        """``worker`` announced its open streams, ``(room, callId, taskId, seq)`` newest
+        first: each is tracked as its running block would be, unless it ended here
+        (:meth:`OpenStreams.announce <kernel_ext.relay.workers.OpenStreams.announce>`;
+        ``ended_here(key)``: this relay emitted a terminal of that stream). How many are
+        tracked (0 when gone workers are not watched)."""
+        if self._streams is None:
+            return 0
+        return self._streams.announce(worker, streams, ended_here)
 
     def arrived(self, worker: str) -> None:
         """A connection of ``worker`` arrived."""
