@@ -227,6 +227,7 @@ class LoopbackEmitter(Emitter):
         self._window.set()
         self._holding_back = False
         self._hello_task: asyncio.Task[None] | None = None
+        self._hello_waited: asyncio.Task[None] | None = None  # the last one frames waited for
         self._refusal: str | None = None  # the relay's reason, during one attempt
         self._reported: str | None = None  # the refusal logged last (None once connected)
 
@@ -294,10 +295,13 @@ class LoopbackEmitter(Emitter):
         await self._hello_answered()
 
     async def _hello_answered(self) -> None:
-        """The current connection's ``kx_hello`` was answered, failed, or is
-        ``_HELLO_WAIT`` seconds old: frames go after it (the open streams it announced are
+        """The current connection's ``kx_hello`` was answered, failed, or waited for
+        ``_HELLO_WAIT`` seconds once: frames go after it (the open streams it announced are
         the relay's before that connection's terminals)."""
         hello = self._hello_task
+        if hello is self._hello_waited:
+            return
+        self._hello_waited = hello
         if hello is not None and not hello.done():
             await asyncio.wait((hello,), timeout=min(_HELLO_WAIT, self.ack_timeout))
 
@@ -553,8 +557,7 @@ class LoopbackEmitter(Emitter):
         return frames
 
     async def _send(self, items: list[Outgoing]) -> None:
-        hello = self._hello_task
-        if hello is not None and not hello.done():
+        if self._hello_task is not self._hello_waited:
             await self._hello_answered()
         if self._healthy and len(self._terminals):
             retry = self._terminals.take()
