@@ -366,6 +366,9 @@ async def test_the_sender_announces_its_open_streams_newest_first_before_its_fra
                 hub.publish("t3's answer", task_id="t3", state="done")
                 # A colleague's question kept for the call's end: nothing sent on it yet.
                 hub.publish("a question", task_id="t4", state="done", provisional=True)
+                # The peer's own envelope carries its seq: the hub numbered none.
+                peer = {"kind": "text", "streamKey": "t5", "seq": 7, "payload": {"text": "hi"}}
+                hub.publish(peer, task_id="t5")
             assert await emitter.flush(10)
             first = [data for _, event, data in relay.seen if event == KX_HELLO]
             assert first == [{"v": 1, "open": []}]  # nothing was open on the first connection
@@ -374,10 +377,11 @@ async def test_the_sender_announces_its_open_streams_newest_first_before_its_fra
                 hub.publish("t1's answer", task_id="t1", state="done")
             assert await emitter.flush(10)
             events = [(event, data) for sid, event, data in relay.seen if sid == emitter.sid]
-    # t3 ended; t4 has sent nothing; t2 opened after t1: newest first, with their seqs.
+    # t3 ended; t4 has sent nothing; newest first, with the seqs the hub gave.
     assert hello == {
         "v": 1,
         "open": [
+            {"room": ROOM, "callId": CALL, "taskId": "t5", "seq": 0},
             {"room": ROOM, "callId": CALL, "taskId": "t2", "seq": 2},
             {"room": ROOM, "callId": CALL, "taskId": "t1", "seq": 1},
         ],
