@@ -133,9 +133,9 @@ class LoopbackEmitter(Emitter):
     """Sends blocks to the web process's relay over a python-socketio ``AsyncClient``.
 
     Connects to ``url``, namespace ``/chat``, with auth ``{"internal": secret, "worker":
-    worker_id}`` (default id: random per emitter); the relay ends the open streams of a
-    sender that stays away longer than its grace period with ``aborted``. Guarantees (in
-    full: docs/contracts.md, "The loopback sender"):
+    worker_id}`` (default id: random per emitter), and tells the relay its hub's open streams
+    (``kx_hello``), which the relay ends ``aborted`` when the sender stays away longer than
+    its grace period. Guarantees (in full: docs/contracts.md, "The loopback sender"):
 
     * Blocks of one stream go in order, batched into ``kx_blocks`` frames (at most
       ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters).
@@ -148,8 +148,6 @@ class LoopbackEmitter(Emitter):
       decide what waits.
     * Reconnects with jittered backoff; a refused connection is told apart from an
       unreachable relay. :attr:`healthy`, ``on_health`` and :attr:`counts` report it.
-    * On each connection, before any frame, tells the relay which of the hub's streams are
-      open (``kx_hello``'s ``open``): a relay restarted mid-call knows whose they are.
 
     Raises :class:`~kernel_ext.ConfigError` for a bad argument (a secret under 16 bytes …).
     """

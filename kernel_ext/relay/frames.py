@@ -16,7 +16,12 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from kernel_ext.errors import BlockTooLargeError, DecodeError
-from kernel_ext.protocol import MAX_CONVERSATION_ID_CHARS, MAX_TASK_ID_CHARS, check_block
+from kernel_ext.protocol import (
+    CALL_ID_PATTERN,
+    MAX_CONVERSATION_ID_CHARS,
+    MAX_TASK_ID_CHARS,
+    check_block,
+)
 from kernel_ext.relay.replay import MAX_SEQ
 
 __all__ = [
@@ -43,7 +48,7 @@ ValidSections = list[tuple[str, list[tuple[Any, bytes]]]]
 Announced = tuple[str, str, str, int]
 """An open stream a sender announced: ``(room, callId, taskId, seq)``."""
 
-_CALL_ID = re.compile(r"[0-9a-f]{16}")
+_CALL_ID = re.compile(CALL_ID_PATTERN)
 
 
 def sections(data: Any, max_frame_blocks: int) -> Sections | str:

@@ -33,14 +33,13 @@ from kernel_ext.protocol import (
     KX_BLOCKS,
     KX_CHAT_EVENT,
     KX_HELLO,
-    KX_HELLO_MAX_OPEN,
     LEAVE_EVENT,
     REFUSED_BAD_WORKER,
     REFUSED_UNAUTHORIZED,
     TOOL_EVENT_STREAM,
 )
 from kernel_ext.relay import frames
-from kernel_ext.relay._log import count_frame, logger, rare
+from kernel_ext.relay._log import count_frame, logger
 from kernel_ext.relay.auth import (
     BrowserAuth,
     InternalSecret,
@@ -336,38 +335,13 @@ class ChatRelay(StopRequests, SettingsAttributes, GuardedNamespace):
     async def on_kx_hello(self, sid: str, data: Any = None) -> dict[str, Any]:
         """What this relay takes from an internal sender, asked once per connection:
         ``{"ok": true, "v": 1, "frames": ["rooms"], "maxFrameBlocks", "maxBlockBytes"}``
-        (``"rooms"``: a frame may carry blocks of several rooms). A sender that gets no such
-        answer (a relay older than this one) sends one room per frame. ``"acks": "paced"``
-        (unless ``browser_queue_max`` is ``None``): every frame's acknowledgement is paced
-        by the browsers (:meth:`on_kx_blocks`); a sender not told so sends as before.
-
-        The question's ``open``, the sender's open streams (``{room, callId, taskId,
-        seq}``, newest first), makes this relay their owner's as their running blocks
-        would (:meth:`GoneWorkers.announce
-        <kernel_ext.relay.gone_workers.GoneWorkers.announce>`: a stream whose terminal it
-        emitted stays ended), before anything later on that connection: a relay restarted
-        mid-call routes a stop to the call's worker and ends its streams if it dies. An
-        entry past :data:`~kernel_ext.protocol.KX_HELLO_MAX_OPEN`, or malformed
-        (:func:`kernel_ext.relay.frames.announced`), is ignored and counted
-        ``rejected_bad_announce``."""
-        conn = self._internal.get(sid)
-        if conn is None:
+        (``"rooms"``: a frame may carry blocks of several rooms; an older relay says nothing:
+        one room per frame), ``"acks": "paced"`` unless ``browser_queue_max`` is ``None``
+        (:meth:`on_kx_blocks`); the ``open`` streams: :meth:`GoneWorkers.announced`."""
+        if sid not in self._internal:
             self._reject(sid, counted.NOT_INTERNAL, KX_HELLO)
             return {"ok": False, "error": "forbidden"}
-        if isinstance(data, Mapping):
-            # Synchronous up to here: recorded before any frame that arrived after it.
-            streams, ignored = frames.announced(data, KX_HELLO_MAX_OPEN)
-            if ignored:
-                self._count(counted.REJECTED_PREFIX + counted.BAD_ANNOUNCE, ignored)
-                count_frame(counted.BAD_ANNOUNCE)
-                rare(
-                    "relay_" + counted.BAD_ANNOUNCE,
-                    "relay: ignored %d open-stream entries of kx_hello from %s",
-                    ignored,
-                    sid,
-                )
-            if streams:
-                self.workers.announce(conn.worker, streams, self.terminals.emitted)
+        self.workers.announced(self._internal[sid].worker, data, self.terminals.emitted)
         answer: dict[str, Any] = {
             "ok": True,
             "v": 1,

@@ -8,12 +8,10 @@ workers) each keep an :class:`OpenStreams` and end a gone worker's streams throu
 these rules live here once:
 
 * **Open streams.** A stream opens on a running block with a callId (a block without one
-  has no pane), or when its worker announces it as open on a new connection
-  (:meth:`OpenStreams.announce`: a relay restarted since its last block learns it so),
-  and closes at its terminal, whoever sends it; it belongs to the worker that sent its
-  latest running block or announcement (a restarted process that goes on with its
-  predecessor's stream takes it over); a worker has a record only while it has open
-  streams. A stream this relay ended is not opened again by an announcement.
+  has no pane), or when its worker announces it (:meth:`OpenStreams.announce`), and closes
+  at its terminal, whoever sends it; it belongs to the worker that sent its latest running
+  block (a restarted process that goes on with its predecessor's stream takes it over); a
+  worker has a record only while it has open streams.
 * **Bounds.** ``max_streams`` per worker and ``max_workers`` records; beyond either the
   oldest is forgotten (counted ``<prefix>worker_streams_dropped`` /
   ``<prefix>workers_dropped``, logged rarely).
@@ -53,6 +51,7 @@ from kernel_ext.observability.count_names import (
 )
 from kernel_ext.protocol import NAMESPACE, TERMINAL_STATES, WORKER_ID_PATTERN, Block, text_block
 from kernel_ext.relay._log import logger, rare
+from kernel_ext.relay.frames import Announced
 
 __all__ = [
     "DEFAULT_WORKER_GRACE",
@@ -210,17 +209,11 @@ class OpenStreams:
         self._open(worker, key, room, seq)
 
     def announce(
-        self,
-        worker: str,
-        streams: Sequence[tuple[str, str, str, int]],
-        ended_here: Callable[[StreamKey], bool],
+        self, worker: str, streams: Sequence[Announced], ended_here: Callable[[StreamKey], bool]
     ) -> int:
-        """``worker`` says these streams are open, ``(room, callId, taskId, seq)`` newest
-        first (its ``kx_hello`` on a new connection): each is tracked as its running block
-        of that seq would be (:meth:`note`), but for a stream this relay ended already — on
-        a gone worker's behalf, or ``ended_here(key)``, one whose terminal it emitted —,
-        which stays ended: an announcement never leads to a second terminal. The newest
-        are kept when they are more than ``max_streams``. How many it tracks."""
+        """``worker`` says these streams are open (``kx_hello``; newest first, kept first):
+        each is tracked as its running block of that seq would be, unless this relay ended
+        it (for a gone worker, or ``ended_here(key)``: its terminal went out). How many."""
         tracked = 0
         for room, call_id, task_id, seq in reversed(streams):  # the newest last: kept
             key = (call_id, task_id)

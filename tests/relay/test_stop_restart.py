@@ -16,6 +16,7 @@ import asyncio
 import signal
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -34,8 +35,21 @@ from support.relay_helpers import (
     terminals,
     worker,
 )
-from support.reliability_helpers import TestRelay, browser_on, running_relay, worker_process
-from support.stop_calls import ask_stop, is_stopped, running_call, stop, stopped_terminals
+from support.reliability_helpers import (
+    TestRelay,
+    WatchedBrowser,
+    browser_on,
+    running_relay,
+    worker_process,
+)
+from support.stop_calls import (
+    RunningCall,
+    ask_stop,
+    is_stopped,
+    running_call,
+    stop,
+    stopped_terminals,
+)
 from support.timing import CALL_TIMEOUT, wait_until
 
 from kernel_ext.attribution.tap import Tap
@@ -78,9 +92,19 @@ async def restarted(relay: TestRelay, browser: Browser, emitter: LoopbackEmitter
 # -- across a restart of the web process -------------------------------------------------
 
 
-async def test_a_stop_after_the_relay_restarted_reaches_the_silent_call_once() -> None:
-    """The call sent its one block to the relay that died; it sends nothing after: the
-    restarted relay knows its owner from the sender's announcement alone."""
+@dataclass
+class SilentCall:
+    """A relay subprocess, a browser in :data:`ROOM`, a worker's sender, and its ``call``
+    that sent its one block (at the browser) and sends nothing more."""
+
+    relay: TestRelay
+    browser: WatchedBrowser
+    emitter: LoopbackEmitter
+    call: RunningCall
+
+
+@asynccontextmanager
+async def silent_call() -> AsyncIterator[SilentCall]:
     hub = new_hub()
     async with running_relay() as relay, browser_on(relay.port, ROOM) as browser:
         emitter = emitter_for(relay.port, hub, ack_timeout=30.0)
@@ -89,20 +113,34 @@ async def test_a_stop_after_the_relay_restarted_reaches_the_silent_call_once() -
             async with running_call(hub, ROOM) as call:
                 await browser.wait_for(lambda b: any(x["callId"] == call.call_id for x in b))
                 assert await emitter.flush(10)
-                relay.kill()  # SIGKILL: the relay's memory of the call's owner is gone
-                await restarted(relay, browser, emitter)
-                ack = await ask_stop(browser, stop(ROOM, call.call_id))
-                assert ack == {"answer": "stopping"}  # before: "unknown"
-                result = await asyncio.wait_for(call.task, CALL_TIMEOUT)
-                assert result.startswith("The user stopped this tool call")
-                assert call.stop_seen == [True]
-                await browser.wait_for(lambda b: bool(stopped_terminals(b, call.call_id)))
-                assert await emitter.flush(10)
-            await barrier(browser, relay.port)
-        counts = await relay_stats(relay)
+                yield SilentCall(relay, browser, emitter, call)
+
+
+async def stopped_once(scene: SilentCall) -> None:
+    """The browser's stop is answered ``stopping``, the call returns the stopped result, and
+    the browser gets exactly one terminal of it: ``aborted`` with ``"stopped": true``."""
+    call, browser = scene.call, scene.browser
+    ack = await ask_stop(browser, stop(ROOM, call.call_id))
+    assert ack == {"answer": "stopping"}  # before the announcement: "unknown"
+    result = await asyncio.wait_for(call.task, CALL_TIMEOUT)
+    assert result.startswith("The user stopped this tool call")
+    assert call.stop_seen == [True]
+    await browser.wait_for(lambda b: bool(stopped_terminals(b, call.call_id)))
+    assert await scene.emitter.flush(10)
+    await barrier(browser, scene.relay.port)
     ends = stopped_terminals(browser.blocks, call.call_id)
     assert len(ends) == 1, ends
     assert is_stopped(ends[0]), ends
+
+
+async def test_a_stop_after_the_relay_restarted_reaches_the_silent_call_once() -> None:
+    """The call's one block went to the relay that died: the restarted relay knows the
+    call's worker from the sender's announcement alone."""
+    async with silent_call() as scene:
+        scene.relay.kill()  # SIGKILL: the relay's memory of the call's owner is gone
+        await restarted(scene.relay, scene.browser, scene.emitter)
+        await stopped_once(scene)
+        counts = await relay_stats(scene.relay)
     assert counts["stops_stopping"] == 1
 
 
@@ -146,34 +184,18 @@ async def test_a_worker_that_dies_after_the_relay_restarted_has_its_pane_ended_o
 async def test_a_stop_in_flight_when_the_relay_dies_gets_no_answer_and_a_second_one_ends_it() -> (
     None
 ):
-    hub = new_hub()
-    async with running_relay() as relay, browser_on(relay.port, ROOM) as browser:
-        emitter = emitter_for(relay.port, hub, ack_timeout=30.0)
-        async with emitter:
-            await wait_until(lambda: emitter.healthy)
-            async with running_call(hub, ROOM) as call:
-                await browser.wait_for(lambda b: any(x["callId"] == call.call_id for x in b))
-                assert await emitter.flush(10)
-                assert relay.proc is not None
-                relay.proc.send_signal(signal.SIGSTOP)  # the request reaches a frozen relay
-                with pytest.raises(socketio.exceptions.TimeoutError):
-                    await browser.client.call(
-                        STOP_EVENT, stop(ROOM, call.call_id), namespace=NS, timeout=3
-                    )
-                relay.kill()  # SIGKILL while stopped: the request dies with it
-                await restarted(relay, browser, emitter)
-                # The frozen relay never asked the worker: the call is untouched.
-                assert not call.task.done()
-                assert call.stop_seen == []
-                ack = await ask_stop(browser, stop(ROOM, call.call_id))
-                assert ack == {"answer": "stopping"}
-                await asyncio.wait_for(call.task, CALL_TIMEOUT)
-                await browser.wait_for(lambda b: bool(stopped_terminals(b, call.call_id)))
-                assert await emitter.flush(10)
-            await barrier(browser, relay.port)
-    ends = stopped_terminals(browser.blocks, call.call_id)
-    assert len(ends) == 1, ends
-    assert is_stopped(ends[0]), ends
+    async with silent_call() as scene:
+        relay, browser, call = scene.relay, scene.browser, scene.call
+        assert relay.proc is not None
+        relay.proc.send_signal(signal.SIGSTOP)  # the request reaches a frozen relay
+        with pytest.raises(socketio.exceptions.TimeoutError):
+            await browser.client.call(STOP_EVENT, stop(ROOM, call.call_id), namespace=NS, timeout=3)
+        relay.kill()  # SIGKILL while stopped: the request dies with it
+        await restarted(relay, browser, scene.emitter)
+        # The frozen relay never asked the worker: the call is untouched.
+        assert not call.task.done()
+        assert call.stop_seen == []
+        await stopped_once(scene)
 
 
 # -- the announcement on the wire ---------------------------------------------------------
