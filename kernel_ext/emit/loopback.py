@@ -49,6 +49,7 @@ from kernel_ext.protocol import (
     KX_BLOCKS,
     KX_CHAT_EVENT,
     KX_HELLO,
+    KX_HELLO_MAX_OPEN,
     KX_STOP,
     REFUSED_BAD_WORKER,
     REFUSED_UNAUTHORIZED,
@@ -73,7 +74,11 @@ _LIVED = 1.0
 """Seconds a connection must last for the next attempt to start over from the first delay."""
 
 _HELLO_WAIT = 1.0
-"""Seconds the first blocks wait (in the hub's queue) for the relay's answer to ``kx_hello``."""
+"""Seconds the frames of a new connection wait for the relay's answer to ``kx_hello`` (the
+first blocks wait in the hub's queue)."""
+_OPEN_ENTRY_CHARS = 80
+"""Characters of an announced open stream's entry beside its room and taskId (keys, callId,
+seq, punctuation), at most."""
 
 Section = tuple[str, list[OutgoingBlock]]
 Frame = list[Section] | OutgoingChatEvent
@@ -128,9 +133,9 @@ class LoopbackEmitter(Emitter):
     """Sends blocks to the web process's relay over a python-socketio ``AsyncClient``.
 
     Connects to ``url``, namespace ``/chat``, with auth ``{"internal": secret, "worker":
-    worker_id}`` (default id: random per emitter); the relay ends the open streams of a
-    sender that stays away longer than its grace period with ``aborted``. Guarantees (in
-    full: docs/contracts.md, "The loopback sender"):
+    worker_id}`` (default id: random per emitter), and tells the relay its hub's open streams
+    (``kx_hello``), which the relay ends ``aborted`` when the sender stays away longer than
+    its grace period. Guarantees (in full: docs/contracts.md, "The loopback sender"):
 
     * Blocks of one stream go in order, batched into ``kx_blocks`` frames (at most
       ``frame_max_blocks`` blocks / about ``frame_max_chars`` characters).
@@ -220,6 +225,7 @@ class LoopbackEmitter(Emitter):
         self._window.set()
         self._holding_back = False
         self._hello_task: asyncio.Task[None] | None = None
+        self._hello_waited: asyncio.Task[None] | None = None  # the last one frames waited for
         self._refusal: str | None = None  # the relay's reason, during one attempt
         self._reported: str | None = None  # the refusal logged last (None once connected)
 
@@ -284,10 +290,18 @@ class LoopbackEmitter(Emitter):
         ``kx_hello`` (or did not within ``_HELLO_WAIT`` seconds): the first frames already
         take the form the relay takes."""
         await self._first_attempt.wait()
+        await self._hello_answered()
+
+    async def _hello_answered(self) -> None:
+        """The current connection's ``kx_hello`` was answered, failed, or waited for
+        ``_HELLO_WAIT`` seconds once: frames go after it (the open streams it announced are
+        the relay's before that connection's terminals)."""
         hello = self._hello_task
+        if hello is self._hello_waited:
+            return
+        self._hello_waited = hello
         if hello is not None and not hello.done():
-            with contextlib.suppress(Exception, asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(hello), min(_HELLO_WAIT, self.ack_timeout))
+            await asyncio.wait((hello,), timeout=min(_HELLO_WAIT, self.ack_timeout))
 
     async def _open(self) -> None:
         import socketio
@@ -339,14 +353,32 @@ class LoopbackEmitter(Emitter):
         if task is not None:
             task.cancel()
 
+    def _open_streams(self) -> list[dict[str, Any]]:
+        """The hub's open streams as ``kx_hello`` announces them (``{room, callId, taskId,
+        seq}``, newest first): at most :data:`~kernel_ext.protocol.KX_HELLO_MAX_OPEN` of
+        them, within about ``frame_max_chars`` characters (the newest kept)."""
+        port = self._consumer
+        if port is None:
+            return []
+        budget = self.frame_max_chars
+        found = []
+        for room, call_id, task_id, seq in port.hub.open_streams(KX_HELLO_MAX_OPEN):
+            budget -= len(wire_text(room)) + len(wire_text(task_id)) + _OPEN_ENTRY_CHARS
+            if budget < 0:
+                break
+            found.append({"room": room, "callId": call_id, "taskId": task_id, "seq": seq})
+        return found
+
     async def _hello(self, client: Any, connection: int) -> None:
-        """Ask the relay what frames it takes; one room per frame until it says more. The
-        answer is taken only while the connection it was asked on (the ``connection``-th)
-        is still up: an answer crossing a reconnect (the relay since replaced by an older
-        one) is ignored."""
+        """Ask the relay what frames it takes, saying which streams are open here (the
+        relay, maybe restarted since their last block, then knows whose they are); one room
+        per frame until it says more. The answer is taken only while the connection it was
+        asked on (the ``connection``-th) is still up: an answer crossing a reconnect (the
+        relay since replaced by an older one) is ignored."""
+        question = {"v": 1, "open": self._open_streams()}
         try:
             answer = await client.call(
-                KX_HELLO, {"v": 1}, namespace=self.namespace, timeout=self.ack_timeout
+                KX_HELLO, question, namespace=self.namespace, timeout=self.ack_timeout
             )
         except Exception:  # an older relay that does not answer, a disconnect
             return
@@ -523,6 +555,8 @@ class LoopbackEmitter(Emitter):
         return frames
 
     async def _send(self, items: list[Outgoing]) -> None:
+        if self._hello_task is not self._hello_waited:
+            await self._hello_answered()
         if self._healthy and len(self._terminals):
             retry = self._terminals.take()
             if retry:

@@ -21,6 +21,7 @@ __all__ = [
     "ACK_TIMEOUTS",
     "ADMITTED",
     "AFTER_WORKER_ABORTED",
+    "BAD_ANNOUNCE",
     "BAD_ARGUMENTS",
     "BAD_CURSOR",
     "BAD_EVENT_NAME",
@@ -307,6 +308,10 @@ BAD_JOIN = "bad_join"
 BAD_CURSOR = "bad_cursor"
 BAD_LEAVE = "bad_leave"
 BAD_FRAME = "bad_frame"
+BAD_ANNOUNCE = "bad_announce"
+"""An entry of the open streams a ``kx_hello`` announced that the relay ignored: malformed
+(:func:`kernel_ext.relay.frames.announced`) or past
+:data:`~kernel_ext.protocol.KX_HELLO_MAX_OPEN`; counted ``rejected_bad_announce`` per entry."""
 FRAME_TOO_LARGE = "frame_too_large"
 BUSY = "busy"
 UNKNOWN_EVENT = "unknown_event"

@@ -66,10 +66,12 @@ __all__ = [
     "KX_BLOCKS",
     "KX_CHAT_EVENT",
     "KX_HELLO",
+    "KX_HELLO_MAX_OPEN",
     "KX_STOP",
     "LEAVE_EVENT",
     "MAX_CONVERSATION_ID_CHARS",
     "MAX_PAYLOAD_DEPTH",
+    "MAX_TASK_ID_CHARS",
     "NAMESPACE",
     "PROTOCOL_VERSION",
     "REFUSED_BAD_WORKER",
@@ -132,9 +134,15 @@ STOP_ANSWERS: tuple[str, ...] = (
 """Every answer a relay gives to :data:`STOP_EVENT`; anything else is a failure."""
 MAX_CONVERSATION_ID_CHARS = 512
 """The longest conversation id (a room's name) a relay takes, in characters."""
+MAX_TASK_ID_CHARS = 512
+"""The longest ``taskId`` of a block, in characters."""
 KX_BLOCKS = "kx_blocks"
 KX_CHAT_EVENT = "kx_chat_event"
 KX_HELLO = "kx_hello"
+KX_HELLO_MAX_OPEN = 1_000
+"""The most open streams a sender announces in ``kx_hello`` (``open``), newest first, and
+the most a relay reads of one: each entry past them is ignored, counted
+``rejected_bad_announce``."""
 # Relay → worker, on the worker's own connection: stop one running call of this worker.
 # ``{"v": 1, "callId": "<16 hex>"}``, acknowledged ``{"answer": <kernel_ext.StopAnswer>}``.
 KX_STOP = "kx_stop"
@@ -289,7 +297,7 @@ class Block(_Wire):
     )
     task_id: StrictStr = Field(
         min_length=1,
-        max_length=512,
+        max_length=MAX_TASK_ID_CHARS,
         description="the A2A task id; blocks made without an A2A task use the callId",
     )
     state: BlockState = Field(
@@ -701,7 +709,7 @@ def fallback_terminal(
     characters (a longer or empty one is replaced by its first 512 characters or ``-``,
     a lone surrogate in it by U+FFFD: :func:`well_formed`), with ``trace_id`` as
     :func:`text_block` takes it."""
-    task_id = well_formed(task_id[:512]) or "-"
+    task_id = well_formed(task_id[:MAX_TASK_ID_CHARS]) or "-"
     text = FALLBACK_TOO_LARGE if too_large else FALLBACK_INVALID
     return text_block(call_id, task_id, state, ts, seq, text, trace_id)
 

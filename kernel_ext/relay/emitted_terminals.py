@@ -99,6 +99,11 @@ class EmittedTerminals:
             self._count(HELD_TERMINALS, 1)
         return True
 
+    def emitted(self, key: tuple[Any, Any]) -> bool:
+        """Whether a terminal of stream ``key`` (``(callId, taskId)``) is remembered as
+        emitted (the sent memory; always ``False`` with it off)."""
+        return self._sent is not None and key in self._sent
+
     def caught_up(self, raw: Mapping[str, Any], sid: str) -> None:
         """The terminal ``raw`` went to the browser ``sid`` by a catch-up: a re-send of it
         is a duplicate while that browser is connected."""

@@ -3,26 +3,37 @@
 A ``kx_blocks`` frame is ``{"v": 1, "room", "blocks": [...]}`` (one room) or ``{"v": 1,
 "rooms": [{"room", "blocks": [...]}, ...]}`` (several, in order); each block is checked by
 the protocol's one rule and size measure (:func:`kernel_ext.protocol.check_block`); a
-``kx_chat_event`` is ``{room, event}``; a join or a leave names a ``conversationId``. Each
-function returns what is wrong as text, or the parsed value: the namespace counts and
-answers (:class:`~kernel_ext.relay.namespace.ChatRelay`).
+``kx_chat_event`` is ``{room, event}``; a join or a leave names a ``conversationId``; a
+``kx_hello`` may announce the sender's open streams (:func:`announced`). Each function
+returns what is wrong as text, or the parsed value: the namespace counts and answers
+(:class:`~kernel_ext.relay.namespace.ChatRelay`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from kernel_ext.errors import BlockTooLargeError, DecodeError
-from kernel_ext.protocol import check_block
+from kernel_ext.protocol import (
+    CALL_ID_PATTERN,
+    MAX_CONVERSATION_ID_CHARS,
+    MAX_TASK_ID_CHARS,
+    check_block,
+)
+from kernel_ext.relay.replay import MAX_SEQ
 
 __all__ = [
     "ROOM_MAX",
+    "Announced",
     "Sections",
     "ValidSections",
+    "announced",
     "block_json",
     "chat_event_of",
     "checked_sections",
+    "room_and_call",
     "room_of",
     "sections",
 ]
@@ -34,6 +45,10 @@ Sections = list[tuple[str, list[Any]]]
 """A frame's (room, blocks) sections, in order."""
 ValidSections = list[tuple[str, list[tuple[Any, bytes]]]]
 """A frame's sections with only their valid blocks, each with its compact JSON."""
+Announced = tuple[str, str, str, int]
+"""An open stream a sender announced: ``(room, callId, taskId, seq)``."""
+
+_CALL_ID = re.compile(CALL_ID_PATTERN)
 
 
 def sections(data: Any, max_frame_blocks: int) -> Sections | str:
@@ -114,3 +129,57 @@ def room_of(data: Any) -> str | None:
     if not isinstance(room, str) or not room or len(room) > ROOM_MAX:
         return None
     return room
+
+
+def _encodes(text: str) -> bool:
+    """Whether UTF-8 can encode ``text`` (a lone surrogate cannot be sent on)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def room_and_call(room: Any, call_id: Any) -> tuple[str, str] | None:
+    """``(room, call_id)`` when ``room`` is a conversation id a relay takes (a non-empty
+    string of at most :data:`~kernel_ext.protocol.MAX_CONVERSATION_ID_CHARS` characters
+    that UTF-8 can encode: no lone surrogate) and ``call_id`` a callId (16 lower-case hex
+    digits), else ``None``."""
+    if not isinstance(room, str) or not room or len(room) > MAX_CONVERSATION_ID_CHARS:
+        return None
+    if not isinstance(call_id, str) or len(call_id) != 16 or not _CALL_ID.fullmatch(call_id):
+        return None
+    return (room, call_id) if _encodes(room) else None
+
+
+def announced(data: Mapping[str, Any], max_entries: int) -> tuple[list[Announced], int]:
+    """The open streams a ``kx_hello`` announces (``open``: a list of ``{room, callId,
+    taskId, seq}``, newest first) in that order, and how many entries are ignored: one
+    that is not such a mapping (a room and a callId as :func:`room_and_call` takes them,
+    a ``taskId`` of 1 to :data:`~kernel_ext.protocol.MAX_TASK_ID_CHARS` characters that
+    UTF-8 can encode, a ``seq`` an integer from 0 to
+    :data:`~kernel_ext.relay.replay.MAX_SEQ`, not a bool), each entry
+    past the first ``max_entries``, and ``open`` itself when it is there but not a list.
+    No ``open``: nothing announced (a sender older than the announcement)."""
+    entries = data.get("open")
+    if entries is None:
+        return [], 0
+    if not isinstance(entries, list):
+        return [], 1
+    found: list[Announced] = []
+    for entry in entries[:max_entries]:
+        if not isinstance(entry, Mapping):
+            continue
+        pair = room_and_call(entry.get("room"), entry.get("callId"))
+        task_id, seq = entry.get("taskId"), entry.get("seq")
+        if (
+            pair is None
+            or not isinstance(task_id, str)
+            or not 0 < len(task_id) <= MAX_TASK_ID_CHARS
+            or not _encodes(task_id)
+            or seq.__class__ is not int
+            or not 0 <= seq <= MAX_SEQ
+        ):
+            continue
+        found.append((*pair, task_id, seq))
+    return found, len(entries) - len(found)

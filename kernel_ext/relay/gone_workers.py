@@ -2,7 +2,9 @@
 ``worker_grace`` has its open streams ended ``aborted`` (the rules:
 :mod:`kernel_ext.relay.workers`).
 
-A worker is the connect auth's ``worker`` id, else the connection's sid. When the last
+A worker is the connect auth's ``worker`` id, else the connection's sid. Its streams are
+known from its running blocks, and from the open streams it announces on each connection
+(``kx_hello``): a relay restarted mid-call knows them before their next block. When the last
 connection of a worker with open streams is gone and none of that worker comes back within
 ``worker_grace`` seconds, the relay emits one ``aborted`` block to the room of each of its
 open streams (counted ``worker_aborted``); one that comes back in time cancels that
@@ -12,11 +14,18 @@ other, and later running blocks of those streams are dropped (``after_worker_abo
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from kernel_ext.observability.count_names import AFTER_WORKER_ABORTED, WORKERS_IN_GRACE
-from kernel_ext.relay._log import rare
+from kernel_ext.observability.count_names import (
+    AFTER_WORKER_ABORTED,
+    BAD_ANNOUNCE,
+    REJECTED_PREFIX,
+    WORKERS_IN_GRACE,
+)
+from kernel_ext.protocol import KX_HELLO_MAX_OPEN
+from kernel_ext.relay import frames
+from kernel_ext.relay._log import count_frame, rare
 from kernel_ext.relay.workers import ConnectionGrace, track_workers
 
 __all__ = ["GoneWorkers"]
@@ -75,6 +84,35 @@ class GoneWorkers:
             raw.get("taskId"),
         )
         return False
+
+    def announced(
+        self, worker: str, hello: Any, ended_here: Callable[[tuple[Any, Any]], bool]
+    ) -> int:
+        """``worker``'s ``kx_hello`` ``hello`` and the open streams it announces (``open``:
+        ``{room, callId, taskId, seq}``, newest first), taken at once (before the later
+        events of its connection): each is tracked as its running block would be, unless
+        it ended here
+        (:meth:`OpenStreams.announce <kernel_ext.relay.workers.OpenStreams.announce>`;
+        ``ended_here(key)``: this relay emitted a terminal of that stream). An entry past
+        :data:`~kernel_ext.protocol.KX_HELLO_MAX_OPEN`, or malformed
+        (:func:`kernel_ext.relay.frames.announced`), is ignored and counted
+        ``rejected_bad_announce``. How many are tracked (0 when gone workers are not
+        watched). Never raises."""
+        if not isinstance(hello, Mapping):
+            return 0
+        streams, ignored = frames.announced(hello, KX_HELLO_MAX_OPEN)
+        if ignored:
+            self._count(REJECTED_PREFIX + BAD_ANNOUNCE, ignored)
+            count_frame(BAD_ANNOUNCE)
+            rare(
+                "relay_" + BAD_ANNOUNCE,
+                "relay: ignored %d open-stream entries of %s's kx_hello",
+                ignored,
+                worker,
+            )
+        if self._streams is None or not streams:
+            return 0
+        return self._streams.announce(worker, streams, ended_here)
 
     def arrived(self, worker: str) -> None:
         """A connection of ``worker`` arrived."""

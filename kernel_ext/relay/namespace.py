@@ -335,13 +335,13 @@ class ChatRelay(StopRequests, SettingsAttributes, GuardedNamespace):
     async def on_kx_hello(self, sid: str, data: Any = None) -> dict[str, Any]:
         """What this relay takes from an internal sender, asked once per connection:
         ``{"ok": true, "v": 1, "frames": ["rooms"], "maxFrameBlocks", "maxBlockBytes"}``
-        (``"rooms"``: a frame may carry blocks of several rooms). A sender that gets no such
-        answer (a relay older than this one) sends one room per frame. ``"acks": "paced"``
-        (unless ``browser_queue_max`` is ``None``): every frame's acknowledgement is paced
-        by the browsers (:meth:`on_kx_blocks`); a sender not told so sends as before."""
+        (``"rooms"``: a frame may carry blocks of several rooms; an older relay says nothing:
+        one room per frame), ``"acks": "paced"`` unless ``browser_queue_max`` is ``None``
+        (:meth:`on_kx_blocks`); the ``open`` streams: :meth:`GoneWorkers.announced`."""
         if sid not in self._internal:
             self._reject(sid, counted.NOT_INTERNAL, KX_HELLO)
             return {"ok": False, "error": "forbidden"}
+        self.workers.announced(self._internal[sid].worker, data, self.terminals.emitted)
         answer: dict[str, Any] = {
             "ok": True,
             "v": 1,

@@ -39,7 +39,6 @@ thread only.
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -53,10 +52,11 @@ from kernel_ext.observability.count_names import (
     STOP_RATE,
     STOPS_PREFIX,
 )
-from kernel_ext.protocol import KX_STOP, MAX_CONVERSATION_ID_CHARS, STOP_EVENT
+from kernel_ext.protocol import KX_STOP, STOP_EVENT
 from kernel_ext.relay._log import logger, rare
 from kernel_ext.relay.auth import allow_all, call_hook
 from kernel_ext.relay.delivery import Delivery, StopWays
+from kernel_ext.relay.frames import room_and_call
 from kernel_ext.relay.gone_workers import GoneWorkers
 from kernel_ext.relay.limits import Admission
 from kernel_ext.relay.relay_settings import RelaySettings
@@ -75,7 +75,6 @@ STOPPING, ALREADY_ENDED, UNKNOWN, REFUSED, UNREACHABLE = (
     "unreachable",
 )
 _WORKER_ANSWERS = frozenset({STOPPING, ALREADY_ENDED, UNKNOWN, REFUSED})
-_CALL_ID = re.compile(r"[0-9a-f]{16}")
 
 Ask = Callable[..., Awaitable[Any]]
 """``await ask(event, data, to=sid, timeout=t)``: the namespace's ``call``."""
@@ -236,15 +235,7 @@ def read_request(data: Any) -> tuple[str, str] | None:
     call_id = data.get("callId")
     if v.__class__ is not int or v != 1:
         return None
-    if not isinstance(room, str) or not room or len(room) > MAX_CONVERSATION_ID_CHARS:
-        return None
-    if not isinstance(call_id, str) or len(call_id) != 16 or not _CALL_ID.fullmatch(call_id):
-        return None
-    try:
-        room.encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate: no room's name
-        return None
-    return room, call_id
+    return room_and_call(room, call_id)
 
 
 class StopRequests:

@@ -8,9 +8,10 @@ workers) each keep an :class:`OpenStreams` and end a gone worker's streams throu
 these rules live here once:
 
 * **Open streams.** A stream opens on a running block with a callId (a block without one
-  has no pane) and closes at its terminal, whoever sends it; it belongs to the worker that
-  sent its latest running block (a restarted process that goes on with its predecessor's
-  stream takes it over); a worker has a record only while it has open streams.
+  has no pane), or when its worker announces it (:meth:`OpenStreams.announce`), and closes
+  at its terminal, whoever sends it; it belongs to the worker that sent its latest running
+  block (a restarted process that goes on with its predecessor's stream takes it over); a
+  worker has a record only while it has open streams.
 * **Bounds.** ``max_streams`` per worker and ``max_workers`` records; beyond either the
   oldest is forgotten (counted ``<prefix>worker_streams_dropped`` /
   ``<prefix>workers_dropped``, logged rarely).
@@ -34,7 +35,7 @@ import asyncio
 import functools
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from kernel_ext._shared.bounded import BoundedMap
@@ -50,6 +51,7 @@ from kernel_ext.observability.count_names import (
 )
 from kernel_ext.protocol import NAMESPACE, TERMINAL_STATES, WORKER_ID_PATTERN, Block, text_block
 from kernel_ext.relay._log import logger, rare
+from kernel_ext.relay.frames import Announced
 
 __all__ = [
     "DEFAULT_WORKER_GRACE",
@@ -185,22 +187,41 @@ class OpenStreams:
             seq = _seq_of(raw)
             if seq is None or not isinstance(call_id, str) or not isinstance(key[1], str):
                 return True  # not a block this relay validated (Redis path): not tracked
-            owner = self.owner.get(key)
-            if owner == worker:
-                streams = self._record(worker).streams
-                known = streams.get(key)
-                assert known is not None
-                if seq > known[1] or room != known[0]:
-                    streams.set(key, (room, max(seq, known[1])))
-                return True
-            if owner is not None:  # taken over from another worker (a restarted process)
-                seq = max(seq, self._close(owner, key)[1])
-            self._open(worker, key, room, seq)
+            self._running(worker, key, room, seq)
         elif state in TERMINAL_STATES:
             owner = self.owner.get(key)
             if owner is not None:
                 self._close(owner, key)
         return True
+
+    def _running(self, worker: str, key: StreamKey, room: str, seq: int) -> None:
+        """A running block of ``key`` (``seq``, to ``room``) came from ``worker``."""
+        owner = self.owner.get(key)
+        if owner == worker:
+            streams = self._record(worker).streams
+            known = streams.get(key)
+            assert known is not None
+            if seq > known[1] or room != known[0]:
+                streams.set(key, (room, max(seq, known[1])))
+            return
+        if owner is not None:  # taken over from another worker (a restarted process)
+            seq = max(seq, self._close(owner, key)[1])
+        self._open(worker, key, room, seq)
+
+    def announce(
+        self, worker: str, streams: Sequence[Announced], ended_here: Callable[[StreamKey], bool]
+    ) -> int:
+        """``worker`` says these streams are open (``kx_hello``; newest first, kept first):
+        each is tracked as its running block of that seq would be, unless this relay ended
+        it (for a gone worker, or ``ended_here(key)``: its terminal went out). How many."""
+        tracked = 0
+        for room, call_id, task_id, seq in reversed(streams):  # the newest last: kept
+            key = (call_id, task_id)
+            if key in self.ended or ended_here(key):
+                continue
+            self._running(worker, key, room, seq)
+            tracked += 1
+        return tracked
 
     def owner_of(self, call_id: str, room: str) -> str | None:
         """The worker that owns an open stream of ``call_id`` in ``room``, else ``None`` (a

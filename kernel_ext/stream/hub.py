@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -452,6 +453,24 @@ class StreamHub:
             old._closed = True
             old._wake()
         return new
+
+    def open_streams(self, limit: int) -> list[tuple[str, str, str, int]]:
+        """The open streams a relay may know of, newest first, at most ``limit``:
+        ``(room, callId, taskId, seq)`` of each stream with a callId on which a running
+        block was let through, ``seq`` the highest this hub numbered its blocks with (0 when
+        they all carried the peer's own envelope). What a sender announces on a new
+        connection. Takes the lock."""
+        found: list[tuple[str, str, str, int]] = []
+        with self._lock:
+            for (call_id, task_id), stream in reversed(self._streams.items()):
+                if len(found) >= limit:
+                    break
+                # ring[cursor - 1]: the latest admission's time (-inf: none yet; a stream
+                # opened for a provisional terminal alone has sent nothing).
+                if call_id is None or stream.ring[stream.cursor - 1] == -math.inf:
+                    continue
+                found.append((stream.room, call_id, task_id, stream.seq))
+        return found
 
     @property
     def queue_size(self) -> int:

@@ -383,15 +383,18 @@ async def relay_server(**options: Any) -> AsyncIterator[tuple[int, ChatRelay]]:
 
 
 @asynccontextmanager
-async def worker(port: int, secret: Any = SECRET) -> AsyncIterator[socketio.AsyncClient]:
+async def worker(
+    port: int, secret: Any = SECRET, worker_id: str | None = None
+) -> AsyncIterator[socketio.AsyncClient]:
     """An internal connection to the relay on ``port`` (as a worker's sender), by
-    ``secret``."""
+    ``secret``, presenting ``worker_id`` when given."""
     client = socketio.AsyncClient(reconnection=False)
+    auth = {"internal": secret} if worker_id is None else {"internal": secret, "worker": worker_id}
     await asyncio.wait_for(
         client.connect(
             f"http://127.0.0.1:{port}",
             namespaces=[NS],
-            auth={"internal": secret},
+            auth=auth,
             transports=["websocket"],
             wait_timeout=CALL_TIMEOUT,
         ),

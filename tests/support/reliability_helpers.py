@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,16 @@ from kernel_ext.attribution.tap import Tap
 from kernel_ext.emit import Emitter, LoopbackEmitter
 from kernel_ext.instrument import ToolDescription, tool_call_scope
 from kernel_ext.stream import StreamHub
-from support.relay_helpers import CONV, SECRET, Browser, RelayProcess, emitter_for, terminals
+from support import SUPPORT
+from support.relay_helpers import (
+    CALL,
+    CONV,
+    SECRET,
+    Browser,
+    RelayProcess,
+    emitter_for,
+    terminals,
+)
 from support.timing import CALL_TIMEOUT, wait_until
 
 
@@ -350,3 +360,82 @@ class Clock:
 
     def elapsed(self) -> float:
         return time.monotonic() - self.start
+
+
+# -- a worker process ---------------------------------------------------------------------
+
+WORKER_SCRIPT = SUPPORT / "stream_worker.py"
+
+
+class WorkerProcess:
+    """``tests/support/stream_worker.py`` in a subprocess: one command per line on its standard
+    input, one answer per line on its standard output. Killed in :meth:`close`."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        *,
+        relay_port: int | None = None,
+        redis_url: str | None = None,
+        call_id: str = CALL,
+    ) -> None:
+        self.args = ["--worker-id", worker_id, "--room", CONV, "--call", call_id]
+        if relay_port is not None:
+            self.args += ["--relay-url", f"http://127.0.0.1:{relay_port}"]
+        else:
+            assert redis_url is not None
+            self.args += ["--redis-url", redis_url]
+        self.proc: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(WORKER_SCRIPT),
+            *self.args,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=dict(os.environ, KERNEL_EXT_SECRET=SECRET),
+        )
+        assert await self.answer() == "ready"
+
+    def send(self, *commands: str) -> None:
+        assert self.proc is not None
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("".join(f"{command}\n" for command in commands).encode())
+
+    async def answer(self, timeout: float = 40.0) -> str:
+        assert self.proc is not None
+        assert self.proc.stdout is not None
+        line = await asyncio.wait_for(self.proc.stdout.readline(), timeout)
+        assert line, f"the worker exited ({self.proc.returncode})"
+        return line.decode().rstrip("\n")
+
+    async def do(self, *commands: str) -> None:
+        """Run ``commands`` one by one; each must be flushed (terminals: acknowledged)."""
+        for command in commands:
+            self.send(command)
+            assert await self.answer() == "ok True", command
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        assert self.proc is not None
+        await asyncio.wait_for(self.proc.wait(), 10)
+
+    async def close(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            await self.kill()
+
+
+@contextlib.asynccontextmanager
+async def worker_process(worker_id: str, **where: Any) -> AsyncIterator[WorkerProcess]:
+    """A started :class:`WorkerProcess` (``where``: ``relay_port=`` or ``redis_url=``)."""
+    worker = WorkerProcess(worker_id, **where)
+    try:
+        await worker.start()
+        yield worker
+    finally:
+        await worker.close()
