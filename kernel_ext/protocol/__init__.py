@@ -101,6 +101,7 @@ __all__ = [
     "encode_wire",
     "fallback_terminal",
     "fits",
+    "is_well_formed",
     "pseudo_envelope",
     "terminal_envelope",
     "text_block",
@@ -255,7 +256,8 @@ class Envelope(_Wire):
         "kind, kept as it is",
     )
     stream_key: StrictStr = Field(
-        max_length=512, description="the peer's stream; the task id in a pseudo-envelope"
+        max_length=MAX_TASK_ID_CHARS,
+        description="the peer's stream; the task id in a pseudo-envelope",
     )
     seq: Seq = Field(description="orders the blocks of one stream")
     status: StrictStr = Field(max_length=64, description="the peer's status word")
@@ -422,13 +424,19 @@ def compact_bytes(wire: Mapping[str, Any]) -> bytes:
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def is_well_formed(text: str) -> bool:
+    """Whether UTF-8 (and every encoder that refuses surrogates) can carry ``text`` as it is:
+    it holds no surrogate (:func:`well_formed` would return it unchanged)."""
+    return text.isascii() or _SURROGATE.search(text) is None
+
+
 def well_formed(text: str) -> str:
     """``text`` as UTF-8 (and every encoder that refuses surrogates) can carry it: each
     lone surrogate replaced by U+FFFD, the replacement character, and a surrogate pair
     joined into the character it stands for, as a JSON parser reads ``\\ud83d\\ude00``
     (JavaScript's ``String.prototype.toWellFormed``). ``text`` itself when it holds no
     surrogate."""
-    if text.isascii() or _SURROGATE.search(text) is None:
+    if is_well_formed(text):
         return text
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
 

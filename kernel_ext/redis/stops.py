@@ -56,7 +56,7 @@ from kernel_ext.observability.count_names import (
     STOP_PUBLISH_FAILED,
     STOP_REPLY_FAILED,
 )
-from kernel_ext.protocol import STOP_ANSWERS
+from kernel_ext.protocol import STOP_ANSWERS, is_well_formed
 from kernel_ext.redis.routing import (
     relay_stop_channel,
     reply_channel,
@@ -365,7 +365,7 @@ class RelayStops:
             if reply is not None and not reply.done() and answer in STOP_ANSWERS:
                 result = {"answer": answer}
                 reason = message.get("reason")
-                if isinstance(reason, str) and _encodes(reason):
+                if isinstance(reason, str) and is_well_formed(reason):
                     result["reason"] = reason[:200]
                 reply.set_result(result)
             return
@@ -390,12 +390,3 @@ class RelayStops:
             raise
         except Exception:
             _rare("stop_forward_failed", "relay: answering a forwarded stop failed", exc_info=True)
-
-
-def _encodes(text: str) -> bool:
-    """Whether UTF-8 can carry ``text`` (no lone surrogate)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

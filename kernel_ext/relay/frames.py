@@ -21,6 +21,7 @@ from kernel_ext.protocol import (
     MAX_CONVERSATION_ID_CHARS,
     MAX_TASK_ID_CHARS,
     check_block,
+    is_well_formed,
 )
 from kernel_ext.relay.replay import MAX_SEQ
 
@@ -131,15 +132,6 @@ def room_of(data: Any) -> str | None:
     return room
 
 
-def _encodes(text: str) -> bool:
-    """Whether UTF-8 can encode ``text`` (a lone surrogate cannot be sent on)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def room_and_call(room: Any, call_id: Any) -> tuple[str, str] | None:
     """``(room, call_id)`` when ``room`` is a conversation id a relay takes (a non-empty
     string of at most :data:`~kernel_ext.protocol.MAX_CONVERSATION_ID_CHARS` characters
@@ -149,7 +141,7 @@ def room_and_call(room: Any, call_id: Any) -> tuple[str, str] | None:
         return None
     if not isinstance(call_id, str) or len(call_id) != 16 or not _CALL_ID.fullmatch(call_id):
         return None
-    return (room, call_id) if _encodes(room) else None
+    return (room, call_id) if is_well_formed(room) else None
 
 
 def announced(data: Mapping[str, Any], max_entries: int) -> tuple[list[Announced], int]:
@@ -176,7 +168,7 @@ def announced(data: Mapping[str, Any], max_entries: int) -> tuple[list[Announced
             pair is None
             or not isinstance(task_id, str)
             or not 0 < len(task_id) <= MAX_TASK_ID_CHARS
-            or not _encodes(task_id)
+            or not is_well_formed(task_id)
             or seq.__class__ is not int
             or not 0 <= seq <= MAX_SEQ
         ):

@@ -31,6 +31,7 @@ from kernel_ext.errors import BlockTooLargeError, DecodeError
 from kernel_ext.observability._rare_log import RareLog
 from kernel_ext.protocol import (
     CHAT_EVENT,
+    MAX_TASK_ID_CHARS,
     PROTOCOL_VERSION,
     STOPPED_KEY,
     Block,
@@ -39,6 +40,7 @@ from kernel_ext.protocol import (
     encode_wire,
     fallback_terminal,
     fits,
+    is_well_formed,
     text_block,
     wire_text,
 )
@@ -61,7 +63,6 @@ __all__ = [
 logger = logging.getLogger("kernel_ext.stream")
 _rare = RareLog(logger)
 
-MAX_TASK_ID = 512
 CHAT_EVENT_STATE = CHAT_EVENT
 """The ``state`` of a queued ``chat_event`` snapshot (not a block): the event's name."""
 
@@ -317,15 +318,9 @@ def _text_parts(call_id: str | None, task_id: str, trace_id: str | None) -> _Fix
 def _trusted_task_id(task_id: str) -> bool:
     """Whether a text block may carry ``task_id`` unvalidated: 1–512 characters, all of
     them encodable in UTF-8 (a lone surrogate is not, and the block model refuses it)."""
-    if not 0 < len(task_id) <= MAX_TASK_ID:
+    if not 0 < len(task_id) <= MAX_TASK_ID_CHARS:
         return False
-    if task_id.isascii():
-        return True
-    try:
-        task_id.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return is_well_formed(task_id)
 
 
 def build(
