@@ -207,13 +207,24 @@ class WorkerStops:
         task.add_done_callback(self._replying.discard)
 
     async def _reply(self, to: str, reply: dict[str, Any]) -> None:
-        try:
-            await self._client.publish(to, json.dumps(reply))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._count(STOP_REPLY_FAILED)
-            _rare("stop_reply_failed", "kernel_ext: a stop's answer was not published (%s)", exc)
+        """Publish ``reply`` on ``to``, tried twice: the client's pooled connection may be
+        one Redis dropped since (an outage it has recovered from), which fails once and is
+        then made anew."""
+        text = json.dumps(reply)
+        for attempt in (1, 2):
+            try:
+                await self._client.publish(to, text)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if attempt == 2:
+                    self._count(STOP_REPLY_FAILED)
+                    _rare(
+                        "stop_reply_failed",
+                        "kernel_ext: a stop's answer was not published (%s)",
+                        exc,
+                    )
 
 
 async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
